@@ -1,0 +1,206 @@
+"""One round of each algorithm, for one node, on flat state vectors.
+
+A round of node ``i`` in round ``t`` has three phases, so that a simulator can train all of its
+nodes at once between them and a daemon can run training off its event loop:
+
+1. :meth:`Algorithm.prepare` — given the round-``t`` messages of the node's neighbours and the
+   mixing weights of round ``t``, mix, and say which vector local training starts from;
+2. local training (not here: see :mod:`dacflnode.learning`);
+3. :meth:`Algorithm.complete` — given the trained vector, produce the round-``t+1`` state.
+
+The node's messages for round ``t`` are :meth:`Algorithm.outgoing` of its round-``t`` state.
+
+Weighted sums are taken over node ids in sorted order (the node itself included), so that every
+implementation that uses this module produces bit-identical results from identical inputs.
+
+The algorithms (paper, Algorithms 1, 2 and 5; DESIGN.md §1):
+
+* ``dacfl``: ``ω_i' = Σ_j w_ij ω_j``; ``ω_i^{t+1} = Train(ω_i')``;
+  ``x_i^{t+1} = Σ_j w_ij x_j^t + (ω_i^t − ω_i^{t−1})`` with ``ω^{−1} = ω^0`` (the paper's lagged
+  difference). Invariant: ``Σ_i x_i^{t+1} = Σ_i ω_i^t``. The node's model is ``x_i``.
+  ``fresh`` variant: ``x_i^{t+1} = Σ_j w_ij x_j^t + (ω_i^{t+1} − ω_i^t)``, so
+  ``Σ_i x_i^{t+1} = Σ_i ω_i^{t+1}``.
+* ``cdsgd``: ``x_i^{t+1} = Σ_j w_ij x_j^t + (Train(x_i^t) − x_i^t)`` — the local update is taken
+  at the node's own un-mixed model and its difference added to the mix. The model is ``x_i``.
+* ``dpsgd``: the same update; the model is the network-wide average of the ``x`` (a "god node":
+  simulation only, not decentralized).
+* ``fedavg``: every node starts from the server average ``Σ_j p_j x_j`` (``p_j`` ∝ data size,
+  passed in as the weights) and trains; the model is the next server average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+Tensor = torch.Tensor
+Message = Mapping[str, Tensor]
+
+ALGORITHMS = ("dacfl", "cdsgd", "dpsgd", "fedavg")
+FODAC_VARIANTS = ("lagged", "fresh")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """The algorithm state of one node after ``round`` rounds.
+
+    ``omega`` is ``ω_i^t`` (the node's latest trained model; DACFL only), ``omega_prev`` is
+    ``ω_i^{t−1}``, and ``x`` is the node's model as the algorithm defines it: DACFL's FODAC
+    estimate of the average model, or CDSGD's / D-PSGD's / FedAvg's iterate.
+    """
+
+    round: int
+    x: Tensor
+    omega: Tensor
+    omega_prev: Tensor
+
+    @classmethod
+    def initial(cls, model0: Tensor) -> NodeState:
+        """Round-0 state: ``x^0 = ω^0 = ω^{−1}`` = the common initial model."""
+        return cls(0, model0.clone(), model0.clone(), model0.clone())
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :meth:`Algorithm.prepare` computed: the start of local training and the mixes."""
+
+    train_from: Tensor
+    mixed: dict[str, Tensor]
+
+
+def weighted_sum(weights: Mapping[str, float], vectors: Mapping[str, Tensor]) -> Tensor:
+    """``Σ_j weights[j] * vectors[j]`` over ``sorted(weights)``, in float32.
+
+    The fixed order makes the result bit-identical wherever it is computed.
+    """
+    keys = sorted(weights)
+    missing = [k for k in keys if k not in vectors]
+    if missing:
+        raise KeyError(f"no state from {', '.join(missing)} for this round")
+    out = torch.zeros_like(vectors[keys[0]])
+    for k in keys:
+        out.add_(vectors[k], alpha=float(weights[k]))
+    return out
+
+
+class Algorithm:
+    """Base class; see the module docstring for the update rules."""
+
+    name: str = ""
+    #: names of the state vectors a node sends to its neighbours each round
+    exchanged: tuple[str, ...] = ("x",)
+    #: the evaluated model is the network-wide average of ``x`` (needs a god node)
+    global_model: bool = False
+
+    def outgoing(self, state: NodeState) -> dict[str, Tensor]:
+        return {name: getattr(state, name) for name in self.exchanged}
+
+    def prepare(
+        self,
+        state: NodeState,
+        node: str,
+        weights: Mapping[str, float],
+        inbox: Mapping[str, Message],
+    ) -> Prepared:
+        """Mix the round's state. ``weights`` covers the node itself and every neighbour used;
+        ``inbox`` holds each neighbour's :meth:`outgoing` of the same round."""
+        if node not in weights:
+            raise ValueError(f"weights must include the node itself ({node})")
+        missing = sorted(j for j in weights if j != node and j not in inbox)
+        if missing:
+            raise KeyError(f"no state from {', '.join(missing)} for round {state.round}")
+        own = self.outgoing(state)
+        mixed: dict[str, Tensor] = {}
+        for name in self.exchanged:
+            vectors = {j: (own[name] if j == node else inbox[j][name]) for j in weights}
+            mixed[name] = weighted_sum(weights, vectors)
+        return Prepared(self.train_start(state, mixed), mixed)
+
+    def train_start(self, state: NodeState, mixed: Mapping[str, Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def complete(self, state: NodeState, prepared: Prepared, trained: Tensor) -> NodeState:
+        raise NotImplementedError
+
+    def model(self, state: NodeState) -> Tensor:
+        """The node's own model (before any god-node averaging)."""
+        return state.x
+
+    def tracked(self, state: NodeState) -> Tensor:
+        """The vector whose network mean this node's model estimates (for consensus error)."""
+        return state.x
+
+
+class DACFL(Algorithm):
+    name = "dacfl"
+    exchanged = ("omega", "x")
+
+    def __init__(self, variant: str = "lagged") -> None:
+        if variant not in FODAC_VARIANTS:
+            raise ValueError(f"FODAC variant must be one of {FODAC_VARIANTS}")
+        self.variant = variant
+
+    def train_start(self, state: NodeState, mixed: Mapping[str, Tensor]) -> Tensor:
+        return mixed["omega"]
+
+    def complete(self, state: NodeState, prepared: Prepared, trained: Tensor) -> NodeState:
+        if self.variant == "lagged":
+            delta = state.omega - state.omega_prev
+        else:
+            delta = trained - state.omega
+        x = prepared.mixed["x"] + delta
+        return NodeState(state.round + 1, x, trained.clone(), state.omega)
+
+    def tracked(self, state: NodeState) -> Tensor:
+        return state.omega_prev if self.variant == "lagged" else state.omega
+
+
+class CDSGD(Algorithm):
+    name = "cdsgd"
+
+    def train_start(self, state: NodeState, mixed: Mapping[str, Tensor]) -> Tensor:
+        return state.x
+
+    def complete(self, state: NodeState, prepared: Prepared, trained: Tensor) -> NodeState:
+        x = prepared.mixed["x"] + (trained - state.x)
+        return replace(state, round=state.round + 1, x=x, omega=x, omega_prev=x)
+
+
+class DPSGD(CDSGD):
+    name = "dpsgd"
+    global_model = True
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"
+    global_model = True
+
+    def train_start(self, state: NodeState, mixed: Mapping[str, Tensor]) -> Tensor:
+        return mixed["x"]
+
+    def complete(self, state: NodeState, prepared: Prepared, trained: Tensor) -> NodeState:
+        x = trained.clone()
+        return replace(state, round=state.round + 1, x=x, omega=x, omega_prev=x)
+
+
+def make_algorithm(name: str, fodac_variant: str = "lagged") -> Algorithm:
+    if name == "dacfl":
+        return DACFL(fodac_variant)
+    if name == "cdsgd":
+        return CDSGD()
+    if name == "dpsgd":
+        return DPSGD()
+    if name == "fedavg":
+        return FedAvg()
+    raise ValueError(f"unknown algorithm '{name}' (choose from {', '.join(ALGORITHMS)})")
+
+
+def network_average(vectors: Sequence[Tensor], weights: Sequence[float] | None = None) -> Tensor:
+    """``Σ_i p_i v_i`` with ``p`` uniform by default (the god node of D-PSGD and FedAvg)."""
+    n = len(vectors)
+    p = [1.0 / n] * n if weights is None else [float(w) for w in weights]
+    return weighted_sum(
+        {f"{i:08d}": p[i] for i in range(n)}, {f"{i:08d}": v for i, v in enumerate(vectors)}
+    )
