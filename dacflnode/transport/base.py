@@ -1,0 +1,139 @@
+"""What a node needs from a network, independent of how bytes move.
+
+A :class:`Transport` delivers this node's round messages to neighbours (:meth:`Transport.push`)
+and puts the neighbours' messages into an :class:`Inbox`. Two implementations share one test
+suite: :mod:`dacflnode.transport.memory` (in-process) and :mod:`dacflnode.transport.grpc_transport`
+(gRPC, the only module family that imports grpc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage
+
+
+class PeerUnavailable(ConnectionError):
+    """The neighbour could not be reached (not started yet, gone, or timed out)."""
+
+
+class HandshakeRefused(ConnectionError):
+    """The neighbour answered but does not run the same model, run settings or protocol."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What two nodes compare in the handshake."""
+
+    node_id: str
+    model_fingerprint: str
+    run_fingerprint: str
+    protocol_version: int = PROTOCOL_VERSION
+    round: int = 0  # the round the node was in when it answered (not compared)
+
+    def mismatch(self, other: Identity) -> str | None:
+        """Why ``other`` cannot be this node's neighbour, or ``None``."""
+        if other.protocol_version != self.protocol_version:
+            return (f"protocol version {other.protocol_version} "
+                    f"(this node speaks {self.protocol_version})")
+        if other.model_fingerprint != self.model_fingerprint:
+            return "a different model (parameter names, shapes or dtypes differ)"
+        if other.run_fingerprint != self.run_fingerprint:
+            return "different run settings (algorithm, data, schedule or seed differ)"
+        return None
+
+
+@dataclass
+class PeerStats:
+    """Per-neighbour counters shown by ``dacflnode status``."""
+
+    connected: bool = False
+    last_round_received: int = -1
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    latency_ms: float = float("nan")
+
+
+@dataclass
+class Inbox:
+    """Neighbours' round messages, buffered by round; rounds are never mixed.
+
+    A message is accepted for the current round and the next one (a neighbour may finish a round
+    before this node and push the next); anything older or further ahead is refused.
+    """
+
+    senders: Collection[str]
+    current_round: Callable[[], int]
+    window: int = 1
+    _messages: dict[int, dict[str, RoundMessage]] = field(default_factory=dict)
+    _changed: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    def refusal(self, round_: int) -> str | None:
+        """Why a message for ``round_`` cannot be accepted now, or ``None``."""
+        current = self.current_round()
+        if round_ < current:
+            return f"this node is already in round {current}"
+        if round_ > current + self.window:
+            return f"this node is only in round {current}"
+        return None
+
+    async def put(self, message: RoundMessage) -> None:
+        reason = self.refusal(message.round)
+        if reason is not None:
+            raise ValueError(reason)
+        async with self._condition():
+            self._messages.setdefault(message.round, {})[message.sender] = message
+            self._condition().notify_all()
+
+    def get(self, round_: int) -> Mapping[str, RoundMessage]:
+        return dict(self._messages.get(round_, {}))
+
+    async def wait(
+        self, round_: int, senders: Collection[str], timeout: float | None
+    ) -> dict[str, RoundMessage]:
+        """Messages of ``round_`` from ``senders``: all of them, or those present at ``timeout``."""
+        wanted = set(senders)
+
+        def ready() -> bool:
+            return wanted <= set(self._messages.get(round_, {}))
+
+        cond = self._condition()
+        async with cond:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cond.wait_for(ready), timeout)
+            got = self._messages.get(round_, {})
+            return {s: got[s] for s in wanted if s in got}
+
+    def discard_before(self, round_: int) -> None:
+        for r in [r for r in self._messages if r < round_]:
+            del self._messages[r]
+
+
+class Transport:
+    """Moves round messages between this node and its neighbours."""
+
+    inbox: Inbox
+    stats: dict[str, PeerStats]
+
+    async def start(self) -> None:
+        """Start serving (neighbours can push to this node from now on)."""
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop serving and close every connection."""
+
+    async def hello(self, peer: str) -> Identity:
+        """Handshake with ``peer``; raises :class:`PeerUnavailable` / :class:`HandshakeRefused`."""
+        raise NotImplementedError
+
+    async def push(self, peer: str, message: RoundMessage, timeout: float) -> None:
+        """Deliver ``message`` into ``peer``'s inbox; raises :class:`PeerUnavailable` or
+        :class:`~dacflnode.wire.codec.WireError` (the peer refused it)."""
+        raise NotImplementedError

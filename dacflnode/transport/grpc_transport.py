@@ -1,0 +1,309 @@
+"""The gRPC :class:`~dacflnode.transport.base.Transport`: the ``dacfl.v1.Neighbor`` service.
+
+Serving side: :class:`NeighborServicer` hands every call to the node's
+:class:`~dacflnode.transport.receiver.Receiver` (the same code the in-memory transport runs) and
+turns its :class:`~dacflnode.wire.codec.WireError` into the gRPC status it names. The server also
+answers the standard ``grpc.health.v1.Health`` service: ``SERVING`` once started, ``NOT_SERVING``
+from the moment :meth:`GrpcTransport.stop` begins.
+
+Calling side: one channel per neighbour (made by :mod:`dacflnode.transport.channels`, on first
+contact), and every call carries a deadline. Status codes map to the transport's errors:
+
+* ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``: :class:`PeerUnavailable` (down, not
+  started yet, or too slow: retry later);
+* Hello: ``FAILED_PRECONDITION``, ``PERMISSION_DENIED``, ``UNIMPLEMENTED``:
+  :class:`HandshakeRefused`; any other code: :class:`PeerUnavailable`;
+* PushState / PullState: any other code: ``WireError(code name, details)``.
+
+A refused push is read to its end before the status is sent (see
+:meth:`NeighborServicer._drain`), so the sender gets the real status, not ``INTERNAL``.
+
+Nothing here blocks the event loop: preparing an outgoing message (copy to host memory if it is
+on a GPU, payload hash; once per message, however many neighbours receive it) and checksum
+verification run in worker threads; chunks are 1 MiB copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
+from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
+from dacflnode.transport import channels
+from dacflnode.transport.base import (
+    HandshakeRefused,
+    Identity,
+    Inbox,
+    PeerStats,
+    PeerUnavailable,
+    Transport,
+)
+from dacflnode.transport.memory import (
+    DEFAULT_PULL_TIMEOUT,
+    HANDSHAKE_REFUSALS,
+    HeaderCache,
+    PeerIdentity,
+    check_identity,
+    feed,
+    hello_request,
+    pull_decoder,
+)
+from dacflnode.transport.receiver import Receiver
+from dacflnode.wire.codec import CHUNK_BYTES, RoundMessage, WireError, chunks
+
+#: Deadline of one Hello call, in seconds.
+HELLO_TIMEOUT = 5.0
+#: The full name of the Neighbor service, as the health service reports it.
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Neighbor"].full_name
+
+#: How long, and how many bytes beyond a full state, a refused push is read on (see
+#: :meth:`NeighborServicer._drain`).
+DRAIN_SECONDS = 10.0
+DRAIN_SLACK_BYTES = 4 * CHUNK_BYTES
+
+_UNREACHABLE = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+})
+
+
+async def _abort(context: grpc.aio.ServicerContext, err: WireError) -> NoReturn:
+    code = getattr(grpc.StatusCode, err.code, grpc.StatusCode.UNKNOWN)
+    await context.abort(code, err.message)
+    raise AssertionError("context.abort() returned")  # pragma: no cover - abort always raises
+
+
+class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
+    """``dacfl.v1.Neighbor`` over a :class:`Receiver` (which validates and logs)."""
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+        self._payload_bytes = 4 * sum(math.prod(shape) for shape in receiver.tensors.values())
+
+    async def Hello(
+        self, request: pb.HelloRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HelloReply:
+        try:
+            return self.receiver.hello(request)
+        except WireError as err:
+            await _abort(context, err)
+
+    async def PushState(
+        self, request_iterator: AsyncIterator[pb.StateChunk], context: grpc.aio.ServicerContext
+    ) -> pb.PushReply:
+        try:
+            return await self.receiver.push(request_iterator, context.peer())
+        except WireError as err:
+            await self._drain(request_iterator)
+            await _abort(context, err)
+
+    async def _drain(self, stream: AsyncIterator[pb.StateChunk]) -> None:
+        """Read and drop the rest of a refused stream, so the sender half-closes before the
+        status is sent.
+
+        Ending a client stream while the client is still writing races in grpc's asyncio client
+        (grpc/grpc#36066): a write that fails because the call has ended replaces the status
+        the server sent with ``INTERNAL: Internal error from Core``, so the sender would not
+        learn why it was refused (e.g. that this node is already in a later round). Draining
+        costs the bandwidth of one state and is bounded by the expected payload size plus
+        :data:`DRAIN_SLACK_BYTES` and by :data:`DRAIN_SECONDS`; a sender beyond either bound is
+        cut off at once.
+        """
+        limit = self._payload_bytes + DRAIN_SLACK_BYTES
+        seen = 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_SECONDS):
+                async for chunk in stream:
+                    seen += len(chunk.data)
+                    if seen > limit:
+                        return
+
+    async def PullState(
+        self, request: pb.PullRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StateChunk]:
+        stream: Iterator[pb.StateChunk]
+        try:
+            stream = self.receiver.pull(request)
+        except WireError as err:
+            await _abort(context, err)
+        for chunk in stream:
+            yield chunk
+
+
+class GrpcTransport(Transport):
+    """This node's side of the Neighbor protocol over gRPC.
+
+    ``peers`` maps each neighbour's id to its ``host:port``; it is copied to :attr:`peers` and an
+    address is read when that neighbour is first contacted, so it may be filled in after
+    :meth:`start` (tests that listen on port 0 do). ``server``, if given, must not be started
+    yet and must not already serve ``grpc.health.v1.Health``: the transport adds its services,
+    binds ``listen``, starts it, and stops it in :meth:`stop`. A stopped transport cannot be
+    started again (make a new one).
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        listen: str,
+        peers: Mapping[str, str],
+        inbox: Inbox,
+        tensors: Mapping[str, tuple[int, ...]],
+        *,
+        server: grpc.aio.Server | None = None,
+        hello_timeout: float = HELLO_TIMEOUT,
+    ) -> None:
+        self.identity = identity
+        self.listen = listen
+        self.peers: dict[str, str] = dict(peers)
+        self.inbox = inbox
+        self.tensors = dict(tensors)
+        self.stats: dict[str, PeerStats] = {p: PeerStats() for p in self.peers}
+        self.receiver = Receiver(identity, inbox, self.tensors, self.stats)
+        self.hello_timeout = hello_timeout
+        self.port: int | None = None
+        self._server = server
+        self._health: Any = None
+        self._state = "new"  # new -> serving -> stopped
+        self._stubs: dict[str, neighbor_pb2_grpc.NeighborStub] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._outgoing = HeaderCache(self.receiver)
+
+    # ------------------------------------------------------------------ serving
+    async def start(self) -> None:
+        if self._state != "new":
+            raise RuntimeError(f"transport of {self.identity.node_id} is {self._state}")
+        server = self._server if self._server is not None else channels.create_server()
+        neighbor_pb2_grpc.add_NeighborServicer_to_server(NeighborServicer(self.receiver), server)
+        self._health = health.aio.HealthServicer()
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        try:
+            self.port = channels.bind(server, self.listen)
+        except OSError:
+            self._state = "stopped"
+            raise
+        await server.start()
+        self._server = server
+        self._state = "serving"
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Report ``NOT_SERVING``, let calls in flight finish for up to ``grace`` seconds, stop
+        serving, then close every channel to the neighbours."""
+        if self._state == "serving":
+            self._state = "stopped"
+            await self._health.enter_graceful_shutdown()
+            assert self._server is not None
+            await self._server.stop(grace)
+        self._state = "stopped"
+        channels_, self._channels, self._stubs = self._channels, {}, {}
+        for channel in channels_.values():
+            await channel.close()
+        for stats in self.stats.values():
+            stats.connected = False
+
+    # ------------------------------------------------------------------ calling
+    def _stub(self, peer: str) -> neighbor_pb2_grpc.NeighborStub:
+        stub = self._stubs.get(peer)
+        if stub is None:
+            address = self.peers.get(peer)
+            if address is None:
+                raise ValueError(f"{peer!r} is not a neighbour of {self.identity.node_id}")
+            channel = channels.create_channel(address)
+            self._channels[peer] = channel
+            stub = self._stubs[peer] = neighbor_pb2_grpc.NeighborStub(channel)
+        return stub
+
+    def _stats(self, peer: str) -> PeerStats:
+        return self.stats.setdefault(peer, PeerStats())  # a peer added to `peers` later
+
+    def _unavailable(self, peer: str, what: str, err: grpc.aio.AioRpcError) -> PeerUnavailable:
+        self._stats(peer).connected = False
+        return PeerUnavailable(
+            f"{what} {peer} at {self.peers[peer]}: {err.code().name}: {err.details()}"
+        )
+
+    async def hello(self, peer: str) -> PeerIdentity:
+        stub = self._stub(peer)
+        started = time.perf_counter()
+        try:
+            reply = await stub.Hello(hello_request(self.identity), timeout=self.hello_timeout)
+        except grpc.aio.AioRpcError as err:
+            code = err.code()
+            if code.name in HANDSHAKE_REFUSALS:
+                raise HandshakeRefused(err.details() or code.name) from err
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise HandshakeRefused(
+                    f"{peer} at {self.peers[peer]} does not serve {SERVICE_NAME}"
+                ) from err
+            raise self._unavailable(peer, "handshake with", err) from err
+        other = check_identity(self.identity, peer, reply)
+        stats = self._stats(peer)
+        stats.latency_ms = (time.perf_counter() - started) * 1000.0
+        stats.connected = True
+        return other
+
+    async def push(self, peer: str, message: RoundMessage, timeout: float) -> None:
+        stub = self._stub(peer)
+        started = time.perf_counter()
+        out = await self._outgoing.get(message)
+        stats = self._stats(peer)
+        sent = 0
+
+        async def stream() -> AsyncIterator[pb.StateChunk]:
+            nonlocal sent
+            yield pb.StateChunk(header=out.header)
+            for chunk in chunks(out.message):
+                sent += len(chunk.data)
+                yield chunk
+
+        remaining = max(0.0, timeout - (time.perf_counter() - started))
+        try:
+            await stub.PushState(stream(), timeout=remaining)
+        except grpc.aio.AioRpcError as err:
+            if err.code() in _UNREACHABLE:
+                raise self._unavailable(peer, f"push of round {message.round} to", err) from err
+            raise WireError(err.code().name, err.details() or "") from err
+        finally:
+            stats.bytes_sent += sent
+        stats.latency_ms = (time.perf_counter() - started) * 1000.0
+        stats.connected = True
+
+    async def pull(
+        self,
+        peer: str,
+        round_: int,
+        expect_tensors: Mapping[str, tuple[int, ...]] | None = None,
+        timeout: float = DEFAULT_PULL_TIMEOUT,
+    ) -> RoundMessage:
+        """The state ``peer`` published for ``round_``; raises :class:`PeerUnavailable` or
+        :class:`WireError` (``NOT_FOUND`` if the peer does not keep that round)."""
+        stub = self._stub(peer)
+        decoder = pull_decoder(peer, round_, self.tensors if expect_tensors is None
+                               else expect_tensors)
+        call = stub.PullState(pb.PullRequest(requester=self.identity.node_id, round=round_),
+                              timeout=timeout)
+        try:
+            async for chunk in call:
+                feed(decoder, chunk)
+        except grpc.aio.AioRpcError as err:
+            if err.code() in _UNREACHABLE:
+                raise self._unavailable(peer, f"pull of round {round_} from", err) from err
+            raise WireError(err.code().name, err.details() or "") from err
+        except WireError:
+            call.cancel()  # the peer sent something this node does not accept: stop reading
+            raise
+        message = await asyncio.to_thread(decoder.finish)
+        self._stats(peer).bytes_received += decoder.received
+        return message

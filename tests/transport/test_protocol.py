@@ -1,0 +1,302 @@
+"""One protocol suite, run over both transports (in-memory and gRPC on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+
+import pytest
+import torch
+
+from dacflnode.transport import memory
+from dacflnode.transport.base import (
+    HandshakeRefused,
+    Identity,
+    Inbox,
+    PeerUnavailable,
+    Transport,
+)
+from dacflnode.transport.grpc_transport import GrpcTransport
+from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
+from dacflnode.wire.codec import CHUNK_BYTES, PROTOCOL_VERSION, RoundMessage, WireError
+
+P = 64
+MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
+FULL = {"a": ["b", "c"], "b": ["a", "c"], "c": ["a", "b"]}
+
+
+def tensors_for(p: int) -> dict[str, tuple[int, ...]]:
+    return {"omega": (p,), "x": (p,)}
+
+
+def message(sender: str, round_: int, p: int = P, seed: int = 0, degree: int = 2) -> RoundMessage:
+    g = torch.Generator().manual_seed(1000 * round_ + seed + sum(map(ord, sender)))
+    omega = torch.randn(p, generator=g)
+    x = torch.randn(p, generator=g)
+    # values whose bits a lossy path would change
+    omega[:4] = torch.tensor([-0.0, math.inf, math.nan, 1e-45])
+    return RoundMessage(sender, round_, degree, {"omega": omega, "x": x}, used=("b", "c"))
+
+
+def assert_bit_exact(got: RoundMessage, sent: RoundMessage) -> None:
+    assert (got.sender, got.round, got.degree, got.used) == (
+        sent.sender, sent.round, sent.degree, sent.used)
+    assert list(got.tensors) == list(sent.tensors)
+    for name, tensor in sent.tensors.items():
+        assert got.tensors[name].dtype == torch.float32
+        assert got.tensors[name].shape == tensor.shape
+        assert got.tensors[name].numpy().tobytes() == tensor.numpy().tobytes()
+        assert got.tensors[name].data_ptr() != tensor.data_ptr()  # the receiver's own copy
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Node:
+    """One node: its inbox follows ``round``, which a test moves by hand."""
+
+    def __init__(self, node_id: str, peers: list[str]) -> None:
+        self.id = node_id
+        self.round = 0
+        self.inbox = Inbox(senders=frozenset(peers), current_round=lambda: self.round)
+        self.transport: Transport
+
+
+class Cluster:
+    """A few nodes on one transport kind; ``absent`` peers are configured but never started."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.network = MemoryNetwork()
+        self.nodes: dict[str, Node] = {}
+
+    async def build(
+        self,
+        topology: dict[str, list[str]],
+        identities: dict[str, Identity] | None = None,
+        p: int = P,
+    ) -> dict[str, Node]:
+        identities = identities or {}
+        for node_id, peers in topology.items():
+            identity = identities.get(node_id, Identity(node_id, MODEL, RUN))
+            node = Node(node_id, peers)
+            if self.kind == "memory":
+                node.transport = MemoryTransport(self.network, identity, peers, node.inbox,
+                                                 tensors_for(p))
+            else:
+                node.transport = GrpcTransport(identity, "127.0.0.1:0", dict.fromkeys(peers, ""),
+                                               node.inbox, tensors_for(p))
+            await node.transport.start()
+            self.nodes[node_id] = node
+        if self.kind == "grpc":
+            for node_id, peers in topology.items():
+                transport = self.nodes[node_id].transport
+                assert isinstance(transport, GrpcTransport)
+                for peer in peers:
+                    other = self.nodes.get(peer)
+                    port = closed_port() if other is None else other.transport.port
+                    transport.peers[peer] = f"127.0.0.1:{port}"
+        return self.nodes
+
+    async def close(self) -> None:
+        for node in self.nodes.values():
+            await node.transport.stop(grace=0)
+
+
+@pytest.fixture(params=["memory", "grpc"])
+async def cluster(request):
+    c = Cluster(request.param)
+    yield c
+    await c.close()
+
+
+async def test_handshake_succeeds_and_records_connected(cluster):
+    nodes = await cluster.build(FULL)
+    a, b = nodes["a"].transport, nodes["b"].transport
+    assert not a.stats["b"].connected
+    ident = await a.hello("b")
+    assert ident == memory.PeerIdentity("b", MODEL, RUN, PROTOCOL_VERSION, round=0)
+    assert a.stats["b"].connected and b.stats["a"].connected
+    assert a.stats["b"].latency_ms >= 0.0
+    assert not a.stats["c"].connected
+    nodes["b"].round = 3
+    assert (await a.hello("b")).round == 3  # the reply says which round the neighbour is in
+
+
+@pytest.mark.parametrize(
+    ("other", "reason"),
+    [
+        (Identity("c", "another-model", RUN), "model"),
+        (Identity("c", MODEL, "another-run"), "run settings"),
+        (Identity("c", MODEL, RUN, PROTOCOL_VERSION + 1), "protocol version"),
+    ],
+    ids=["model", "run", "protocol"],
+)
+async def test_handshake_with_a_different_identity_is_refused(cluster, other, reason):
+    nodes = await cluster.build(FULL, identities={"c": other})
+    with pytest.raises(HandshakeRefused, match=reason):
+        await nodes["c"].transport.hello("a")
+    with pytest.raises(HandshakeRefused, match=reason):
+        await nodes["a"].transport.hello("c")
+    assert not nodes["a"].transport.stats["c"].connected
+    await nodes["a"].transport.hello("b")  # the others still talk
+
+
+async def test_a_node_that_is_not_a_neighbour_is_refused(cluster):
+    nodes = await cluster.build({"a": ["b"], "b": ["a"], "z": ["b"]})
+    with pytest.raises(HandshakeRefused, match="not a neighbour"):
+        await nodes["z"].transport.hello("b")
+    with pytest.raises(WireError) as err:
+        await nodes["z"].transport.push("b", message("z", 0), timeout=5)
+    assert err.value.code == "PERMISSION_DENIED"
+    assert nodes["b"].inbox.get(0) == {}
+    with pytest.raises(ValueError, match="not a neighbour"):
+        await nodes["a"].transport.push("z", message("a", 0), timeout=5)
+
+
+async def test_a_pushed_message_arrives_bit_exact(cluster):
+    nodes = await cluster.build(FULL)
+    sent = message("a", 0)
+    await nodes["a"].transport.push("b", sent, timeout=5)
+    got = await nodes["b"].inbox.wait(0, ["a"], timeout=5)
+    assert_bit_exact(got["a"], sent)
+    assert nodes["a"].transport.stats["b"].bytes_sent == sent.payload_bytes
+    b_stats = nodes["b"].transport.stats["a"]
+    assert (b_stats.bytes_received, b_stats.last_round_received) == (sent.payload_bytes, 0)
+    assert nodes["c"].inbox.get(0) == {}
+
+
+async def test_non_contiguous_tensors_travel_as_their_values(cluster):
+    nodes = await cluster.build(FULL)
+    base = message("a", 0, p=2 * P)
+    strided = RoundMessage("a", 0, 2, {"omega": base.tensors["omega"][::2],
+                                       "x": base.tensors["x"].view(P, 2)[:, 1]})
+    assert not any(t.is_contiguous() for t in strided.tensors.values())
+    await nodes["a"].transport.push("b", strided, timeout=5)
+    got = nodes["b"].inbox.get(0)["a"]
+    for name, tensor in strided.tensors.items():
+        assert got.tensors[name].numpy().tobytes() == tensor.contiguous().numpy().tobytes()
+    assert_bit_exact(await nodes["c"].transport.pull("a", 0), got)
+
+
+async def test_a_multi_chunk_payload_arrives_bit_exact(cluster):
+    p = 3 * CHUNK_BYTES // 8 + 1000  # two tensors, ~3 MiB in all: 4 chunks
+    nodes = await cluster.build({"a": ["b"], "b": ["a"]}, p=p)
+    sent = message("a", 0, p=p, degree=1)
+    assert sent.payload_bytes > 3 * CHUNK_BYTES
+    await nodes["a"].transport.push("b", sent, timeout=20)
+    got = await nodes["b"].inbox.wait(0, ["a"], timeout=5)
+    assert_bit_exact(got["a"], sent)
+    assert nodes["b"].transport.stats["a"].bytes_received == sent.payload_bytes
+    assert_bit_exact(await nodes["b"].transport.pull("a", 0, timeout=20), sent)
+
+
+async def test_the_next_round_is_buffered_and_never_mixed_with_the_current(cluster):
+    nodes = await cluster.build(FULL)
+    a, c = nodes["a"].transport, nodes["c"].transport
+    early = message("a", 1)  # a finished round 0 before b did
+    await a.push("b", early, timeout=5)
+    await c.push("b", message("c", 0), timeout=5)
+    now = await nodes["b"].inbox.wait(0, ["a", "c"], timeout=0.2)
+    assert set(now) == {"c"}  # a's round-1 state does not stand in for its round-0 state
+    await a.push("b", late := message("a", 0, seed=7), timeout=5)
+    now = await nodes["b"].inbox.wait(0, ["a", "c"], timeout=5)
+    assert_bit_exact(now["a"], late)
+
+    waiter = asyncio.create_task(nodes["b"].inbox.wait(1, ["a", "c"], timeout=5))
+    nodes["b"].round = 1
+    nodes["b"].inbox.discard_before(1)
+    await c.push("b", c1 := message("c", 1), timeout=5)
+    nxt = await waiter
+    assert set(nxt) == {"a", "c"}
+    assert_bit_exact(nxt["a"], early)
+    assert_bit_exact(nxt["c"], c1)
+    assert nodes["b"].inbox.get(0) == {}
+
+
+@pytest.mark.parametrize(("round_", "why"), [(1, "already in round 2"), (4, "only in round 2")])
+async def test_stale_and_too_far_rounds_are_refused(cluster, round_, why):
+    nodes = await cluster.build(FULL)
+    nodes["b"].round = 2
+    with pytest.raises(WireError, match=why) as err:
+        await nodes["a"].transport.push("b", message("a", round_), timeout=5)
+    assert err.value.code == "FAILED_PRECONDITION"
+    assert all(nodes["b"].inbox.get(r) == {} for r in range(6))
+    await nodes["a"].transport.push("b", ok := message("a", 3), timeout=5)  # current + 1
+    assert_bit_exact(nodes["b"].inbox.get(3)["a"], ok)
+
+
+async def test_push_to_a_stopped_or_absent_peer_is_unavailable(cluster):
+    nodes = await cluster.build({"a": ["b", "ghost"], "b": ["a"]})
+    a = nodes["a"].transport
+    await a.hello("b")
+    await a.push("b", message("a", 0), timeout=5)
+    await nodes["b"].transport.stop(grace=0)
+    with pytest.raises(PeerUnavailable):
+        await a.push("b", message("a", 1), timeout=5)
+    assert not a.stats["b"].connected
+    with pytest.raises(PeerUnavailable):
+        await a.hello("b")
+    with pytest.raises(PeerUnavailable):
+        await a.hello("ghost")
+    with pytest.raises(PeerUnavailable):
+        await a.push("ghost", message("a", 0), timeout=5)
+
+
+async def test_pull_returns_what_was_published(cluster):
+    nodes = await cluster.build(FULL)
+    a, b = nodes["a"].transport, nodes["b"].transport
+    sent = message("a", 0)
+    await a.push("c", sent, timeout=5)  # pushing publishes: b can pull it later
+    assert_bit_exact(await b.pull("a", 0), sent)
+    with pytest.raises(WireError) as err:
+        await b.pull("a", 1)
+    assert err.value.code == "NOT_FOUND"
+    # only the newest two rounds are kept
+    for r in (1, 2):
+        nodes["c"].round = r
+        await a.push("c", message("a", r), timeout=5)
+    with pytest.raises(WireError):
+        await b.pull("a", 0)
+    assert_bit_exact(await b.pull("a", 2), message("a", 2))
+
+
+async def test_the_header_is_hashed_once_per_message(cluster, monkeypatch):
+    calls = []
+    real = memory.make_header
+
+    def counting(msg):
+        calls.append(msg.round)
+        return real(msg)
+
+    monkeypatch.setattr(memory, "make_header", counting)
+    nodes = await cluster.build(FULL)
+    a = nodes["a"].transport
+    sent = message("a", 0)
+    await asyncio.gather(a.push("b", sent, timeout=5), a.push("c", sent, timeout=5))
+    await a.push("b", sent, timeout=5)  # a retry
+    assert calls == [0]
+    await a.push("b", message("a", 1), timeout=5)
+    assert calls == [0, 1]
+    got = await nodes["c"].inbox.wait(0, ["a"], timeout=5)
+    assert_bit_exact(got["a"], sent)
+
+
+async def test_memory_partition_and_heal():
+    c = Cluster("memory")
+    nodes = await c.build(FULL)
+    a = nodes["a"].transport
+    c.network.partition("a", "b")
+    with pytest.raises(PeerUnavailable, match="partitioned"):
+        await a.push("b", message("a", 0), timeout=5)
+    with pytest.raises(PeerUnavailable):
+        await nodes["b"].transport.hello("a")
+    await a.push("c", message("a", 0), timeout=5)  # other links are untouched
+    c.network.heal("a", "b")
+    await a.push("b", sent := message("a", 0), timeout=5)
+    assert_bit_exact(nodes["b"].inbox.get(0)["a"], sent)
+    await c.close()

@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
+from dacflnode.wire.codec import (
+    CHUNK_BYTES,
+    Decoder,
+    Expectation,
+    RoundMessage,
+    WireError,
+    decode,
+    encode,
+)
+
+P = 1000
+
+
+def message(round_=3, sender="b", p=P):
+    g = torch.Generator().manual_seed(round_)
+    return RoundMessage(sender, round_, 2, {"omega": torch.randn(p, generator=g),
+                                             "x": torch.randn(p, generator=g)}, used=("a",))
+
+
+def expect(**kw):
+    base = dict(senders={"b", "c"}, tensors={"omega": (P,), "x": (P,)},
+                accept_round=lambda r: None if r in (3, 4) else "not the current round")
+    base.update(kw)
+    return Expectation(**base)
+
+
+def test_round_trip_is_bit_exact_and_keeps_the_header():
+    msg = message()
+    out = decode(encode(msg, chunk_bytes=1000), expect())
+    assert (out.sender, out.round, out.degree, out.used) == ("b", 3, 2, ("a",))
+    for name in ("omega", "x"):
+        assert torch.equal(out.tensors[name], msg.tensors[name])
+
+
+def test_payload_travels_in_chunks_of_at_most_one_mebibyte():
+    big = message(p=600_000)  # 2 x 2.4 MB
+    chunks = list(encode(big))
+    sizes = [len(c.data) for c in chunks[1:]]
+    assert chunks[0].WhichOneof("part") == "header"
+    assert max(sizes) <= CHUNK_BYTES and sum(sizes) == big.payload_bytes
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code", "text"),
+    [
+        (lambda h: setattr(h, "sender", "mallory"), "PERMISSION_DENIED", "unknown sender"),
+        (lambda h: setattr(h, "round", 9), "FAILED_PRECONDITION", "round 9"),
+        (lambda h: setattr(h, "degree", 0), "INVALID_ARGUMENT", "degree"),
+        (lambda h: h.tensors[0].shape.__setitem__(0, P + 1), "INVALID_ARGUMENT", "shape"),
+        (lambda h: setattr(h.tensors[1], "dtype", "float64"), "INVALID_ARGUMENT", "dtype"),
+        (lambda h: setattr(h.tensors[1], "name", "y"), "INVALID_ARGUMENT", "do not match"),
+        (lambda h: setattr(h, "payload_bytes", 10**12), "INVALID_ARGUMENT", "payload_bytes"),
+        (lambda h: setattr(h, "checksum", b"x"), "INVALID_ARGUMENT", "checksum"),
+    ],
+)
+def test_bad_headers_are_refused_before_anything_is_allocated(mutate, code, text):
+    chunks = list(encode(message()))
+    header = pb.StateHeader()
+    header.CopyFrom(chunks[0].header)
+    mutate(header)
+    decoder = Decoder(expect())
+    with pytest.raises(WireError, match=text) as err:
+        decoder.header(header)
+    assert err.value.code == code
+    assert decoder._buffer is None
+
+
+def test_truncated_stream_is_data_loss():
+    chunks = list(encode(message(), chunk_bytes=1000))
+    with pytest.raises(WireError, match="truncated") as err:
+        decode(iter(chunks[:-1]), expect())
+    assert err.value.code == "DATA_LOSS"
+
+
+def test_corrupted_payload_fails_the_checksum():
+    chunks = list(encode(message(), chunk_bytes=1000))
+    data = bytearray(chunks[2].data)
+    data[5] ^= 0xFF
+    chunks[2] = pb.StateChunk(data=bytes(data))
+    with pytest.raises(WireError, match="checksum") as err:
+        decode(iter(chunks), expect())
+    assert err.value.code == "DATA_LOSS"
+
+
+def test_more_bytes_than_announced_are_refused():
+    chunks = list(encode(message()))
+    chunks.append(pb.StateChunk(data=b"\0" * 8))
+    with pytest.raises(WireError, match="more than"):
+        decode(iter(chunks), expect())
+
+
+def test_data_before_header_and_double_header_are_refused():
+    chunks = list(encode(message()))
+    with pytest.raises(WireError, match="before the header"):
+        decode(iter(chunks[1:]), expect())
+    with pytest.raises(WireError, match="second header"):
+        decode(iter([chunks[0], chunks[0]]), expect())
