@@ -1,0 +1,179 @@
+"""``dacflnode topology``: write the peers files of a whole cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from dacflnode.cli.main import cli, config_errors
+from dacflnode.cli.options import config_from_options, run_options
+from dacflnode.errors import ConfigError
+
+
+def _split(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _ports(value: str | None, field: str) -> list[int] | None:
+    items = _split(value)
+    if items is None:
+        return None
+    try:
+        return [int(item) for item in items]
+    except ValueError:
+        raise ConfigError(field, f"expected a comma list of port numbers, got {value!r}") from None
+
+
+@cli.command("topology")
+@click.argument("kind", metavar="KIND")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Write DIR/<node-id>.yaml, one peers file per node.",
+)
+@click.option(
+    "--hosts",
+    default="127.0.0.1",
+    show_default=True,
+    help="Comma list of hosts; node i runs on host i mod len(hosts).",
+)
+@click.option(
+    "--base-port",
+    type=int,
+    default=7000,
+    show_default=True,
+    help="Node i listens on port base-port + i.",
+)
+@click.option("--ports", help="Comma list of listen ports, one per node (instead of --base-port).")
+@click.option(
+    "--control-base-port",
+    type=int,
+    help="Node i's control port is this + i on 127.0.0.1. [default: listen port + 1000]",
+)
+@click.option("--control-ports", help="Comma list of control ports, one per node.")
+@click.option(
+    "--listen-host",
+    help="Address every node binds to, e.g. 0.0.0.0. [default: the node's host]",
+)
+@click.option(
+    "--state-root",
+    type=click.Path(file_okay=False),
+    help="Node state goes in STATE_ROOT/<node-id>. [default: DIR/<node-id>]",
+)
+@click.option(
+    "--round-deadline",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds a node waits for its neighbours' state each round.",
+)
+@click.option(
+    "--hello-timeout",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="Seconds a node waits for its neighbours to come up.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the nodes as a JSON list.")
+@run_options
+@config_errors
+def topology_cmd(
+    kind: str,
+    out_dir: str,
+    hosts: str,
+    base_port: int,
+    ports: str | None,
+    control_base_port: int | None,
+    control_ports: str | None,
+    listen_host: str | None,
+    state_root: str | None,
+    round_deadline: float,
+    hello_timeout: float,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Write the peers.yaml of every node of a cluster whose graph is KIND.
+
+    KIND is one of ring, complete, random-regular (--degree), erdos-renyi (--edge-prob) or
+    edge-list (--edge-list FILE of 'i j' lines). The graph is the one `dacflnode simulate`
+    draws for the same kind, --nodes and --seed. Nodes are node-0 ... node-{N-1}; node i holds
+    data part i. The run options go into every file's run section (--algorithm: dacfl or
+    cdsgd); --nodes is required unless --config sets it or KIND is edge-list.
+
+    \b
+    Examples:
+      dacflnode topology ring --nodes 4 --out cluster
+      dacflnode topology random-regular --nodes 10 --degree 3 --seed 7 --out cluster
+      dacflnode topology complete --nodes 6 --hosts 10.0.0.1,10.0.0.2 \\
+          --listen-host 0.0.0.0 --time-varying 10 --out cluster --json
+      dacflnode topology edge-list --edge-list graph.txt --algorithm cdsgd --out cluster
+    """
+    from dacflnode.algorithms.graphs import read_edge_list
+    from dacflnode.node.cluster import check_kind, generate_cluster
+    from dacflnode.node.peers import parse_peers
+
+    kind = check_kind(kind.strip().lower())
+    given_topology = options.get("topology")
+    if given_topology is not None and given_topology != kind:
+        raise ConfigError("topology", f"--topology {given_topology} disagrees with KIND {kind}")
+    options["topology"] = kind
+    if options.get("nodes") is None and options.get("config_file") is None:
+        if kind == "edge-list" and options.get("edge_list"):
+            options["nodes"] = read_edge_list(options["edge_list"])[0]
+        else:
+            raise ConfigError("nodes", "give the number of nodes with --nodes N")
+    cfg = config_from_options(options)
+    paths = generate_cluster(
+        kind,
+        cfg.nodes,
+        cfg,
+        Path(out_dir),
+        hosts=_split(hosts) or [],
+        base_port=base_port,
+        control_base_port=control_base_port,
+        listen_host=listen_host,
+        edge_list=cfg.edge_list,
+        ports=_ports(ports, "ports"),
+        control_ports=_ports(control_ports, "control_ports"),
+        state_root=Path(state_root) if state_root else None,
+        round_deadline=round_deadline,
+        hello_timeout=hello_timeout,
+    )
+    # generate_cluster checked every file; read them back without re-validating the run N times
+    files = [parse_peers(yaml.safe_load(p.read_text()), p, check_run=False) for p in paths]
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "id": pf.node.id,
+                        "path": str(pf.path),
+                        "listen": pf.node.listen,
+                        "control": pf.node.control,
+                        "neighbours": pf.neighbour_ids(),
+                    }
+                    for pf in files
+                ]
+            )
+        )
+        return
+    width = max(len(pf.node.id) for pf in files)
+    listen_width = max(len(pf.node.listen) for pf in files)
+    for pf in files:
+        click.echo(
+            f"{pf.node.id:<{width}}  {pf.node.listen:<{listen_width}}"
+            f"  -> {', '.join(pf.neighbour_ids())}"
+        )
+    click.echo(
+        f"wrote {len(paths)} peers files to {paths[0].parent} (run fingerprint"
+        f" {files[0].run_fingerprint()[:12]})",
+        err=True,
+    )

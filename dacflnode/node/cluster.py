@@ -1,0 +1,205 @@
+"""Generate the peers files of a whole cluster from one graph (``dacflnode topology``).
+
+The graph is the one ``dacflnode simulate`` builds for the same kind, size and seed
+(:meth:`MixingSchedule.base_edges`), node ``i`` is ``node-i`` and holds data part ``i``, and every
+file carries the whole member list and edge list, so a time-varying run drops the same edges on
+every node and in the simulator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from dacflnode.algorithms import graphs
+from dacflnode.algorithms.topology import GRAPH_KINDS, MATRIX_KINDS, MixingSchedule, TopologySpec
+from dacflnode.config import RunConfig
+from dacflnode.errors import ConfigError
+from dacflnode.node.peers import (
+    CONTROL_HOST,
+    CONTROL_PORT_OFFSET,
+    DEFAULT_HELLO_TIMEOUT,
+    DEFAULT_ROUND_DEADLINE,
+    DaemonSettings,
+    Neighbour,
+    NodeSection,
+    PeersFile,
+    check_algorithm,
+    dump_peers,
+    format_address,
+    parse_peers,
+)
+
+
+def node_ids(n: int) -> list[str]:
+    """The ids of a generated cluster (the simulator's ids too)."""
+    return [f"node-{i}" for i in range(n)]
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if it is a graph kind a cluster can be generated from, else a ConfigError."""
+    if kind in GRAPH_KINDS:
+        return kind
+    if kind in MATRIX_KINDS:
+        raise ConfigError(
+            "kind",
+            f"'{kind}' is a mixing-matrix topology, which needs a global view of the network;"
+            f" a cluster needs a graph: {', '.join(GRAPH_KINDS)}",
+        )
+    raise ConfigError("kind", f"unknown graph kind '{kind}' (choose from {', '.join(GRAPH_KINDS)})")
+
+
+def cluster_graph(
+    kind: str, nodes: int, run: RunConfig, edge_list: str | None = None
+) -> graphs.Edges:
+    """The base graph the simulator builds for ``kind`` with the run's seed and parameters."""
+    check_kind(kind)
+    if kind == "edge-list" and not edge_list:
+        raise ConfigError("edge_list", "kind 'edge-list' needs an edge list file (--edge-list)")
+    spec = TopologySpec(
+        kind=kind,
+        nodes=nodes,
+        seed=run.seed,
+        degree=run.degree,
+        edge_prob=run.edge_prob,
+        edge_list=edge_list if kind == "edge-list" else None,
+    )
+    edges = MixingSchedule(spec).base_edges()
+    assert edges is not None  # a graph kind always has a base graph
+    return edges
+
+
+def _port_list(values: Sequence[int] | None, nodes: int, field: str) -> list[int] | None:
+    if values is None:
+        return None
+    ports = [int(p) for p in values]
+    if len(ports) != nodes:
+        raise ConfigError(field, f"give one port per node: {nodes} nodes, {len(ports)} ports")
+    return ports
+
+
+def _check_port(port: int, field: str, what: str) -> int:
+    if not 1 <= port <= 65535:
+        raise ConfigError(field, f"{what} gets port {port}, outside 1..65535")
+    return port
+
+
+def _absolute(value: str | None) -> str | None:
+    return str(Path(value).expanduser().absolute()) if value else value
+
+
+def generate_cluster(
+    kind: str,
+    nodes: int,
+    run: RunConfig,
+    out_dir: Path,
+    *,
+    hosts: Sequence[str] = ("127.0.0.1",),
+    base_port: int = 7000,
+    control_base_port: int | None = None,
+    listen_host: str | None = None,
+    edge_list: str | None = None,
+    ports: Sequence[int] | None = None,
+    control_ports: Sequence[int] | None = None,
+    state_root: Path | None = None,
+    seed: int | None = None,
+    round_deadline: float = DEFAULT_ROUND_DEADLINE,
+    hello_timeout: float = DEFAULT_HELLO_TIMEOUT,
+) -> list[Path]:
+    """Write ``out_dir/<node-id>.yaml`` for ``node-0 … node-{nodes-1}``; return their paths.
+
+    Node ``i`` runs on ``hosts[i % len(hosts)]`` at port ``ports[i]`` (default
+    ``base_port + i``) and listens on ``listen_host`` (default: that host) at that port; its
+    control address is ``127.0.0.1`` at ``control_ports[i]``, ``control_base_port + i`` or the
+    listen port + 1000. Its neighbours are its neighbours in the graph, reached at their host.
+
+    The graph is drawn with ``run.seed``, as the simulator draws it; ``seed``, when given,
+    replaces ``run.seed`` (for the graph and in the files alike, so that they stay consistent).
+    Relative paths in ``run`` are made absolute. Every file is checked as the daemon reads it
+    before any is written.
+    """
+    if seed is not None:
+        run = dataclasses.replace(run, seed=int(seed))
+    kind = check_kind(kind)
+    if isinstance(nodes, bool) or nodes < 2:
+        raise ConfigError("nodes", f"a cluster needs at least 2 nodes, got {nodes}")
+    if len(run.algorithm) != 1:
+        raise ConfigError(
+            "algorithm", f"a cluster runs one algorithm, got {', '.join(run.algorithm) or 'none'}"
+        )
+    check_algorithm(run.algorithm[0])
+    host_list = [h.strip() for h in hosts if h.strip()]
+    if not host_list:
+        raise ConfigError("hosts", "name at least one host")
+    edge_file = _absolute(edge_list or run.edge_list) if kind == "edge-list" else None
+    edges = cluster_graph(kind, nodes, run, edge_file)
+
+    ids = node_ids(nodes)
+    listen_ports = _port_list(ports, nodes, "ports") or [base_port + i for i in range(nodes)]
+    ctl_ports = _port_list(control_ports, nodes, "control_ports")
+    node_host = [host_list[i % len(host_list)] for i in range(nodes)]
+    listen, control = [], []
+    used: dict[tuple[str, int], str] = {}
+    for i, node in enumerate(ids):
+        port = _check_port(listen_ports[i], "ports" if ports else "base_port", node)
+        if ctl_ports is not None:
+            ctl = _check_port(ctl_ports[i], "control_ports", f"{node}'s control")
+        elif control_base_port is not None:
+            ctl = _check_port(control_base_port + i, "control_base_port", f"{node}'s control")
+        else:
+            ctl = _check_port(port + CONTROL_PORT_OFFSET, "base_port", f"{node}'s control")
+        for p, what in ((port, "listen"), (ctl, "control")):
+            key = (node_host[i], p)
+            if key in used:
+                raise ConfigError(
+                    "ports" if ports or control_ports else "base_port",
+                    f"port {p} on {node_host[i]} is taken twice ({used[key]} and {node} {what})",
+                )
+            used[key] = f"{node} {what}"
+        listen.append(format_address(listen_host or node_host[i], port))
+        control.append(format_address(CONTROL_HOST, ctl))
+
+    cfg = dataclasses.replace(
+        run,
+        nodes=nodes,
+        topology=kind,
+        edge_list=edge_file if kind == "edge-list" else _absolute(run.edge_list),
+        data_root=_absolute(run.data_root),
+        mixing_matrix=_absolute(run.mixing_matrix),
+        extra={},
+    )
+    daemon = DaemonSettings(
+        round_deadline=float(round_deadline),
+        hello_timeout=float(hello_timeout),
+        members=tuple(ids),
+        edges=tuple((ids[i], ids[j]) for i, j in edges),
+    )
+    adjacency = graphs.neighbours(nodes, edges)
+    out = Path(out_dir).expanduser().absolute()
+    root = Path(state_root).expanduser().absolute() if state_root is not None else out
+    files: list[PeersFile] = []
+    for i, node in enumerate(ids):
+        path = out / f"{node}.yaml"
+        files.append(
+            PeersFile(
+                path=path,
+                node=NodeSection(node, listen[i], control[i], root / node, i),
+                neighbours=tuple(
+                    Neighbour(ids[j], format_address(node_host[j], listen_ports[j]))
+                    for j in adjacency[i]
+                ),
+                run=cfg,
+                daemon=daemon,
+            )
+        )
+    # Check every file as the daemon will read it (the run settings once: they are shared).
+    texts = [dump_peers(pf) for pf in files]
+    for k, (pf, text) in enumerate(zip(files, texts, strict=True)):
+        parse_peers(yaml.safe_load(text), pf.path, check_run=k == 0)
+    out.mkdir(parents=True, exist_ok=True)
+    for pf, text in zip(files, texts, strict=True):
+        pf.path.write_text(text)
+    return [pf.path for pf in files]

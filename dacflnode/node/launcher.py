@@ -1,0 +1,189 @@
+"""``dacflnode launch``: a real cluster of N daemon processes on 127.0.0.1.
+
+Writes the peers files (``DIR/peers/<node-id>.yaml``), starts ``dacflnode start`` for each node
+with its state directory at ``DIR/<node-id>/`` — the layout ``simulate`` writes — follows their
+``metrics.jsonl`` files for progress, and summarises the per-round Average/Var of Acc like the
+simulator does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dacflnode.algorithms.topology import GRAPH_KINDS
+from dacflnode.config import RunConfig
+from dacflnode.errors import ConfigError
+from dacflnode.node.cluster import generate_cluster
+
+LaunchProgress = Callable[[str, int, int, float | None], None]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports the OS reports free (bind(0)), all held until chosen."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = []
+    for raw in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written right now
+            lines.append(json.loads(raw))
+    return lines
+
+
+def summarize(node_dirs: list[Path], algorithm: str, wall_s: float) -> dict[str, Any]:
+    """Per-round Average/Var of Acc across nodes, in the simulator's summary shape."""
+    per_node = [read_metrics(d / "metrics.jsonl") for d in node_dirs]
+    rounds = min((len(m) for m in per_node), default=0)
+    evaluated, avg, var, train_loss, residual = [], [], [], [], []
+    for r in range(rounds):
+        rows = [m[r] for m in per_node]
+        train_loss.append(float(np.mean([row["train_loss"] for row in rows])))
+        residual.append(float(np.mean([row["consensus_residual"] for row in rows])))
+        accs = [row["accuracy"] for row in rows]
+        if all(a is not None for a in accs):
+            evaluated.append(rows[0]["round"])
+            avg.append(float(np.mean(accs)))
+            var.append(float(np.var(accs)))
+    return {
+        "algorithm": algorithm,
+        "wall_s": round(wall_s, 3),
+        "final": {
+            "round": evaluated[-1] if evaluated else None,
+            "avg_acc": avg[-1] if avg else None,
+            "var_acc": var[-1] if var else None,
+            "train_loss": train_loss[-1] if train_loss else None,
+            "consensus_residual": residual[-1] if residual else None,
+        },
+        "rounds": evaluated,
+        "avg_acc": avg,
+        "var_acc": var,
+        "train_loss": train_loss,
+        "consensus_residual": residual,
+    }
+
+
+async def _follow(
+    name: str, node_dirs: list[Path], rounds: int, procs: list[asyncio.subprocess.Process],
+    progress: LaunchProgress | None,
+) -> None:
+    while any(p.returncode is None for p in procs):
+        done = [read_metrics(d / "metrics.jsonl") for d in node_dirs]
+        finished = min(len(m) for m in done)
+        accs = [m[-1]["accuracy"] for m in done if m and m[-1]["accuracy"] is not None]
+        if progress is not None:
+            progress(name, finished, rounds, float(np.mean(accs)) if accs else None)
+        await asyncio.sleep(0.5)
+
+
+async def run_cluster(
+    run: RunConfig,
+    out_dir: Path,
+    *,
+    algorithm: str,
+    topology: str,
+    progress: LaunchProgress | None = None,
+    round_deadline: float = 600.0,
+    hello_timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Start one daemon per node, wait for all of them; raise RuntimeError if one fails."""
+    n = run.nodes
+    ports = free_ports(2 * n)
+    cfg = replace(run, algorithm=(algorithm,), topology=topology)
+    peers_dir = out_dir / "peers"
+    paths = generate_cluster(
+        topology, n, cfg, peers_dir, ports=ports[:n], control_ports=ports[n:],
+        state_root=out_dir, edge_list=run.edge_list, round_deadline=round_deadline,
+        hello_timeout=hello_timeout,
+    )
+    node_dirs = [out_dir / p.stem for p in paths]
+    for d in node_dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        for stale in ("metrics.jsonl", "checkpoint.safetensors", "final.safetensors"):
+            (d / stale).unlink(missing_ok=True)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    started = time.perf_counter()
+    procs = []
+    for path, d in zip(paths, node_dirs, strict=True):
+        log = (d / "daemon.out").open("w")
+        procs.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dacflnode", "start", "--peers", str(path),
+            stdout=log, stderr=asyncio.subprocess.STDOUT, env=env,
+        ))
+        log.close()
+    follower = asyncio.ensure_future(_follow(algorithm, node_dirs, run.rounds, procs, progress))
+    try:
+        codes = await asyncio.gather(*(p.wait() for p in procs))
+    except asyncio.CancelledError:
+        for p in procs:
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+        await asyncio.gather(*(p.wait() for p in procs))
+        raise
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+    failed = [f"{d.name} (exit {c}, see {d / 'daemon.out'})"
+              for d, c in zip(node_dirs, codes, strict=True) if c != 0]
+    if failed:
+        raise RuntimeError(f"node(s) failed: {', '.join(failed)}")
+    summary = summarize(node_dirs, algorithm, time.perf_counter() - started)
+    if progress is not None:
+        progress(algorithm, run.rounds, run.rounds, summary["final"]["avg_acc"])
+    return summary
+
+
+def launch(
+    run: RunConfig, out_dir: str | Path, progress: LaunchProgress | None = None,
+    round_deadline: float = 600.0, hello_timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Run every algorithm of ``run`` as a real cluster; write and return the summary."""
+    topology = run.topology
+    if topology not in GRAPH_KINDS:
+        raise ConfigError(
+            "topology",
+            f"launch runs Metropolis weights over a graph; '{topology}' needs a global view "
+            f"(choose from {', '.join(GRAPH_KINDS)})",
+        )
+    for name in run.algorithm:
+        if name not in ("dacfl", "cdsgd"):
+            raise ConfigError("algorithm", f"{name} needs a god node: it is simulation-only")
+    root = Path(out_dir)
+    started = time.perf_counter()
+    results = {}
+    for name in run.algorithm:
+        folder = root / name if len(run.algorithm) > 1 else root
+        results[name] = asyncio.run(run_cluster(
+            run, folder, algorithm=name, topology=topology, progress=progress,
+            round_deadline=round_deadline, hello_timeout=hello_timeout))
+    summary = {"config": run.to_json(), "algorithms": results,
+               "wall_s": round(time.perf_counter() - started, 3)}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

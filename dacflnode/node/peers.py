@@ -1,0 +1,661 @@
+"""The daemon's ``peers.yaml``: who this node is, who its neighbours are, and the run it joins.
+
+.. code-block:: yaml
+
+    node:
+      id: node-0                     # required
+      listen: 0.0.0.0:7000           # required: the peer (Neighbor service) address
+      control: 127.0.0.1:8000        # default: 127.0.0.1:<listen port + 1000>
+      state_dir: ./node-0            # default: <folder of this file>/<node id>
+      share: 0                       # data partition index; default: index of node.id in members
+    neighbours:                      # required, non-empty
+      - {id: node-1, address: 127.0.0.1:7001}
+    run:                             # optional: every key of RunConfig, plus the keys below
+      algorithm: dacfl               # one of dacfl, cdsgd
+      round_deadline: 600            # seconds to wait for the neighbours' state each round
+      hello_timeout: 3600            # seconds to wait for the neighbours to come up at start
+      members: [node-0, node-1]      # every node id in partition order
+      edges: [[node-0, node-1]]      # the whole graph
+
+Relative paths (``node.state_dir``, ``run.data_root``, ``run.edge_list``, ``run.mixing_matrix``)
+are relative to the folder of the peers file. Keys may be spelled in ``kebab-case`` too.
+
+Every problem is a :class:`~dacflnode.errors.ConfigError` whose ``field`` is the dotted key
+(``node.listen``, ``neighbours[1].address``, ``run.algorithm``, ...) and whose message names the
+file.
+
+When ``run.members`` and ``run.edges`` are given, the graph is the edges, indexed by the order of
+the members: node ``members[i]`` is node ``i`` of the simulator, so a time-varying run
+(``run.time_varying > 0``) drops the same edges in the same rounds as ``dacflnode simulate`` does
+(:func:`~dacflnode.algorithms.topology.active_edges`). ``run.topology`` and its parameters then
+only record how the edges were drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import ipaddress
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dacflnode.algorithms import graphs
+from dacflnode.algorithms.topology import TOPOLOGIES, active_edges
+from dacflnode.config import RunConfig, config_from_mapping
+from dacflnode.errors import ConfigError, MixingMatrixError
+from dacflnode.learning.datasets import DATASETS
+from dacflnode.learning.partition import PARTITIONS
+
+#: Algorithms a daemon can run: the others need a central "god node" (simulation only).
+DAEMON_ALGORITHMS = ("dacfl", "cdsgd")
+SIMULATION_ONLY = ("dpsgd", "fedavg")
+
+DEFAULT_ROUND_DEADLINE = 600.0
+DEFAULT_HELLO_TIMEOUT = 3600.0
+#: The control port defaults to the listen port plus this, on the loopback interface.
+CONTROL_PORT_OFFSET = 1000
+CONTROL_HOST = "127.0.0.1"
+
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_HOST_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")
+_PORT_RE = re.compile(r"[0-9]{1,5}")
+
+_TOP_KEYS = ("node", "neighbours", "run")
+_NODE_KEYS = ("id", "listen", "control", "state_dir", "share")
+_NEIGHBOUR_KEYS = ("id", "address")
+_DAEMON_KEYS = ("round_deadline", "hello_timeout", "members", "edges")
+_RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "extra")
+_PATH_KEYS = ("data_root", "edge_list", "mixing_matrix")
+
+
+# ---------------------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class Neighbour:
+    id: str
+    address: str
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    id: str
+    listen: str
+    control: str
+    state_dir: Path
+    share: int
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    round_deadline: float = DEFAULT_ROUND_DEADLINE
+    hello_timeout: float = DEFAULT_HELLO_TIMEOUT
+    members: tuple[str, ...] = ()
+    edges: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class PeersFile:
+    path: Path
+    node: NodeSection
+    neighbours: tuple[Neighbour, ...]
+    run: RunConfig
+    daemon: DaemonSettings
+
+    def neighbour_ids(self) -> list[str]:
+        """The neighbours' ids, in file order."""
+        return [n.id for n in self.neighbours]
+
+    def address_of(self, node_id: str) -> str:
+        """The peer address of neighbour ``node_id``."""
+        for n in self.neighbours:
+            if n.id == node_id:
+                return n.address
+        raise KeyError(node_id)
+
+    def base_edges(self) -> graphs.Edges | None:
+        """``run.edges`` as index pairs over ``run.members`` (None when no edges are given)."""
+        if not self.daemon.edges:
+            return None
+        index = {m: i for i, m in enumerate(self.daemon.members)}
+        return graphs.normalize_edges(
+            len(self.daemon.members), ((index[a], index[b]) for a, b in self.daemon.edges)
+        )
+
+    def active_neighbour_ids(self, t: int) -> list[str]:
+        """The neighbours this node exchanges with in round ``t``, sorted.
+
+        All of them for a static run; for ``run.time_varying = k > 0`` the ones whose edge
+        :func:`~dacflnode.algorithms.topology.active_edges` keeps in epoch ``t // k`` — the
+        subgraph the simulator uses in round ``t``.
+        """
+        k = self.run.time_varying
+        base = self.base_edges()
+        if k <= 0 or base is None:
+            return sorted(self.neighbour_ids())
+        members = self.daemon.members
+        me = members.index(self.node.id)
+        edges = active_edges(len(members), base, self.run.seed, t // k, self.run.drop_prob)
+        return sorted(members[j if i == me else i] for i, j in edges if me in (i, j))
+
+    def run_fingerprint(self) -> str:
+        """SHA-256 (hex) of the settings every node of a run must share.
+
+        Node-local settings (``data_root``, ``device``, ``download``, ``eval_every``,
+        ``eval_samples``, ``engine``, deadlines, addresses) are left out, and so are settings
+        that cannot change the run (the Dirichlet ``alpha`` unless ``partition`` is
+        ``dirichlet``, ...). The learning rate and the model are taken as resolved, so an unset
+        ``lr`` equals the data set's default written out.
+        """
+        return hashlib.sha256(
+            json.dumps(self.fingerprint_data(), sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+
+    def fingerprint_data(self) -> dict[str, Any]:
+        """What :meth:`run_fingerprint` hashes."""
+        r = self.run
+        data: dict[str, Any] = {
+            "algorithm": r.algorithm[0],
+            "model": r.model if r.model is not None else _default_model(r.dataset),
+            "dataset": r.dataset,
+            "partition": r.partition,
+            "nodes": r.nodes,
+            "rounds": r.rounds,
+            "lr": r.learning_rate,
+            "lr_decay": r.lr_decay,
+            "momentum": r.momentum,
+            "weight_decay": r.weight_decay,
+            "batch_size": r.batch_size,
+            "local_epochs": r.local_epochs,
+            "local_steps": r.local_steps,
+            "fodac_variant": r.fodac_variant,
+            "seed": r.seed,
+            "time_varying": r.time_varying,
+            "members": list(self.daemon.members),
+            "edges": [list(e) for e in self.daemon.edges],
+        }
+        if r.partition == "dirichlet":
+            data["dirichlet_alpha"] = r.dirichlet_alpha
+        if r.partition == "shards":
+            data["shards_per_node"] = r.shards_per_node
+        if r.time_varying > 0:
+            data["drop_prob"] = r.drop_prob
+        if r.dataset == "synthetic":
+            data["synthetic_train"] = r.synthetic_train
+            data["synthetic_test"] = r.synthetic_test
+        return data
+
+
+def _default_model(dataset: str) -> str:
+    from dacflnode.learning.models import default_model_for
+
+    try:
+        return default_model_for(dataset)
+    except ConfigError:
+        return f"default:{dataset}"
+
+
+# ---------------------------------------------------------------------------------------- addresses
+def _error(field: str, file: Path, message: str) -> ConfigError:
+    return ConfigError(field, f"in {file}: {message}")
+
+
+def parse_address(value: str, field: str, file: Path) -> tuple[str, int]:
+    """``host:port`` or ``[v6-address]:port`` -> ``(host, port)``; the port is 0..65535."""
+    if not isinstance(value, str):
+        raise _error(field, file, f"expected host:port, got {value!r}")
+    text = value.strip()
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0 or text[end + 1 : end + 2] != ":":
+            raise _error(field, file, f"expected [v6-address]:port, got {value!r}")
+        host, port_text = text[1:end], text[end + 2 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise _error(field, file, f"{host!r} is not an IPv6 address (in {value!r})") from None
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not host:
+            raise _error(field, file, f"expected host:port, got {value!r}")
+        if ":" in host:
+            raise _error(
+                field, file, f"put an IPv6 address in brackets, [{host}]:{port_text}: got {value!r}"
+            )
+        if not _HOST_RE.fullmatch(host):
+            raise _error(field, file, f"{host!r} is not a host name or address (in {value!r})")
+    if not _PORT_RE.fullmatch(port_text) or int(port_text) > 65535:
+        raise _error(field, file, f"port must be a number in 0..65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    """The inverse of :func:`parse_address`: brackets around IPv6 addresses."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# ---------------------------------------------------------------------------------------- loading
+def load_peers(path: str | Path) -> PeersFile:
+    """Read and check a peers file (see the module docstring)."""
+    file = Path(path).expanduser().absolute()
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError("peers", f"cannot read {file}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("peers", f"in {file}: not valid YAML: {exc}") from exc
+    return parse_peers(data, file)
+
+
+def parse_peers(data: Any, path: str | Path, *, check_run: bool = True) -> PeersFile:
+    """Check the parsed YAML ``data`` of the peers file at ``path`` (which need not exist).
+
+    ``check_run=False`` skips :meth:`RunConfig.validate` (the caller has run it already).
+    """
+    return _Parser(Path(path).expanduser().absolute()).parse(data, check_run)
+
+
+class _Parser:
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.base = file.parent
+
+    def err(self, field: str, message: str) -> ConfigError:
+        return _error(field, self.file, message)
+
+    # ------------------------------------------------------------------ generic helpers
+    def mapping(
+        self, value: Any, where: str, allowed: Iterable[str], prefix: str = ""
+    ) -> dict[str, Any]:
+        """``value`` as a dict with snake_case keys, rejecting unknown and repeated keys."""
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise self.err(where, f"expected a mapping, got {_kind(value)}")
+        allowed = tuple(allowed)
+        out: dict[str, Any] = {}
+        for raw_key, item in value.items():
+            key = str(raw_key).replace("-", "_")
+            field = f"{prefix}{raw_key}"
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise self.err(field, f"unknown key (expected one of {', '.join(allowed)}){hint}")
+            if key in out:
+                raise self.err(field, "given twice (snake_case and kebab-case)")
+            out[key] = item
+        return out
+
+    def ident(self, value: Any, field: str) -> str:
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise self.err(field, f"expected a node id, got {_kind(value)}")
+        text = str(value).strip()
+        if not _ID_RE.fullmatch(text):
+            raise self.err(
+                field,
+                f"node ids are 1-128 letters, digits, '.', '_' or '-' (starting with a letter or"
+                f" digit), got {value!r}",
+            )
+        return text
+
+    def integer(self, value: Any, field: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.err(field, f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise self.err(field, f"must be >= {minimum}, got {value}")
+        return value
+
+    def seconds(self, value: Any, field: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.err(field, f"expected a number of seconds, got {value!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise self.err(field, f"must be a finite number > 0, got {value!r}")
+        return float(value)
+
+    def path(self, value: Any, field: str) -> Path:
+        if not isinstance(value, str) or not value.strip():
+            raise self.err(field, f"expected a path, got {value!r}")
+        return Path(os.path.normpath(self.base / Path(value.strip()).expanduser()))
+
+    def listing(self, value: Any, field: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.err(field, f"expected a list, got {_kind(value)}")
+        return value
+
+    # ------------------------------------------------------------------ sections
+    def parse(self, data: Any, check_run: bool) -> PeersFile:
+        if not isinstance(data, Mapping):
+            raise self.err("peers", "expected a mapping with the sections node, neighbours and run")
+        top = self.mapping(data, "peers", _TOP_KEYS)
+        for key in ("node", "neighbours"):
+            if top.get(key) is None:
+                raise self.err(key, "required section is missing")
+        node_raw = self.mapping(top["node"], "node", _NODE_KEYS, "node.")
+        node_id = self.node_id(node_raw)
+        neighbours = self.neighbours(top["neighbours"], node_id)
+        run, daemon = self.run(top.get("run"), check_run)
+        node = self.node(node_raw, node_id, run, daemon)
+        self.cross_check(node, neighbours, run, daemon)
+        return PeersFile(self.file, node, neighbours, run, daemon)
+
+    def node_id(self, raw: dict[str, Any]) -> str:
+        if raw.get("id") is None:
+            raise self.err("node.id", "required: this node's id")
+        return self.ident(raw["id"], "node.id")
+
+    def node(
+        self, raw: dict[str, Any], node_id: str, run: RunConfig, daemon: DaemonSettings
+    ) -> NodeSection:
+        if raw.get("listen") is None:
+            raise self.err("node.listen", "required: the host:port neighbours connect to")
+        host, port = parse_address(raw["listen"], "node.listen", self.file)
+        listen = format_address(host, port)
+        if raw.get("control") is not None:
+            control = format_address(*parse_address(raw["control"], "node.control", self.file))
+        else:
+            control_port = port + CONTROL_PORT_OFFSET if port else 0
+            if control_port > 65535:
+                raise self.err(
+                    "node.control",
+                    f"the default control port (listen port {port} + {CONTROL_PORT_OFFSET}) is"
+                    " above 65535: set node.control",
+                )
+            control = format_address(CONTROL_HOST, control_port)
+        if port and control == listen:
+            raise self.err("node.control", f"is the listen address {listen}")
+        state_dir = (
+            self.path(raw["state_dir"], "node.state_dir")
+            if raw.get("state_dir") is not None
+            else self.base / node_id
+        )
+        if raw.get("share") is not None:
+            share = self.integer(raw["share"], "node.share", 0)
+        elif daemon.members:
+            share = daemon.members.index(node_id)
+        else:
+            raise self.err(
+                "node.share", "required when run.members is not given (this node's data part)"
+            )
+        if share >= run.nodes:
+            raise self.err("node.share", f"must be < run.nodes = {run.nodes}, got {share}")
+        return NodeSection(node_id, listen, control, state_dir, share)
+
+    def neighbours(self, value: Any, node_id: str) -> tuple[Neighbour, ...]:
+        items = self.listing(value, "neighbours")
+        if not items:
+            raise self.err("neighbours", "list at least one neighbour")
+        out: list[Neighbour] = []
+        seen_ids: dict[str, int] = {}
+        seen_addresses: dict[str, int] = {}
+        for k, item in enumerate(items):
+            where = f"neighbours[{k}]"
+            raw = self.mapping(item, where, _NEIGHBOUR_KEYS, f"{where}.")
+            for key in _NEIGHBOUR_KEYS:
+                if raw.get(key) is None:
+                    raise self.err(f"{where}.{key}", "required")
+            nid = self.ident(raw["id"], f"{where}.id")
+            if nid == node_id:
+                raise self.err(f"{where}.id", f"'{nid}' is this node's own id")
+            if nid in seen_ids:
+                raise self.err(
+                    f"{where}.id", f"duplicate neighbour '{nid}' (also neighbours[{seen_ids[nid]}])"
+                )
+            host, port = parse_address(raw["address"], f"{where}.address", self.file)
+            if port == 0:
+                raise self.err(f"{where}.address", "port 0 cannot be connected to")
+            address = format_address(host, port)
+            if address in seen_addresses:
+                raise self.err(
+                    f"{where}.address",
+                    f"{address} is also the address of neighbours[{seen_addresses[address]}]",
+                )
+            seen_ids[nid] = k
+            seen_addresses[address] = k
+            out.append(Neighbour(nid, address))
+        return tuple(out)
+
+    def run(self, value: Any, check_run: bool) -> tuple[RunConfig, DaemonSettings]:
+        raw = self.mapping(value, "run", _RUN_KEYS + _DAEMON_KEYS, "run.")
+        daemon_raw = {k: raw.pop(k) for k in _DAEMON_KEYS if k in raw}
+        members = self.members(daemon_raw.get("members"))
+        if members and raw.get("nodes") is None:
+            raw["nodes"] = len(members)
+        for key in _PATH_KEYS:
+            if isinstance(raw.get(key), str):
+                raw[key] = str(self.path(raw[key], f"run.{key}"))
+        try:
+            run = config_from_mapping(raw)
+        except ConfigError as exc:
+            raise self.err(f"run.{exc.field}", exc.message) from None
+        if len(run.algorithm) != 1:
+            raise self.err(
+                "run.algorithm",
+                f"a daemon runs one algorithm ({' or '.join(DAEMON_ALGORITHMS)}), got"
+                f" {', '.join(run.algorithm) or 'none'}",
+            )
+        check_algorithm(run.algorithm[0], lambda msg: self.err("run.algorithm", msg))
+        if run.dataset not in DATASETS:
+            raise self.err(
+                "run.dataset",
+                f"unknown data set '{run.dataset}' (choose from {', '.join(DATASETS)})",
+            )
+        if run.partition not in PARTITIONS:
+            raise self.err(
+                "run.partition",
+                f"unknown partition '{run.partition}' (choose from {', '.join(PARTITIONS)})",
+            )
+        if members and run.nodes != len(members):
+            raise self.err(
+                "run.nodes", f"is {run.nodes} but run.members lists {len(members)} nodes"
+            )
+        edges = self.edges(daemon_raw.get("edges"), members)
+        if run.time_varying > 0:
+            for key, given in (("members", members), ("edges", edges)):
+                if not given:
+                    raise self.err(
+                        f"run.{key}",
+                        f"required when run.time_varying > 0 (got {run.time_varying}): every"
+                        " node draws each round's graph from the whole member list and edges",
+                    )
+        if check_run:
+            self.validate_run(run, bool(edges))
+        daemon = DaemonSettings(
+            round_deadline=self.seconds(
+                daemon_raw.get("round_deadline", DEFAULT_ROUND_DEADLINE), "run.round_deadline"
+            ),
+            hello_timeout=self.seconds(
+                daemon_raw.get("hello_timeout", DEFAULT_HELLO_TIMEOUT), "run.hello_timeout"
+            ),
+            members=members,
+            edges=edges,
+        )
+        return run, daemon
+
+    def validate_run(self, run: RunConfig, have_edges: bool) -> None:
+        # With explicit edges the graph is the edges: topology and its files are only a record
+        # of how they were drawn, and need not exist on this host.
+        check = (
+            dataclasses.replace(
+                run,
+                topology="uniform" if run.topology in TOPOLOGIES else run.topology,
+                edge_list=None,
+                mixing_matrix=None,
+            )
+            if have_edges
+            else run
+        )
+        try:
+            check.validate()
+        except ConfigError as exc:
+            raise self.err(f"run.{exc.field}", exc.message) from None
+        except MixingMatrixError as exc:
+            raise self.err("run.topology", str(exc)) from None
+
+    def members(self, value: Any) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        items = self.listing(value, "run.members")
+        out: list[str] = []
+        for k, item in enumerate(items):
+            mid = self.ident(item, f"run.members[{k}]")
+            if mid in out:
+                raise self.err(
+                    f"run.members[{k}]", f"'{mid}' is listed twice (also at {out.index(mid)})"
+                )
+            out.append(mid)
+        if len(out) < 2:
+            raise self.err("run.members", f"a network needs at least 2 nodes, got {len(out)}")
+        return tuple(out)
+
+    def edges(self, value: Any, members: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        if value is None:
+            return ()
+        items = self.listing(value, "run.edges")
+        if not members:
+            raise self.err("run.edges", "needs run.members (the ids the edges connect)")
+        if not items:
+            raise self.err("run.edges", "the graph has no edges")
+        index = {m: i for i, m in enumerate(members)}
+        pairs: set[tuple[int, int]] = set()
+        for k, item in enumerate(items):
+            where = f"run.edges[{k}]"
+            if not isinstance(item, list | tuple) or len(item) != 2:
+                raise self.err(where, f"expected a pair [id, id], got {item!r}")
+            a, b = (self.ident(v, where) for v in item)
+            for end in (a, b):
+                if end not in index:
+                    raise self.err(where, f"'{end}' is not in run.members")
+            if a == b:
+                raise self.err(where, f"[{a}, {b}] is a self loop")
+            i, j = index[a], index[b]
+            pairs.add((min(i, j), max(i, j)))
+        edges = tuple(sorted(pairs))
+        if not graphs.is_connected(len(members), edges):
+            raise self.err("run.edges", "the graph is not connected")
+        return tuple((members[i], members[j]) for i, j in edges)
+
+    def cross_check(
+        self,
+        node: NodeSection,
+        neighbours: tuple[Neighbour, ...],
+        run: RunConfig,
+        daemon: DaemonSettings,
+    ) -> None:
+        ids = [n.id for n in neighbours]
+        if len(ids) > run.nodes - 1:
+            raise self.err("neighbours", f"{len(ids)} neighbours but run.nodes = {run.nodes}")
+        if not daemon.members:
+            return
+        if node.id not in daemon.members:
+            raise self.err("node.id", f"'{node.id}' is not in run.members")
+        for k, nid in enumerate(ids):
+            if nid not in daemon.members:
+                raise self.err(f"neighbours[{k}].id", f"'{nid}' is not in run.members")
+        if daemon.edges:
+            adjacent = sorted(
+                b if a == node.id else a for a, b in daemon.edges if node.id in (a, b)
+            )
+            if adjacent != sorted(ids):
+                raise self.err(
+                    "run.edges",
+                    f"give {node.id} the neighbours [{', '.join(adjacent)}] but the neighbours"
+                    f" section lists [{', '.join(sorted(ids))}]",
+                )
+
+
+def check_algorithm(name: str, error: Callable[[str], ConfigError] | None = None) -> str:
+    """``name`` if a daemon can run it, else a ConfigError (field ``algorithm``)."""
+
+    def fail(message: str) -> ConfigError:
+        return error(message) if error is not None else ConfigError("algorithm", message)
+
+    if name in SIMULATION_ONLY:
+        raise fail(
+            f"'{name}' is simulation-only (it needs a central god node); a daemon runs"
+            f" {' or '.join(DAEMON_ALGORITHMS)}"
+        )
+    if name not in DAEMON_ALGORITHMS:
+        raise fail(f"unknown algorithm '{name}' (choose from {', '.join(DAEMON_ALGORITHMS)})")
+    return name
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+# ---------------------------------------------------------------------------------------- dumping
+class _Flow(list[Any]):
+    """A list written on one line."""
+
+
+class _FlowMap(dict[str, Any]):
+    """A mapping written on one line."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(
+    _Flow, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True)
+)
+_Dumper.add_representer(
+    _FlowMap, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v, flow_style=True)
+)
+
+
+def _relative(path: Path, base: Path) -> str:
+    """``path`` relative to ``base`` when it lies inside it, else absolute."""
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def run_section(run: RunConfig, daemon: DaemonSettings) -> dict[str, Any]:
+    """The ``run:`` mapping of a peers file (every key, the algorithm as a single name)."""
+    out: dict[str, Any] = {"algorithm": ",".join(run.algorithm)}
+    for name in _RUN_KEYS:
+        if name != "algorithm":
+            value = getattr(run, name)
+            out[name] = str(value) if isinstance(value, Path) else value
+    out["round_deadline"] = daemon.round_deadline
+    out["hello_timeout"] = daemon.hello_timeout
+    if daemon.members:
+        out["members"] = _Flow(daemon.members)
+    if daemon.edges:
+        out["edges"] = [_Flow(e) for e in daemon.edges]
+    return out
+
+
+def dump_peers(pf: PeersFile) -> str:
+    """YAML text that :func:`load_peers` (at ``pf.path``) reads back to a PeersFile equal to pf."""
+    base = pf.path.parent
+    data = {
+        "node": {
+            "id": pf.node.id,
+            "listen": pf.node.listen,
+            "control": pf.node.control,
+            "state_dir": _relative(pf.node.state_dir, base),
+            "share": pf.node.share,
+        },
+        "neighbours": [_FlowMap(id=n.id, address=n.address) for n in pf.neighbours],
+        "run": run_section(pf.run, pf.daemon),
+    }
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+    return f"# dacflnode peers file of {pf.node.id} (see: dacflnode topology --help)\n{body}"

@@ -1,0 +1,106 @@
+"""What ``dacflnode status`` and ``dacflnode metrics`` show, as plain data (no grpc here)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+
+
+@dataclass
+class NeighbourInfo:
+    node_id: str
+    address: str
+    connected: bool = False
+    last_round_received: int = -1
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    latency_ms: float = math.nan
+
+
+@dataclass
+class NodeStatus:
+    node_id: str
+    algorithm: str
+    round: int
+    rounds_total: int
+    phase: str
+    neighbours: list[NeighbourInfo] = field(default_factory=list)
+    last_accuracy: float = math.nan
+    last_loss: float = math.nan
+    consensus_residual: float = math.nan
+    device: str = ""
+    uptime_s: float = 0.0
+    listen_address: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        def clean(v: Any) -> Any:
+            if isinstance(v, float) and math.isnan(v):
+                return None
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            return v
+
+        return dict(clean(asdict(self)))
+
+
+class NodeMetrics:
+    """The node's Prometheus metrics (its own registry: several nodes may share a process)."""
+
+    def __init__(self, node_id: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["node"]
+        self.node_id = node_id
+        self.round = Gauge("dacfl_round", "Rounds completed", labels, registry=self.registry)
+        self.accuracy = Gauge("dacfl_test_accuracy", "Test accuracy of the node's model",
+                              labels, registry=self.registry)
+        self.test_loss = Gauge("dacfl_test_loss", "Test loss of the node's model", labels,
+                               registry=self.registry)
+        self.train_loss = Gauge("dacfl_train_loss", "Mean mini-batch loss of the last round",
+                                labels, registry=self.registry)
+        self.residual = Gauge("dacfl_consensus_residual", "||x_i - omega_i||", labels,
+                              registry=self.registry)
+        self.round_seconds = Histogram("dacfl_round_seconds", "Wall time of a round", labels,
+                                       registry=self.registry,
+                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
+        self.exchange_seconds = Gauge("dacfl_exchange_seconds",
+                                      "Time spent exchanging state in the last round", labels,
+                                      registry=self.registry)
+        self.train_seconds = Gauge("dacfl_train_seconds", "Local training time, last round",
+                                   labels, registry=self.registry)
+        peer = ["node", "peer"]
+        self.peer_bytes_received = Gauge("dacfl_peer_bytes_received", "Bytes received", peer,
+                                         registry=self.registry)
+        self.peer_bytes_sent = Gauge("dacfl_peer_bytes_sent", "Bytes sent", peer,
+                                     registry=self.registry)
+        self.peer_connected = Gauge("dacfl_peer_connected", "1 if the neighbour answered", peer,
+                                    registry=self.registry)
+        self.peer_last_round = Gauge("dacfl_peer_last_round", "Last round received", peer,
+                                     registry=self.registry)
+
+    def update(self, status: NodeStatus) -> None:
+        n = self.node_id
+        self.round.labels(n).set(status.round)
+        self.accuracy.labels(n).set(status.last_accuracy)
+        self.test_loss.labels(n).set(status.last_loss)
+        self.residual.labels(n).set(status.consensus_residual)
+        for nb in status.neighbours:
+            self.peer_bytes_received.labels(n, nb.node_id).set(nb.bytes_received)
+            self.peer_bytes_sent.labels(n, nb.node_id).set(nb.bytes_sent)
+            self.peer_connected.labels(n, nb.node_id).set(1 if nb.connected else 0)
+            self.peer_last_round.labels(n, nb.node_id).set(nb.last_round_received)
+
+    def observe_round(self, seconds: float, exchange_s: float, train_s: float,
+                      train_loss: float) -> None:
+        n = self.node_id
+        self.round_seconds.labels(n).observe(seconds)
+        self.exchange_seconds.labels(n).set(exchange_s)
+        self.train_seconds.labels(n).set(train_s)
+        self.train_loss.labels(n).set(train_loss)
+
+    def prometheus(self) -> str:
+        return generate_latest(self.registry).decode()

@@ -1,0 +1,103 @@
+"""``dacflnode topology``: a cluster's peers files from one graph."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dacflnode.algorithms import graphs
+from dacflnode.cli.main import cli
+from dacflnode.node.peers import load_peers
+
+
+@pytest.fixture(autouse=True)
+def _commands():
+    from dacflnode.cli import topology  # noqa: F401
+
+
+def run(args):
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def neighbour_sets(out):
+    files = {p.stem: load_peers(p) for p in sorted(out.glob("*.yaml"))}
+    return files, {k: set(pf.neighbour_ids()) for k, pf in files.items()}
+
+
+def test_ring_of_four_writes_loadable_symmetric_files(tmp_path):
+    result = run(["topology", "ring", "--nodes", "4", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 4 and lines[0].split()[:2] == ["node-0", "127.0.0.1:7000"]
+    files, adj = neighbour_sets(tmp_path)
+    assert sorted(files) == [f"node-{i}" for i in range(4)]
+    ring = graphs.neighbours(4, graphs.ring(4))
+    for i in range(4):
+        assert adj[f"node-{i}"] == {f"node-{j}" for j in ring[i]}
+        for j in adj[f"node-{i}"]:
+            assert f"node-{i}" in adj[j]
+        pf = files[f"node-{i}"]
+        assert pf.node.share == i and pf.node.control == f"127.0.0.1:{8000 + i}"
+        assert pf.node.state_dir == tmp_path / f"node-{i}"
+        assert pf.daemon.members == tuple(f"node-{k}" for k in range(4))
+    assert len({pf.run_fingerprint() for pf in files.values()}) == 1
+
+
+def test_random_regular_is_reproducible_by_seed(tmp_path):
+    def draw(seed, name):
+        out = tmp_path / name
+        args = ["topology", "random-regular", "--nodes", "8", "--degree", "3", "--seed", seed]
+        result = run([*args, "--out", str(out), "--json"])
+        assert result.exit_code == 0, result.output
+        listing = json.loads(result.stdout)
+        assert [n["path"] for n in listing] == [str(out / f"node-{i}.yaml") for i in range(8)]
+        return {n["id"]: tuple(n["neighbours"]) for n in listing}
+
+    first, again, other = draw("3", "a"), draw("3", "b"), draw("4", "c")
+    assert first == again
+    assert first != other
+    assert all(len(v) == 3 for v in first.values())
+
+
+def test_hosts_cycle_and_neighbours_are_reached_at_their_host(tmp_path):
+    result = run(
+        [
+            "topology",
+            "complete",
+            "--nodes",
+            "5",
+            "--hosts",
+            "h0,h1",
+            "--listen-host",
+            "0.0.0.0",
+            "--base-port",
+            "7100",
+            "--control-base-port",
+            "9100",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert result.exit_code == 0, result.output
+    files, _ = neighbour_sets(tmp_path)
+    for i in range(5):
+        pf = files[f"node-{i}"]
+        assert pf.node.listen == f"0.0.0.0:{7100 + i}"
+        assert pf.node.control == f"127.0.0.1:{9100 + i}"
+        for n in pf.neighbours:
+            j = int(n.id.split("-")[1])
+            assert n.address == f"h{j % 2}:{7100 + j}"
+
+
+def test_bad_kind_is_one_line_and_exit_2(tmp_path):
+    result = CliRunner().invoke(cli, ["topology", "star", "--nodes", "4", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.startswith("error: kind: unknown graph kind 'star'")
+    assert not list(tmp_path.glob("*.yaml"))
+
+
+def test_simulation_only_algorithm_is_refused(tmp_path):
+    args = ["topology", "ring", "--nodes", "4", "--algorithm", "fedavg", "--out", str(tmp_path)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "simulation-only" in result.stderr

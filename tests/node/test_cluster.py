@@ -1,0 +1,169 @@
+"""Real multi-process clusters on 127.0.0.1 (ports from bind(0)): equivalence with the simulator,
+status/metrics of live daemons, graceful stop, restart from a checkpoint, refused handshakes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dacflnode.config import RunConfig
+from dacflnode.node.cluster import generate_cluster
+from dacflnode.node.launcher import free_ports, launch, read_metrics
+from dacflnode.sim.experiment import run_experiment
+from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
+
+TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
+                 synthetic_test=200, device="cpu")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def max_diff(a: Path, b: Path) -> float:
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert ta.keys() == tb.keys()
+    return max(float((ta[k].double() - tb[k].double()).abs().max()) for k in ta)
+
+
+@pytest.mark.parametrize("algorithm", ["dacfl", "cdsgd"])
+def test_launched_cluster_ends_with_the_simulators_models(tmp_path, algorithm):
+    cfg = replace(TINY, algorithm=(algorithm,), nodes=4, rounds=3, topology="complete",
+                  time_varying=1, engine="sequential")
+    launch(cfg, tmp_path / "cluster", round_deadline=60)
+    run_experiment(cfg, tmp_path / "sim")
+    for i in range(4):
+        node = f"node-{i}"
+        diff = max_diff(tmp_path / "cluster" / node / "final.safetensors",
+                        tmp_path / "sim" / node / "final.safetensors")
+        assert diff <= 1e-6, (node, diff)
+        assert len(read_metrics(tmp_path / "cluster" / node / "metrics.jsonl")) == 3
+
+
+def start_cluster(tmp_path: Path, n: int, rounds: int, **run_kw) -> tuple[list[Path], list]:
+    ports = free_ports(2 * n)
+    cfg = replace(TINY, nodes=n, rounds=rounds, **run_kw)
+    paths = generate_cluster("ring" if n >= 3 else "complete", n, cfg, tmp_path / "peers",
+                             ports=ports[:n], control_ports=ports[n:], state_root=tmp_path,
+                             round_deadline=30, hello_timeout=60)
+    procs = [start_node(p) for p in paths]
+    return paths, procs
+
+
+def start_node(path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+
+
+def wait_all(procs, timeout=120) -> list[int]:
+    return [p.wait(timeout=timeout) for p in procs]
+
+
+def wait_for_rounds(state_dir: Path, rounds: int, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while len(read_metrics(state_dir / "metrics.jsonl")) < rounds:
+        assert time.monotonic() < end, f"{state_dir.name} did not reach round {rounds}"
+        time.sleep(0.1)
+
+
+def control_address(path: Path) -> str:
+    from dacflnode.node.peers import load_peers
+
+    return load_peers(path).node.control
+
+
+def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_path):
+    paths, procs = start_cluster(tmp_path, 3, rounds=100_000, eval_every=5)
+    try:
+        wait_for_rounds(tmp_path / "node-0", 1)
+        addr = control_address(paths[0])
+        cli = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--target", addr,
+                              "--json"], capture_output=True, text=True, timeout=60, env=ENV)
+        assert cli.returncode == 0, cli.stderr
+        assert json.loads(cli.stdout)["node_id"] == "node-0"
+        status = asyncio.run(fetch_status(addr))
+        assert status.node_id == "node-0" and status.algorithm == "dacfl"
+        assert status.rounds_total == 100_000 and status.round >= 1
+        assert {n.node_id for n in status.neighbours} == {"node-1", "node-2"}
+        assert all(n.connected and n.bytes_received > 0 for n in status.neighbours)
+        prom = asyncio.run(fetch_metrics(addr, "prometheus"))
+        assert 'dacfl_round{node="node-0"}' in prom and "dacfl_peer_bytes_received" in prom
+        data = json.loads(asyncio.run(fetch_metrics(addr, "json")))
+        assert data["node_id"] == "node-0" and "last_round" in data
+    finally:
+        for path in paths:
+            subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--peers", str(path)],
+                           capture_output=True, timeout=60, env=ENV, check=False)
+        codes = wait_all(procs)
+    assert codes == [0, 0, 0]
+    for i in range(3):
+        assert (tmp_path / f"node-{i}" / "checkpoint.safetensors").exists()
+
+
+def test_sigterm_checkpoints_and_exits_zero_and_a_restart_finishes_the_run(tmp_path):
+    paths, procs = start_cluster(tmp_path, 3, rounds=30)
+    wait_for_rounds(tmp_path / "node-0", 2)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    assert wait_all(procs, 60) == [0, 0, 0]
+    done = [len(read_metrics(tmp_path / f"node-{i}" / "metrics.jsonl")) for i in range(3)]
+    assert all((tmp_path / f"node-{i}" / "checkpoint.safetensors").exists() for i in range(3))
+    assert min(done) < 30
+    procs = [start_node(p) for p in paths]  # resume from the checkpoints
+    assert wait_all(procs, 120) == [0, 0, 0]
+    for i in range(3):
+        rounds = [m["round"] for m in read_metrics(tmp_path / f"node-{i}" / "metrics.jsonl")]
+        assert rounds == list(range(1, 31)), rounds
+
+
+def test_a_killed_node_restarted_from_its_checkpoint_rejoins_the_cluster(tmp_path):
+    paths, procs = start_cluster(tmp_path, 3, rounds=25)
+    wait_for_rounds(tmp_path / "node-1", 3)
+    procs[1].kill()  # a crash: no checkpoint of the round in flight
+    procs[1].wait()
+    procs[1] = start_node(paths[1])
+    assert wait_all(procs, 120) == [0, 0, 0]
+    for i in range(3):
+        rounds = [m["round"] for m in read_metrics(tmp_path / f"node-{i}" / "metrics.jsonl")]
+        assert rounds[-1] == 25 and sorted(set(rounds)) == list(range(1, 26))
+
+
+def test_a_neighbour_with_other_run_settings_is_refused(tmp_path):
+    ports = free_ports(4)
+    cfg = replace(TINY, nodes=2, rounds=2)
+    paths = generate_cluster("complete", 2, cfg, tmp_path / "a", ports=ports[:2],
+                             control_ports=ports[2:], state_root=tmp_path, hello_timeout=20)
+    other = generate_cluster("complete", 2, replace(cfg, lr=0.5), tmp_path / "b",
+                             ports=ports[:2], control_ports=ports[2:], state_root=tmp_path / "b",
+                             hello_timeout=20)
+    procs = [start_node(paths[0]), start_node(other[1])]
+    codes = wait_all(procs, 60)
+    assert codes == [1, 1]
+    log = (tmp_path / "node-0" / "daemon.log").read_text()
+    assert "different run settings" in log
+
+
+def test_status_without_a_daemon_fails_with_a_clear_message():
+    port = free_ports(1)[0]
+    proc = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--target",
+                           f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "no dacflnode daemon answers" in proc.stderr
+
+
+def test_final_model_loads_into_the_architecture(tmp_path):
+    cfg = replace(TINY, nodes=3, rounds=1, topology="ring")
+    launch(cfg, tmp_path)
+    from dacflnode.learning.models import build_model
+
+    model = build_model("tiny-cnn", (1, 8, 8), 10)
+    model.load_state_dict(load_file(str(tmp_path / "node-0" / "final.safetensors")))
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
