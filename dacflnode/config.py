@@ -66,6 +66,7 @@ class RunConfig:
     eval_every: int = 1
     eval_samples: int | None = None
     device: str = "auto"
+    threads: int | None = None
     engine: str = "auto"
     synthetic_train: int = 2000
     synthetic_test: int = 500
@@ -127,6 +128,8 @@ class RunConfig:
             _positive("local_steps", self.local_steps)
         if self.eval_samples is not None:
             _positive("eval_samples", self.eval_samples)
+        if self.threads is not None:
+            _positive("threads", self.threads)
         if self.learning_rate <= 0:
             raise ConfigError("lr", f"must be > 0, got {self.learning_rate}")
         if not 0 < self.lr_decay <= 1:
@@ -153,6 +156,17 @@ class RunConfig:
         if "fedavg" not in self.algorithm or len(self.algorithm) > 1:
             MixingSchedule(self.topology_spec())  # builds round 0: graph and matrix checks
         return self
+
+    def apply_threads(self) -> None:
+        """Set PyTorch's intra-op threads when ``threads`` is given.
+
+        Results are bit-identical only between runs with the same thread count: a different
+        count changes the order of floating-point sums inside convolutions.
+        """
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -66,6 +66,8 @@ _RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--eval-every", type=int, help="Evaluate every N rounds. [default: 1]"),
     click.option("--eval-samples", type=int, help="Evaluate on a fixed subset of the test set."),
     click.option("--device", help="auto, cpu, cuda, cuda:N or mps. [default: auto]"),
+    click.option("--threads", type=int, help="PyTorch CPU threads per process (bit-identical "
+                 "results need equal counts). [default: PyTorch's]"),
     click.option(
         "--engine",
         type=click.Choice(ENGINES),

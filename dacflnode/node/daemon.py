@@ -57,6 +57,7 @@ class BuiltNode:
 def build_node(pf: PeersFile) -> BuiltNode:
     """Everything heavy: data, partition, model, trainer, checkpoint (run it in a thread)."""
     run = pf.run
+    run.apply_threads()
     algorithm = make_algorithm(run.algorithm[0], run.fodac_variant)
     dataset = load_dataset(run.dataset, run.data_root, download=run.download,
                            synthetic_train=run.synthetic_train,

@@ -126,7 +126,8 @@ async def run_cluster(
         for stale in ("metrics.jsonl", "checkpoint.safetensors", "final.safetensors"):
             (d / stale).unlink(missing_ok=True)
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    if run.threads is None:  # share the cores instead of oversubscribing them
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     started = time.perf_counter()
     procs = []
     for path, d in zip(paths, node_dirs, strict=True):

@@ -23,6 +23,7 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run every algorithm of ``cfg``; return (and write) the summary."""
     cfg.validate()
+    cfg.apply_threads()
     started = time.perf_counter()
     dataset = load_dataset(
         cfg.dataset,

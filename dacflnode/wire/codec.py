@@ -3,7 +3,9 @@
 Sending reads the tensors through ``memoryview`` slices, one chunk at a time. Receiving validates
 the header completely (sender, round, degree, tensor names, dtypes, shapes and the total size)
 *before* it allocates anything, then writes every chunk straight into one preallocated buffer,
-and checks size and BLAKE2b-256 checksum at the end. Nothing is ever unpickled: the payload is
+hashing each chunk as it arrives, and checks size and XXH3-128 checksum at the end. The checksum
+guards against corruption and truncation (gRPC over TLS is what guards against tampering); XXH3
+runs at memory speed, so it costs a few percent of a transfer instead of doubling it. Nothing is ever unpickled: the payload is
 raw little-endian float32 bytes.
 
 Receiving a state of ``B`` bytes costs ``B`` bytes plus one chunk; sending costs one chunk.
@@ -11,19 +13,20 @@ Receiving a state of ``B`` bytes costs ``B`` bytes plus one chunk; sending costs
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 
 PROTOCOL_VERSION = 1
 CHUNK_BYTES = 1 << 20
-CHECKSUM_BYTES = 32
+CHECKSUM_BYTES = 16
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -65,7 +68,8 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
 
 
 def checksum(views: Collection[memoryview]) -> bytes:
-    digest = hashlib.blake2b(digest_size=CHECKSUM_BYTES)
+    """XXH3-128 of the concatenated views."""
+    digest = xxhash.xxh3_128()
     for view in views:
         digest.update(view)
     return digest.digest()
@@ -132,6 +136,7 @@ class Decoder:
     _buffer: torch.Tensor | None = None
     _bytes: memoryview | None = None
     _filled: int = 0
+    _digest: Any = None
     _shapes: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
 
     @property
@@ -175,12 +180,13 @@ class Decoder:
                 "INVALID_ARGUMENT", f"payload_bytes {h.payload_bytes} but tensors need {total}"
             )
         if len(h.checksum) != CHECKSUM_BYTES:
-            raise WireError("INVALID_ARGUMENT", "checksum must be 32 bytes of BLAKE2b-256")
+            raise WireError("INVALID_ARGUMENT", "checksum must be 16 bytes of XXH3-128")
         # every field checked: now allocate
         self._header = h
         self._shapes = shapes
         self._buffer = torch.empty(total // 4, dtype=torch.float32)
         self._bytes = memoryview(self._buffer.numpy()).cast("B")  # type: ignore[arg-type]
+        self._digest = xxhash.xxh3_128()
         return h
 
     def feed(self, data: bytes) -> None:
@@ -192,6 +198,7 @@ class Decoder:
                 "INVALID_ARGUMENT", f"more than the announced {self._bytes.nbytes} bytes"
             )
         self._bytes[self._filled : end] = data
+        self._digest.update(data)
         self._filled = end
 
     def finish(self) -> RoundMessage:
@@ -201,7 +208,7 @@ class Decoder:
             raise WireError(
                 "DATA_LOSS", f"stream truncated: {self._filled} of {self._bytes.nbytes} bytes"
             )
-        if checksum([self._bytes]) != self._header.checksum:
+        if self._digest.digest() != self._header.checksum:
             raise WireError("DATA_LOSS", "checksum mismatch: payload corrupted in transit")
         tensors: dict[str, torch.Tensor] = {}
         offset = 0
