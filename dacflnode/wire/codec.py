@@ -5,8 +5,8 @@ the header completely (sender, round, degree, tensor names, dtypes, shapes and t
 *before* it allocates anything, then writes every chunk straight into one preallocated buffer,
 hashing each chunk as it arrives, and checks size and XXH3-128 checksum at the end. The checksum
 guards against corruption and truncation (gRPC over TLS is what guards against tampering); XXH3
-runs at memory speed, so it costs a few percent of a transfer instead of doubling it. Nothing is ever unpickled: the payload is
-raw little-endian float32 bytes.
+runs at memory speed, so it costs a few percent of a transfer instead of doubling it. Nothing is
+ever unpickled: the payload is raw little-endian float32 bytes.
 
 Receiving a state of ``B`` bytes costs ``B`` bytes plus one chunk; sending costs one chunk.
 """
