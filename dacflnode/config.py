@@ -24,6 +24,7 @@ from dacflnode.algorithms.topology import (
     load_matrix_file,
 )
 from dacflnode.errors import ConfigError
+from dacflnode.learning.train import TrainConfig
 
 ENGINES = ("auto", "batched", "sequential")
 
@@ -78,6 +79,18 @@ class RunConfig:
         if self.lr is not None:
             return self.lr
         return 0.005 if self.dataset == "cifar10" else 0.001
+
+    def train_config(self) -> TrainConfig:
+        """The local-training settings of this run (one SGD per round per node)."""
+        return TrainConfig(
+            lr=self.learning_rate,
+            lr_decay=self.lr_decay,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+            batch_size=self.batch_size,
+            local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+        )
 
     def topology_spec(self) -> TopologySpec:
         kind = (

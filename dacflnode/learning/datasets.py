@@ -451,3 +451,14 @@ def _normalize(images: np.ndarray, mean: tuple[float, ...], std: tuple[float, ..
     m = torch.tensor(mean, dtype=torch.float32).view(1, channels, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, channels, 1, 1)
     return x.div_(255.0).sub_(m).div_(s)
+
+
+def eval_subset(
+    x: torch.Tensor, y: torch.Tensor, size: int | None, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed, seeded subset of ``size`` test samples (all of them when ``size`` is None)."""
+    if size is None or size >= len(y):
+        return x, y
+    pick = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    pick = pick[:size].sort().values
+    return x[pick], y[pick]

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
-from dacflnode.learning.datasets import load_dataset
+from dacflnode.learning.datasets import eval_subset, load_dataset
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.partition import partition
-from dacflnode.learning.train import LocalTrainer, TrainConfig, pick_device
+from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.node.checkpoint import load_checkpoint
 from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
@@ -35,15 +35,6 @@ from dacflnode.node.status import NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.transport.base import Identity, Inbox
 
 log = logging.getLogger("dacflnode.daemon")
-
-
-def train_config(pf: PeersFile) -> TrainConfig:
-    run = pf.run
-    return TrainConfig(
-        lr=run.learning_rate, lr_decay=run.lr_decay, momentum=run.momentum,
-        weight_decay=run.weight_decay, batch_size=run.batch_size,
-        local_epochs=run.local_epochs, local_steps=run.local_steps,
-    )
 
 
 @dataclass
@@ -72,13 +63,9 @@ def build_node(pf: PeersFile) -> BuiltNode:
     initial = layout.flatten_module(model)
     device = pick_device(run.device)
     trainer = LocalTrainer(model, dataset.train_x[share], dataset.train_y[share],
-                           train_config(pf), seed=run.seed, node_index=pf.node.share,
+                           run.train_config(), seed=run.seed, node_index=pf.node.share,
                            device=device)
-    test_x, test_y = dataset.test_x, dataset.test_y
-    if run.eval_samples is not None and run.eval_samples < len(test_y):
-        pick = torch.randperm(len(test_y), generator=torch.Generator().manual_seed(run.seed))
-        pick = pick[: run.eval_samples].sort().values
-        test_x, test_y = test_x[pick], test_y[pick]
+    test_x, test_y = eval_subset(dataset.test_x, dataset.test_y, run.eval_samples, run.seed)
     identity = Identity(pf.node.id, layout.fingerprint(), pf.run_fingerprint())
     run_info = {"run_fingerprint": identity.run_fingerprint,
                 "model_fingerprint": identity.model_fingerprint, "node": pf.node.id}

@@ -25,11 +25,11 @@ import torch
 from dacflnode.algorithms.rounds import Algorithm, NodeState, make_algorithm, network_average
 from dacflnode.algorithms.topology import MixingSchedule
 from dacflnode.config import RunConfig
-from dacflnode.learning.datasets import Dataset
+from dacflnode.learning.datasets import Dataset, eval_subset
 from dacflnode.learning.files import save_model
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
-from dacflnode.learning.train import TrainConfig, pick_device
+from dacflnode.learning.train import pick_device
 from dacflnode.sim.engine import Engine, NodeData, make_engine
 
 ProgressFn = Callable[[str, int, int, "RoundRecord"], None]
@@ -37,18 +37,6 @@ ProgressFn = Callable[[str, int, int, "RoundRecord"], None]
 
 def node_ids(n: int) -> list[str]:
     return [f"node-{i}" for i in range(n)]
-
-
-def train_config(cfg: RunConfig) -> TrainConfig:
-    return TrainConfig(
-        lr=cfg.learning_rate,
-        lr_decay=cfg.lr_decay,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-        batch_size=cfg.batch_size,
-        local_epochs=cfg.local_epochs,
-        local_steps=cfg.local_steps,
-    )
 
 
 @dataclass
@@ -130,11 +118,7 @@ class Simulation:
         model = factory()
         self.layout = StateLayout.from_module(model)
         self.initial = self.layout.flatten_module(model)
-        test_x, test_y = dataset.test_x, dataset.test_y
-        if cfg.eval_samples is not None and cfg.eval_samples < len(test_y):
-            pick = torch.randperm(len(test_y), generator=torch.Generator().manual_seed(cfg.seed))
-            pick = pick[: cfg.eval_samples].sort().values
-            test_x, test_y = test_x[pick], test_y[pick]
+        test_x, test_y = eval_subset(dataset.test_x, dataset.test_y, cfg.eval_samples, cfg.seed)
         node_data = [
             NodeData(
                 dataset.train_x[torch.from_numpy(np.asarray(p))],
@@ -147,7 +131,7 @@ class Simulation:
             factory,
             node_data,
             NodeData(test_x, test_y),
-            train_config(cfg),
+            cfg.train_config(),
             seed=cfg.seed,
             device=pick_device(cfg.device),
         )
@@ -200,7 +184,7 @@ class Simulation:
                 result.samples += samples
                 record = RoundRecord(
                     round=t + 1,
-                    lr=train_config(cfg).lr_at(t),
+                    lr=cfg.train_config().lr_at(t),
                     train_loss=losses,
                     consensus_error=self.consensus_error(states),
                 )

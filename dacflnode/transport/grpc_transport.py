@@ -52,7 +52,6 @@ from dacflnode.transport.memory import (
     HeaderCache,
     PeerIdentity,
     check_identity,
-    feed,
     hello_request,
     pull_decoder,
 )
@@ -296,7 +295,7 @@ class GrpcTransport(Transport):
                               timeout=timeout)
         try:
             async for chunk in call:
-                feed(decoder, chunk)
+                decoder.take(chunk)
         except grpc.aio.AioRpcError as err:
             if err.code() in _UNREACHABLE:
                 raise self._unavailable(peer, f"pull of round {round_} from", err) from err

@@ -10,7 +10,7 @@ between them raises :class:`~dacflnode.transport.base.PeerUnavailable`) until
 :meth:`MemoryNetwork.heal`; a node that is stopped, or was never created, is unavailable too.
 
 The helpers shared with the gRPC transport (:class:`HeaderCache`, :class:`PeerIdentity`,
-:func:`hello_request`, :func:`check_identity`, :func:`pull_decoder`, :func:`feed`) live here
+:func:`hello_request`, :func:`check_identity`, :func:`pull_decoder`) live here
 because this module, unlike ``grpc_transport``, can be imported without grpc.
 """
 
@@ -81,17 +81,6 @@ def pull_decoder(peer: str, round_: int, tensors: Mapping[str, tuple[int, ...]])
         tensors=tensors,
         accept_round=lambda r: None if r == round_ else f"round {round_} was asked for",
     ))
-
-
-def feed(decoder: Decoder, chunk: pb.StateChunk) -> None:
-    """Hand one chunk of a stream to ``decoder`` (header or data)."""
-    kind = chunk.WhichOneof("part")
-    if kind == "header":
-        decoder.header(chunk.header)
-    elif kind == "data":
-        decoder.feed(chunk.data)
-    else:
-        raise WireError("INVALID_ARGUMENT", "empty chunk")
 
 
 @dataclass(frozen=True)
@@ -292,7 +281,7 @@ class MemoryTransport(Transport):
         try:
             async with asyncio.timeout(timeout):
                 for chunk in target.receiver.pull(request):
-                    feed(decoder, chunk)
+                    decoder.take(chunk)
                     await asyncio.sleep(0)
                 message = await asyncio.to_thread(decoder.finish)
         except TimeoutError as exc:

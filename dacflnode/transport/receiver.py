@@ -68,14 +68,9 @@ class Receiver:
         round_ = -1
         try:
             async for chunk in stream:
-                kind = chunk.WhichOneof("part")
-                if kind == "header":
+                if chunk.HasField("header"):
                     sender, round_ = chunk.header.sender, int(chunk.header.round)
-                    decoder.header(chunk.header)
-                elif kind == "data":
-                    decoder.feed(chunk.data)
-                else:
-                    raise WireError("INVALID_ARGUMENT", "empty chunk")
+                decoder.take(chunk)
             message = await asyncio.to_thread(decoder.finish)  # checksum: off the event loop
             await self.inbox.put(message)
         except WireError as exc:

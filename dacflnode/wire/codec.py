@@ -129,7 +129,8 @@ class Expectation:
 
 @dataclass
 class Decoder:
-    """Assembles one stream. Call :meth:`header` once, :meth:`feed` per chunk, :meth:`finish`."""
+    """Assembles one stream: :meth:`take` every chunk (or :meth:`header` once and :meth:`feed`
+    per data chunk), then :meth:`finish`."""
 
     expect: Expectation
     _header: pb.StateHeader | None = None
@@ -201,6 +202,16 @@ class Decoder:
         self._digest.update(data)
         self._filled = end
 
+    def take(self, chunk: pb.StateChunk) -> None:
+        """Hand over one chunk of the stream, header or data."""
+        kind = chunk.WhichOneof("part")
+        if kind == "header":
+            self.header(chunk.header)
+        elif kind == "data":
+            self.feed(chunk.data)
+        else:
+            raise WireError("INVALID_ARGUMENT", "empty chunk")
+
     def finish(self) -> RoundMessage:
         if self._header is None or self._buffer is None or self._bytes is None:
             raise WireError("INVALID_ARGUMENT", "stream ended without a header")
@@ -223,11 +234,5 @@ def decode(chunks: Iterator[pb.StateChunk], expect: Expectation) -> RoundMessage
     """Assemble a whole stream (synchronous helper, used by tests and the in-memory transport)."""
     decoder = Decoder(expect)
     for chunk in chunks:
-        kind = chunk.WhichOneof("part")
-        if kind == "header":
-            decoder.header(chunk.header)
-        elif kind == "data":
-            decoder.feed(chunk.data)
-        else:
-            raise WireError("INVALID_ARGUMENT", "empty chunk")
+        decoder.take(chunk)
     return decoder.finish()
