@@ -19,6 +19,10 @@ and the three alternate ``--repeats`` times so that background load on the machi
 alike; each repeat measures for ``--seconds / --repeats`` seconds after a warm-up. The table
 shows the best repeat (the least disturbed) and the median; ratios are of the best.
 
+``--single-thread`` runs everything with one intra-op thread (the batched engine with one
+worker) and counts the process's CPU time instead of the wall clock: it compares how much work
+each engine spends per sample, and is hardly disturbed by other load on the machine.
+
 Data: synthetic 1×28×28 images of 10 classes (class prototypes plus noise), or, with
 ``--real``, Fashion-MNIST from ``--data-root`` (default: where Debian's package installs it).
 
@@ -81,16 +85,22 @@ def bare_model(channels: int, num_classes: int) -> nn.Module:
     )
 
 
-def timed(run_unit: Any, samples_per_unit: int, seconds: float, warmup: int) -> dict[str, Any]:
-    """Call ``run_unit`` until ``seconds`` have passed (after ``warmup`` calls)."""
+def timed(
+    run_unit: Any, samples_per_unit: int, seconds: float, warmup: int, cpu_time: bool = False
+) -> dict[str, Any]:
+    """Call ``run_unit`` until ``seconds`` have passed (after ``warmup`` calls).
+
+    With ``cpu_time``, the process's CPU time is counted instead of the wall clock.
+    """
+    clock = time.process_time if cpu_time else time.perf_counter
     for _ in range(warmup):
         run_unit()
     units = 0
-    started = time.perf_counter()
+    started = clock()
     while True:
         run_unit()
         units += 1
-        elapsed = time.perf_counter() - started
+        elapsed = clock() - started
         if elapsed >= seconds:
             break
     return {"samples": units * samples_per_unit, "seconds": elapsed,
@@ -99,6 +109,8 @@ def timed(run_unit: Any, samples_per_unit: int, seconds: float, warmup: int) -> 
 
 def measure(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement, in this process."""
+    if args.single_thread:
+        torch.set_num_threads(1)
     x, y = make_data(args)
     n, per = args.nodes, args.samples_per_node
     if engine == "bare":
@@ -115,7 +127,7 @@ def measure(engine: str, args: argparse.Namespace) -> dict[str, Any]:
                 loss.backward()
                 opt.step()
 
-        return timed(epoch, per, args.seconds_each, warmup=1)
+        return timed(epoch, per, args.seconds_each, warmup=1, cpu_time=args.single_thread)
 
     from dacflnode.learning.batched import BatchedTrainer
     from dacflnode.learning.layout import StateLayout
@@ -143,7 +155,7 @@ def measure(engine: str, args: argparse.Namespace) -> dict[str, Any]:
                 t.train(flats[i], rounds[0])
             rounds[0] += 1
 
-        result = timed(one_round, n * per, args.seconds_each, warmup=1)
+        result = timed(one_round, n * per, args.seconds_each, warmup=1, cpu_time=args.single_thread)
     else:
         batched = BatchedTrainer(model, shares, cfg, seed=0)
 
@@ -151,7 +163,7 @@ def measure(engine: str, args: argparse.Namespace) -> dict[str, Any]:
             batched.train(flats, rounds[0])
             rounds[0] += 1
 
-        result = timed(one_round, n * per, args.seconds_each, warmup=1)
+        result = timed(one_round, n * per, args.seconds_each, warmup=1, cpu_time=args.single_thread)
         result["workers"] = batched.workers
     return result
 
@@ -165,6 +177,8 @@ def run_child(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     ]
     if args.real:
         cmd.append("--real")
+    if args.single_thread:
+        cmd.append("--single-thread")
     if args.data_root:
         cmd += ["--data-root", args.data_root]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -172,11 +186,11 @@ def run_child(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def loadavg() -> float | None:
+def loadavg() -> float:
     try:
         return os.getloadavg()[0]
     except OSError:
-        return None
+        return float("nan")
 
 
 def main() -> None:
@@ -192,6 +206,12 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="use Fashion-MNIST")
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument(
+        "--single-thread", action="store_true",
+        help="one intra-op thread everywhere (the batched engine: one worker) and CPU time "
+        "instead of wall time: compares the engines' work per sample, undisturbed by other "
+        "load on the machine",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--seconds-each", type=float, default=None, help=argparse.SUPPRESS)
@@ -224,6 +244,7 @@ def main() -> None:
             "python": platform.python_version(),
             "loadavg_before": load_before,
             "loadavg_after": loadavg(),
+            "clock": "process CPU time, 1 thread" if args.single_thread else "wall time",
         },
         "setup": {
             "nodes": args.nodes, "batch_size": args.batch_size, "model": args.model,
@@ -243,8 +264,8 @@ def main() -> None:
     m = report["machine"]
     print(f"{args.model}, {args.nodes} nodes, batch {args.batch_size}, "
           f"{args.samples_per_node} samples/node, {report['setup']['data']}; "
-          f"{m['cpus']} CPUs, torch {m['torch']} ({m['torch_threads']} threads); "
-          f"load average {m['loadavg_before']} -> {m['loadavg_after']}")
+          f"{m['cpus']} CPUs, torch {m['torch']}, {m['clock']}; "
+          f"load average {m['loadavg_before']:.2f} -> {m['loadavg_after']:.2f}")
     labels = {"bare": "(a) bare single-model loop", "sequential": "(b) N LocalTrainers",
               "batched": "(c) BatchedTrainer"}
     print(f"{'engine':32s} {'best samples/s':>15s} {'median':>10s} {'ratio to (a)':>13s}")

@@ -41,8 +41,13 @@ Speed-ups that keep the results the same:
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import math
-from collections.abc import Sequence
+import platform
+import sys
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -87,7 +92,8 @@ def _check_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
         if kind in _ELEMENTWISE:
             continue
         if spatial and (kind is nn.Conv2d or kind is nn.BatchNorm2d or kind in _POOLS):
-            pass
+            if getattr(layer, "return_indices", False):
+                raise _Unsupported(f"layer {name}: MaxPool2d(return_indices=True)")
         elif spatial and kind is nn.Flatten:
             assert isinstance(layer, nn.Flatten)
             if layer.start_dim != 1 or layer.end_dim != -1:
@@ -234,6 +240,7 @@ class _Stacked:
 
     def __init__(self, model: nn.Module, n: int, channels_last: bool) -> None:
         layers = _check_layers(model)
+        self._frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
         self.n = n
         self.channels_last = channels_last
         ops: list[nn.Module] = []
@@ -283,6 +290,8 @@ class _Stacked:
 
     def _add(self, prefix: str, key: str, tensor: torch.Tensor) -> None:
         self.tensors[f"{prefix}.{key}"] = tensor
+        if f"{prefix}.{key}" in self._frozen:  # frozen stays frozen
+            tensor.requires_grad_(False)
 
     def to(self, device: torch.device) -> None:
         self.module.to(device)
@@ -305,6 +314,213 @@ _INPLACE_SAFE_AFTER: tuple[type[nn.Module], ...] = (
 
 
 # ---------------------------------------------------------------------------------------------
+# Memory allocation
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_malloc_tuned = False
+
+
+def _keep_freed_memory() -> None:
+    """Make glibc's ``malloc`` keep freed memory for reuse instead of returning it to the OS.
+
+    PyTorch allocates every activation and gradient afresh with ``malloc``. By default glibc
+    serves blocks above a (dynamic, at most 32 MiB) threshold with ``mmap`` and gives freed heap
+    memory back once more than twice that lies unused at its top, so the megabyte-sized tensors
+    of a stacked model are re-faulted into memory page by page at every step. That costs as much
+    as some of the layers' arithmetic. Raising both thresholds once per process makes such
+    blocks come from, and stay in, the heap; the price is that the process keeps up to the trim
+    threshold of freed memory. A no-op where the C library is not glibc.
+    """
+    global _malloc_tuned
+    if _malloc_tuned:
+        return
+    _malloc_tuned = True
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    if not mallopt(_M_MMAP_THRESHOLD, 256 << 20):
+        mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # older glibc caps the threshold
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+
+
+# ---------------------------------------------------------------------------------------------
+# One stacked model over a contiguous range of nodes
+
+
+class _Group:
+    """Nodes ``lo .. hi-1`` as one stacked model, with their data concatenated."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layout: StateLayout,
+        node_data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        lo: int,
+        device: torch.device,
+    ) -> None:
+        self.lo = lo
+        self.n = len(node_data)
+        self.hi = lo + self.n
+        self.layout = layout
+        self.device = device
+        self.stacked = _Stacked(model, self.n, channels_last=device.type == "cpu")
+        self.stacked.to(device)
+        if {s.name for s in layout.shared} != set(self.stacked.tensors):
+            raise ValueError("internal error: the stacked model does not cover the state")
+        sizes = [int(y.shape[0]) for _, y in node_data]
+        self.offsets = torch.tensor([sum(sizes[:i]) for i in range(self.n)], dtype=torch.long)
+        self.x = torch.cat([x.to(FLAT_DTYPE) for x, _ in node_data]).to(device)
+        self.y = torch.cat([y.long() for _, y in node_data]).to(device)
+
+    def load(self, flats: torch.Tensor) -> None:
+        with torch.no_grad():
+            for spec in self.layout.shared:
+                target = self.stacked.tensors[spec.name]
+                chunk = flats[:, spec.offset : spec.offset + spec.numel]
+                target.copy_(chunk.reshape(target.shape))
+
+    def extract(self, out: torch.Tensor) -> None:
+        with torch.no_grad():
+            for spec in self.layout.shared:
+                source = self.stacked.tensors[spec.name].detach()
+                out[:, spec.offset : spec.offset + spec.numel].copy_(
+                    source.reshape(self.n, spec.numel)
+                )
+
+    def set_counters(self, local: Sequence[dict[str, torch.Tensor]], training: bool) -> None:
+        """Give each stacked batch norm the nodes' step counter (used when momentum=None)."""
+        for prefix, bn in self.stacked.batchnorms.items():
+            name = f"{prefix}.num_batches_tracked"
+            if bn.num_batches_tracked is None or name not in local[0]:
+                continue
+            counts = {int(node[name]) for node in local}
+            if training and bn.momentum is None and len(counts) > 1:
+                raise ValueError(
+                    f"batch norm {prefix} averages cumulatively (momentum=None) and the nodes' "
+                    "step counters differ; use the sequential engine"
+                )
+            bn.num_batches_tracked.fill_(min(counts))
+
+    def pack(self, x: torch.Tensor, b: int) -> torch.Tensor:
+        """``[B*n, C, H, W]`` in (sample, node) order -> channel-packed ``[B, n*C, H, W]``."""
+        packed = x.view(b, self.n * x.shape[1], *x.shape[2:])
+        if self.stacked.channels_last and packed.dim() == 4:
+            packed = packed.contiguous(memory_format=torch.channels_last)
+        return packed
+
+    def train(
+        self,
+        flats: torch.Tensor,
+        steps: Sequence[torch.Tensor],
+        cfg: TrainConfig,
+        round: int,
+        local: Sequence[dict[str, torch.Tensor]],
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """Train from ``flats`` ``[n, P]`` along ``steps`` (each ``[n, B]`` positions into the
+        nodes' own data); write the results into ``out`` ``[n, P]``; return the per-step,
+        per-node losses ``[steps, n]``."""
+        self.load(flats)
+        self.set_counters(local, training=True)
+        module = self.stacked.module
+        module.train()
+        opt = torch.optim.SGD(
+            [p for p in module.parameters() if p.requires_grad],
+            lr=cfg.lr_at(round),
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+        )
+        offsets = self.offsets.to(self.device)
+        losses: list[torch.Tensor] = []
+        for plan_step in steps:
+            idx = plan_step.to(self.device) + offsets[:, None]  # [n, B], node-major
+            b = idx.shape[1]
+            xb = self.pack(self.x.index_select(0, idx.t().reshape(-1)), b)
+            yb = self.y.index_select(0, idx.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            logits = module(xb)  # [n, B, K]
+            per_sample = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), yb, reduction="none"
+            )
+            per_node = per_sample.view(self.n, b).mean(dim=1)
+            per_node.sum().backward()
+            opt.step()
+            losses.append(per_node.detach())
+        self.extract(out)
+        if not losses:
+            return torch.empty(0, self.n)
+        return torch.stack(losses).cpu()
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        flats: torch.Tensor,
+        test_x: torch.Tensor,
+        test_y: torch.Tensor,
+        chunk: int,
+        local: Sequence[dict[str, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per node, the number of correct predictions and the summed cross-entropy."""
+        self.load(flats)
+        self.set_counters(local, training=False)
+        module = self.stacked.module
+        module.eval()
+        correct = torch.zeros(self.n, dtype=torch.long, device=self.device)
+        loss_sum = torch.zeros(self.n, dtype=torch.float64, device=self.device)
+        for start in range(0, int(test_y.shape[0]), chunk):
+            xb = test_x[start : start + chunk].to(self.device, FLAT_DTYPE)
+            yb = test_y[start : start + chunk].to(self.device).long()
+            b = xb.shape[0]
+            packed = self.pack(xb.unsqueeze(1).expand(b, self.n, *xb.shape[1:]).reshape(
+                b * self.n, *xb.shape[1:]), b)
+            logits = module(packed)  # [n, b, K]
+            ce = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), yb.repeat(self.n), reduction="none"
+            )
+            loss_sum += ce.view(self.n, b).double().sum(dim=1)
+            correct += (logits.argmax(dim=-1) == yb.unsqueeze(0)).sum(dim=1)
+        return correct.cpu(), loss_sum.cpu()
+
+
+def _run_parallel(jobs: Sequence[Callable[[], None]]) -> None:
+    """Run ``jobs`` on one CPU thread each, every thread's PyTorch ops single-threaded.
+
+    The process-wide intra-op thread count is set to 1 while the jobs run and restored after.
+    """
+    if len(jobs) == 1:
+        jobs[0]()
+        return
+    errors: list[BaseException] = []
+
+    def work(job: Callable[[], None]) -> None:
+        try:
+            torch.set_num_threads(1)
+            job()
+        except BaseException as exc:  # re-raised in the calling thread
+            errors.append(exc)
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        threads = [threading.Thread(target=work, args=(job,)) for job in jobs[1:]]
+        for thread in threads:
+            thread.start()
+        work(jobs[0])
+        for thread in threads:
+            thread.join()
+    finally:
+        torch.set_num_threads(saved)
+    if errors:
+        raise errors[0]
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 class BatchedTrainer:
@@ -315,6 +531,12 @@ class BatchedTrainer:
     the same batch size at every step (in practice: equal partition sizes), otherwise
     :meth:`train` raises ``ValueError``; use one
     :class:`~dacflnode.learning.train.LocalTrainer` per node then.
+
+    On the CPU the nodes are split into ``workers`` groups (default: as many as PyTorch's
+    intra-op threads, at most N), each a stacked model trained on its own thread with
+    single-threaded kernels: independent per-core work scales better than splitting every
+    (smallish) kernel across cores, and keeps each group's activations in its core's caches. The
+    results do not depend on the split. On an accelerator there is one group.
 
     ``local[n]`` holds node ``n``'s integer buffers (batch-norm step counters), counted exactly
     as a ``LocalTrainer`` counts them.
@@ -328,6 +550,7 @@ class BatchedTrainer:
         *,
         seed: int,
         device: torch.device | None = None,
+        workers: int | None = None,
     ) -> None:
         try:
             _check_layers(model)
@@ -337,116 +560,76 @@ class BatchedTrainer:
             ) from None
         if not node_data:
             raise ValueError("node_data is empty")
-        self.n = len(node_data)
-        self.cfg = cfg
-        self.seed = seed
-        self.device = torch.device("cpu") if device is None else torch.device(device)
-        template = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        self.layout = StateLayout(template)
-        local0 = {s.name: template[s.name].clone() for s in self.layout.local}
-        self.local: list[dict[str, torch.Tensor]] = [
-            {k: v.clone() for k, v in local0.items()} for _ in range(self.n)
-        ]
-        self._stacked = _Stacked(model, self.n, channels_last=self.device.type == "cpu")
-        self._stacked.to(self.device)
-        missing = {s.name for s in self.layout.shared} ^ set(self._stacked.tensors)
-        if missing:
-            raise ValueError(f"internal error: stacked model does not cover {sorted(missing)}")
-        self._counters = [
-            s.name for s in self.layout.local if s.name.endswith("num_batches_tracked")
-        ]
-
-        # All nodes' data in one tensor, so that one gather builds a packed batch.
         shapes = {tuple(x.shape[1:]) for x, _ in node_data}
         if len(shapes) != 1:
-            raise ValueError(f"nodes' samples differ in shape: {sorted(shapes)}")
-        self.sample_shape: tuple[int, ...] = shapes.pop()
+            raise ValueError(f"the nodes' samples differ in shape: {sorted(shapes)}")
         for x, y in node_data:
             if y.ndim != 1 or x.shape[0] != y.shape[0]:
                 raise ValueError(
                     f"data of shape {tuple(x.shape)} does not match labels {tuple(y.shape)}"
                 )
+        self.n = len(node_data)
+        self.cfg = cfg
+        self.seed = seed
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        if self.device.type == "cpu":
+            _keep_freed_memory()
         self.sizes = [int(y.shape[0]) for _, y in node_data]
-        offsets = [0]
-        for s in self.sizes[:-1]:
-            offsets.append(offsets[-1] + s)
-        self._offsets = torch.tensor(offsets, dtype=torch.long)
-        self._x = torch.cat([x.to(FLAT_DTYPE) for x, _ in node_data]).to(self.device)
-        self._y = torch.cat([y.long() for _, y in node_data]).to(self.device)
+        template = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        self.layout = StateLayout(template)
+        self.local: list[dict[str, torch.Tensor]] = [
+            {s.name: template[s.name].clone() for s in self.layout.local} for _ in range(self.n)
+        ]
+        self._counters = [
+            s.name for s in self.layout.local if s.name.endswith("num_batches_tracked")
+        ]
+        if workers is None:
+            workers = torch.get_num_threads() if self.device.type == "cpu" else 1
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        workers = min(workers, self.n)
+        bounds = [i * self.n // workers for i in range(workers + 1)]
+        self._groups = [
+            _Group(model, self.layout, node_data[lo:hi], lo, self.device)
+            for lo, hi in itertools.pairwise(bounds)
+        ]
 
-    # -------------------------------------------------------------- state in and out
-    def load(self, flats: torch.Tensor) -> None:
-        """Write the nodes' flat vectors ``[N, P]`` into the stacked model."""
+    @property
+    def workers(self) -> int:
+        return len(self._groups)
+
+    def _check_flats(self, flats: torch.Tensor) -> None:
         if flats.dim() != 2 or tuple(flats.shape) != (self.n, self.layout.numel):
             raise ValueError(
                 f"flats has shape {tuple(flats.shape)}, expected ({self.n}, {self.layout.numel})"
             )
-        with torch.no_grad():
-            for spec in self.layout.shared:
-                target = self._stacked.tensors[spec.name]
-                chunk = flats[:, spec.offset : spec.offset + spec.numel]
-                target.copy_(chunk.reshape(target.shape))
 
-    def extract(self) -> torch.Tensor:
-        """The nodes' flat vectors ``[N, P]`` (new CPU float32 tensor) from the stacked model."""
-        out = torch.empty(self.n, self.layout.numel, dtype=FLAT_DTYPE)
-        with torch.no_grad():
-            for spec in self.layout.shared:
-                source = self._stacked.tensors[spec.name].detach()
-                out[:, spec.offset : spec.offset + spec.numel].copy_(
-                    source.reshape(self.n, spec.numel)
-                )
-        return out
-
-    def _set_counters(self, training: bool) -> None:
-        """Give each stacked batch norm the nodes' step counter (needed for momentum=None)."""
-        for prefix, bn in self._stacked.batchnorms.items():
-            name = f"{prefix}.num_batches_tracked"
-            if bn.num_batches_tracked is None or name not in self.local[0]:
-                continue
-            counts = {int(local[name]) for local in self.local}
-            if training and bn.momentum is None and len(counts) > 1:
-                raise ValueError(
-                    f"batch norm {prefix} averages cumulatively (momentum=None) and the nodes' "
-                    "step counters differ; use the sequential engine"
-                )
-            bn.num_batches_tracked.fill_(min(counts))
-
-    # -------------------------------------------------------------- training
     def plans(self, round: int) -> list[list[torch.Tensor]]:
+        """Every node's :func:`~dacflnode.learning.train.batch_plan` for ``round``."""
         return [
             batch_plan(size, self.cfg, self.seed, node, round)
             for node, size in enumerate(self.sizes)
         ]
 
-    def _packed_steps(self, round: int) -> list[torch.Tensor]:
-        """Per step, the ``[B, N]`` indices into the concatenated data (row = sample slot)."""
+    def _steps(self, round: int) -> list[torch.Tensor]:
+        """Per step, the ``[N, B]`` positions of every node's batch in its own data."""
         plans = self.plans(round)
-        steps = {len(p) for p in plans}
-        if len(steps) != 1:
+        counts = {len(p) for p in plans}
+        if len(counts) != 1:
             raise ValueError(
-                f"nodes take different numbers of steps this round ({sorted(steps)}); the "
+                f"the nodes take different numbers of steps this round ({sorted(counts)}); the "
                 "batched engine needs equal partition sizes, use the sequential engine"
             )
-        out = []
-        for t in range(steps.pop()):
+        steps = []
+        for t in range(counts.pop()):
             sizes = {int(p[t].numel()) for p in plans}
             if len(sizes) != 1:
                 raise ValueError(
-                    f"nodes' batch sizes differ at step {t} ({sorted(sizes)}); the batched "
+                    f"the nodes' batch sizes differ at step {t} ({sorted(sizes)}); the batched "
                     "engine needs equal partition sizes, use the sequential engine"
                 )
-            idx = torch.stack([p[t] for p in plans]) + self._offsets[:, None]  # [N, B]
-            out.append(idx.t().contiguous().to(self.device))
-        return out
-
-    def _pack(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B*N, C, H, W]`` in (sample, node) order -> channel-packed ``[B, N*C, H, W]``."""
-        b = x.shape[0] // self.n
-        packed = x.view(b, self.n * x.shape[1], *x.shape[2:])
-        if self._stacked.channels_last:
-            packed = packed.contiguous(memory_format=torch.channels_last)
-        return packed
+            steps.append(torch.stack([p[t] for p in plans]))
+        return steps
 
     def train(self, flats: torch.Tensor, round: int) -> list[TrainResult]:
         """Train every node from its row of ``flats`` ``[N, P]`` for one round.
@@ -455,52 +638,38 @@ class BatchedTrainer:
         to float32 rounding. As there, the optimizer is fresh every round (momentum is not
         carried over: each round starts from a new, mixed model).
         """
-        steps = self._packed_steps(round)
-        self.load(flats)
-        self._set_counters(training=True)
-        module = self._stacked.module
-        module.train()
-        params = [p for p in module.parameters() if p.requires_grad]
-        opt = torch.optim.SGD(
-            params,
-            lr=self.cfg.lr_at(round),
-            momentum=self.cfg.momentum,
-            weight_decay=self.cfg.weight_decay,
-        )
-        losses: list[torch.Tensor] = []
-        samples = 0
-        for idx in steps:
-            flat_idx = idx.reshape(-1)
-            xb = self._pack(self._x.index_select(0, flat_idx))
-            yb = self._y.index_select(0, idx.t().reshape(-1))  # node-major [N*B]
-            opt.zero_grad(set_to_none=True)
-            logits = module(xb)  # [N, B, K]
-            per_sample = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), yb, reduction="none"
-            )
-            per_node = per_sample.view(self.n, -1).mean(dim=1)
-            per_node.sum().backward()
-            opt.step()
-            losses.append(per_node.detach())
-            samples += int(idx.shape[0])
-        for local in self.local:
+        self._check_flats(flats)
+        steps = self._steps(round)
+        flats = flats.detach().to(FLAT_DTYPE)
+        out = torch.empty(self.n, self.layout.numel, dtype=FLAT_DTYPE)
+        losses = torch.full((len(steps), self.n), math.nan)
+
+        def job(group: _Group) -> Callable[[], None]:
+            def run() -> None:
+                losses[:, group.lo : group.hi] = group.train(
+                    flats[group.lo : group.hi],
+                    [s[group.lo : group.hi] for s in steps],
+                    self.cfg,
+                    round,
+                    self.local[group.lo : group.hi],
+                    out[group.lo : group.hi],
+                )
+
+            return run
+
+        _run_parallel([job(g) for g in self._groups])
+        for node in self.local:
             for name in self._counters:
-                if name in local:
-                    local[name] = local[name] + len(steps)
-        flats_out = self.extract()
-        node_loss = (
-            torch.stack(losses).double().mean(dim=0).cpu().tolist()
-            if losses
-            else [math.nan] * self.n
-        )
+                if name in node:
+                    node[name] = node[name] + len(steps)
+        node_loss = losses.double().mean(dim=0) if steps else torch.full((self.n,), math.nan)
+        samples = sum(int(s.shape[1]) for s in steps)
         return [
-            TrainResult(flat=flats_out[i].clone(), loss=float(node_loss[i]), steps=len(steps),
+            TrainResult(flat=out[i].clone(), loss=float(node_loss[i]), steps=len(steps),
                         samples=samples)
             for i in range(self.n)
         ]
 
-    # -------------------------------------------------------------- evaluation
-    @torch.no_grad()
     def evaluate(
         self,
         flats: torch.Tensor,
@@ -511,10 +680,11 @@ class BatchedTrainer:
         """Per node ``(accuracy, mean cross-entropy)`` of the models ``flats`` ``[N, P]`` on one
         test set, in eval mode, as :func:`~dacflnode.learning.train.evaluate` computes them.
 
-        Every node sees the same test batch; ``batch_size`` bounds the memory like that of a
-        single model evaluated with that batch size (each chunk holds ``batch_size / N``
-        samples for each of the N nodes).
+        Every node sees the same test batches. ``batch_size`` bounds the memory like that of one
+        model evaluated with that batch size: each chunk holds ``batch_size / N`` samples for
+        each of the N nodes.
         """
+        self._check_flats(flats)
         if test_y.ndim != 1 or test_x.shape[0] != test_y.shape[0]:
             raise ValueError(
                 f"data of shape {tuple(test_x.shape)} does not match labels {tuple(test_y.shape)}"
@@ -522,27 +692,23 @@ class BatchedTrainer:
         total = int(test_y.shape[0])
         if total == 0:
             raise ValueError("cannot evaluate on an empty test set")
-        self.load(flats)
-        self._set_counters(training=False)
-        module = self._stacked.module
-        module.eval()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        flats = flats.detach().to(FLAT_DTYPE)
         chunk = max(1, batch_size // self.n)
-        correct = torch.zeros(self.n, dtype=torch.long, device=self.device)
-        loss_sum = torch.zeros(self.n, dtype=torch.float64, device=self.device)
-        for start in range(0, total, chunk):
-            xb = test_x[start : start + chunk].to(self.device, FLAT_DTYPE)
-            yb = test_y[start : start + chunk].to(self.device).long()
-            b = xb.shape[0]
-            packed = xb.unsqueeze(1).expand(b, self.n, *xb.shape[1:])
-            packed = packed.reshape(b, self.n * xb.shape[1], *xb.shape[2:])
-            if self._stacked.channels_last:
-                packed = packed.contiguous(memory_format=torch.channels_last)
-            logits = module(packed)  # [N, b, K]
-            k = logits.shape[-1]
-            targets = yb.repeat(self.n)
-            ce = F.cross_entropy(logits.reshape(-1, k), targets, reduction="none")
-            loss_sum += ce.view(self.n, b).double().sum(dim=1)
-            correct += (logits.argmax(dim=-1) == yb.unsqueeze(0)).sum(dim=1)
-        return [
-            (int(correct[i]) / total, float(loss_sum[i]) / total) for i in range(self.n)
-        ]
+        correct = torch.zeros(self.n, dtype=torch.long)
+        loss_sum = torch.zeros(self.n, dtype=torch.float64)
+
+        def job(group: _Group) -> Callable[[], None]:
+            def run() -> None:
+                c, s = group.evaluate(
+                    flats[group.lo : group.hi], test_x, test_y, chunk,
+                    self.local[group.lo : group.hi],
+                )
+                correct[group.lo : group.hi] = c
+                loss_sum[group.lo : group.hi] = s
+
+            return run
+
+        _run_parallel([job(g) for g in self._groups])
+        return [(int(correct[i]) / total, float(loss_sum[i]) / total) for i in range(self.n)]

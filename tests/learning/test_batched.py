@@ -158,6 +158,7 @@ def test_builtin_models_can_be_batched(name):
         nn.Sequential(nn.Conv2d(1, 2, 3)),  # no Flatten
         nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(64, 10))),  # nested
         nn.Sequential(nn.Flatten(0), nn.Linear(64, 10)),
+        nn.Sequential(nn.MaxPool2d(2, return_indices=True), nn.Flatten(), nn.Linear(16, 10)),
         nn.Linear(64, 10),
     ],
 )
@@ -165,3 +166,81 @@ def test_unsupported_models_are_not_batched(model):
     assert not can_batch(model)
     with pytest.raises(ValueError, match="sequential"):
         BatchedTrainer(model, node_data([10, 10]), TrainConfig(), seed=0)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_splitting_the_nodes_over_worker_threads_gives_the_same_results(workers):
+    torch.manual_seed(0)
+    model = build_model("tiny-cnn", SHAPE, 10)
+    data = node_data([30, 30, 30, 30])
+    cfg = TrainConfig(lr=0.05, momentum=0.5, batch_size=10)
+    starts = starts_for(model, 4)
+    threads = torch.get_num_threads()
+    split = BatchedTrainer(copy.deepcopy(model), data, cfg, seed=3, workers=workers)
+    assert split.workers == workers
+    whole = BatchedTrainer(copy.deepcopy(model), data, cfg, seed=3, workers=1)
+    for r in range(2):
+        got, want = split.train(starts, r), whole.train(starts, r)
+        assert torch.get_num_threads() == threads  # restored after the worker threads
+        for g, w in zip(got, want, strict=True):
+            assert (g.flat - w.flat).abs().max().item() <= 1e-5
+            assert g.loss == pytest.approx(w.loss, abs=1e-6)
+        starts = torch.stack([w.flat for w in want])
+    assert [d["1.num_batches_tracked"] for d in split.local] == [
+        d["1.num_batches_tracked"] for d in whole.local
+    ]
+    test_x, test_y = node_data([50], seed=9)[0]
+    for (a1, l1), (a2, l2) in zip(split.evaluate(starts, test_x, test_y),
+                                  whole.evaluate(starts, test_x, test_y), strict=True):
+        assert a1 == a2 and l1 == pytest.approx(l2, rel=1e-5)
+
+
+def test_errors_in_worker_threads_reach_the_caller():
+    torch.manual_seed(0)
+    model = build_model("tiny-cnn", SHAPE, 10)
+    trainer = BatchedTrainer(model, node_data([20, 20, 20, 20]), TrainConfig(), seed=0,
+                             workers=2)
+    threads = torch.get_num_threads()
+    wrong_channels = torch.zeros(5, 2, 8, 8)  # the model takes 1 channel
+    with pytest.raises(RuntimeError):
+        trainer.evaluate(starts_for(model, 4), wrong_channels, torch.zeros(5, dtype=torch.long))
+    assert torch.get_num_threads() == threads
+
+
+def test_cumulative_batch_norm_needs_equal_step_counters():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2, momentum=None), nn.Flatten(),
+                          nn.Linear(72, 10))
+    trainer = BatchedTrainer(model, node_data([20, 20]), TrainConfig(batch_size=10), seed=0)
+    flats = starts_for(model, 2)
+    trainer.train(flats, 0)
+    assert [int(d["1.num_batches_tracked"]) for d in trainer.local] == [2, 2]
+    trainer.local[1]["1.num_batches_tracked"] = torch.tensor(5)
+    with pytest.raises(ValueError, match="sequential"):
+        trainer.train(flats, 1)
+
+
+def test_flat_feature_data_works_too():
+    """Samples of shape [F] instead of [C, H, W] (an MLP on tabular data)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    gen = torch.Generator().manual_seed(0)
+    data = [(torch.randn(24, 6, generator=gen), torch.randint(0, 3, (24,), generator=gen))
+            for _ in range(3)]
+    cfg = TrainConfig(lr=0.1, batch_size=8)
+    for _, batched, sequential, got, want in run_both(model, data, cfg, starts_for(model, 3)):
+        assert_same(got, want, batched, sequential)
+
+
+def test_frozen_parameters_stay_frozen():
+    torch.manual_seed(0)
+    model = build_model("tiny-cnn", SHAPE, 10)
+    model[0].weight.requires_grad_(False)
+    data = node_data([20, 20])
+    cfg = TrainConfig(lr=0.1, weight_decay=0.01, batch_size=10)
+    starts = starts_for(model, 2)
+    layout = StateLayout.from_module(model)
+    for _, batched, sequential, got, want in run_both(model, data, cfg, starts, rounds=1):
+        assert_same(got, want, batched, sequential)
+        for g, start in zip(got, starts, strict=True):
+            assert torch.equal(layout.views(g.flat)["0.weight"], layout.views(start)["0.weight"])

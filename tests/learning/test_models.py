@@ -53,10 +53,10 @@ def test_fmnist_cnn_is_the_papers_cnn_with_about_1_66_million_parameters():
 def test_hidden_layer_sizes_follow_the_input_shape():
     cnn = build_model("fmnist-cnn", (3, 32, 32), 10)
     assert cnn(torch.randn(2, 3, 32, 32)).shape == (2, 10)
-    assert [m for m in cnn if isinstance(m, nn.Linear)][0].in_features == 64 * 8 * 8
+    assert next(m for m in cnn if isinstance(m, nn.Linear)).in_features == 64 * 8 * 8
     cifar = build_model("cifar-cnn", (3, 32, 32), 10)
     assert [m.out_features for m in cifar if isinstance(m, nn.Linear)] == [384, 192, 10]
-    assert [m for m in cifar if isinstance(m, nn.Linear)][0].in_features == 64 * 5 * 5
+    assert next(m for m in cifar if isinstance(m, nn.Linear)).in_features == 64 * 5 * 5
     assert build_model("mlp", (2, 5, 5), 3)[1].in_features == 50
 
 
