@@ -199,14 +199,15 @@ class NodeRunner:
         self_w, row = metropolis_weights(len(active), {j: received[j].degree for j in received})
         weights = {setup.node_id: self_w, **row}
         inbox = {j: received[j].tensors for j in received}
-        prepared = alg.prepare(self.state, setup.node_id, weights, inbox)
+        # mixing touches every parameter of every neighbour: off the event loop, like training
+        prepared = await asyncio.to_thread(alg.prepare, self.state, setup.node_id, weights, inbox)
         exchange_s = time.perf_counter() - started
 
         self.phase = "training"
         t0 = time.perf_counter()
         result = await asyncio.to_thread(setup.trainer.train, prepared.train_from, t)
         train_s = time.perf_counter() - t0
-        self.state = alg.complete(self.state, prepared, result.flat)
+        self.state = await asyncio.to_thread(alg.complete, self.state, prepared, result.flat)
         self._used_prev = tuple(sorted(received))
         self.transport.inbox.discard_before(self.state.round)
 
