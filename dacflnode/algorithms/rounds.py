@@ -30,6 +30,7 @@ The algorithms (paper, Algorithms 1, 2 and 5; DESIGN.md §1):
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -85,7 +86,7 @@ def weighted_sum(weights: Mapping[str, float], vectors: Mapping[str, Tensor]) ->
     return out
 
 
-class Algorithm:
+class Algorithm(ABC):
     """Base class; see the module docstring for the update rules."""
 
     name: str = ""
@@ -118,9 +119,11 @@ class Algorithm:
             mixed[name] = weighted_sum(weights, vectors)
         return Prepared(self.train_start(state, mixed), mixed)
 
+    @abstractmethod
     def train_start(self, state: NodeState, mixed: Mapping[str, Tensor]) -> Tensor:
         raise NotImplementedError
 
+    @abstractmethod
     def complete(self, state: NodeState, prepared: Prepared, trained: Tensor) -> NodeState:
         raise NotImplementedError
 

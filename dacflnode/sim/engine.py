@@ -11,6 +11,7 @@ the model and the partition allow it (a built-in model, equal partition sizes).
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -28,15 +29,17 @@ class NodeData:
     y: torch.Tensor
 
 
-class Engine:
+class Engine(ABC):
     name = ""
     template: nn.Module
     test: NodeData
     device: torch.device
 
+    @abstractmethod
     def train(self, starts: Sequence[torch.Tensor], round: int) -> list[TrainResult]:
         raise NotImplementedError
 
+    @abstractmethod
     def evaluate(self, models: Sequence[torch.Tensor]) -> list[tuple[float, float]]:
         raise NotImplementedError
 
@@ -51,6 +54,7 @@ class Engine:
             device=self.device,
         )
 
+    @abstractmethod
     def local_buffers(self, node: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -117,22 +118,26 @@ class Inbox:
             del self._messages[r]
 
 
-class Transport:
+class Transport(ABC):
     """Moves round messages between this node and its neighbours."""
 
     inbox: Inbox
     stats: dict[str, PeerStats]
 
+    @abstractmethod
     async def start(self) -> None:
         """Start serving (neighbours can push to this node from now on)."""
 
+    @abstractmethod
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving and close every connection."""
 
+    @abstractmethod
     async def hello(self, peer: str) -> Identity:
         """Handshake with ``peer``; raises :class:`PeerUnavailable` / :class:`HandshakeRefused`."""
         raise NotImplementedError
 
+    @abstractmethod
     async def push(self, peer: str, message: RoundMessage, timeout: float) -> None:
         """Deliver ``message`` into ``peer``'s inbox; raises :class:`PeerUnavailable` or
         :class:`~dacflnode.wire.codec.WireError` (the peer refused it)."""
