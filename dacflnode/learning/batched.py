@@ -26,27 +26,33 @@ follows the same :func:`~dacflnode.learning.train.batch_plan` as a
 see the same mini-batches and agree up to float32 rounding (which, as between any two float32
 implementations, training can amplify: batch norm over small batches is ill-conditioned).
 
-Where the speed comes from, on a CPU (measured for ``fmnist-cnn``, 10 nodes, batch 20, 2 cores):
+Where the speed comes from, on a CPU (measured for ``fmnist-cnn``, 10 nodes, batch 20, on 2
+cores, against a bare single-model PyTorch loop; see ``benchmarks/bench_training.py``). Most of
+the time is the second convolution, which runs near the cores' peak in both cases, so the gains
+are in everything around it:
 
-* **One worker per core.** The nodes are split into as many groups as PyTorch has intra-op
-  threads; each group is one stacked model trained on its own thread with single-threaded
-  kernels. A single model's 20-sample kernels parallelise poorly over cores (a bare loop gains
-  only about 1.4x from its second core), whereas independent groups scale almost perfectly and
-  each keeps its activations in its own core's cache. Results do not depend on the split.
-* **Bigger kernels.** A stacked group does per step what one model does in N steps, with the
-  same arithmetic but a fraction of the per-call overheads; single-threaded, one group of 10
-  nodes trains about 1.3x the samples per CPU-second of a bare single-model loop. Most of the
-  time is the second convolution, which runs near the core's peak in both cases.
+* **Bigger kernels.** A stacked model does per step what one model does in N steps, with the
+  same arithmetic but a fraction of the per-call overheads, and its kernels are large enough to
+  spread over the cores: with one thread it trains about 1.3-1.4x the samples per CPU-second of
+  the bare loop; going from one to two threads gains it about 1.7x, the bare loop about 1.45x.
 * **channels_last.** Convolutions, batch norm and max pooling run in the ``channels_last``
   memory format, which oneDNN's grouped convolution and PyTorch's CPU pooling and batch norm
-  handle much faster than ``NCHW`` (max pooling ~25x) on this layout.
+  handle much faster (max pooling ~25x) than ``NCHW``.
 * ``ReLU`` directly followed by ``MaxPool2d`` is run as ``MaxPool2d`` then an in-place ``ReLU``
   (the two commute, values and gradients alike, since ReLU is monotone and zeroes the gradient
   of every non-positive input), so ReLU touches a quarter of the values.
-* **No page faults.** The linear layers' weight gradients (64 MB for 10 nodes of
-  ``fmnist-cnn``) are written into buffers that persist across steps, and glibc's ``malloc`` is
-  told to keep freed memory (:func:`_keep_freed_memory`): a fresh multi-megabyte allocation is
-  faulted in by the OS page by page, which took longer than the matrix product filling it.
+* **Linear layers update themselves.** With plain SGD (no momentum, no weight decay: the
+  paper's setting) the linear layers apply ``W -= lr * grad`` inside their backward pass, fused
+  into the matrix product that computes the gradient; otherwise their weight gradients go into
+  buffers that persist across steps. Either way no 64 MB gradient is allocated per step.
+* **No page faults.** glibc's ``malloc`` is told to keep freed memory
+  (:func:`_keep_freed_memory`): a fresh multi-megabyte allocation is faulted in by the OS page
+  by page, which costs as much as some layers' arithmetic.
+* **One worker per core.** The nodes are split into as many groups as PyTorch has intra-op
+  threads, each a stacked model trained on its own thread with single-threaded kernels. On a
+  quiet machine that is as fast as one group using all cores per kernel; when other processes
+  compete for the cores it is much faster (2.2x measured at load average 4), as no kernel waits
+  at a barrier for a descheduled thread. Results do not depend on the split.
 """
 
 from __future__ import annotations
@@ -139,9 +145,11 @@ def can_batch(model: nn.Module) -> bool:
 class _StackedLinearFn(torch.autograd.Function):
     """``y[n] = x[n] @ W[n].T + b[n]`` for ``x`` ``[N, B, in]``, ``W`` ``[N, out, in]``.
 
-    The backward pass writes the parameter gradients straight into the owner's persistent
-    buffers and assigns them to ``.grad`` (so an optimizer sees them), returning no gradient for
-    the parameters to autograd.
+    The backward pass does not hand the parameter gradients to autograd. It either writes them
+    into the owner's persistent buffers and attaches those as ``.grad`` (for the optimizer), or,
+    when the owner has ``sgd_lr`` set (plain SGD: no momentum, no weight decay), applies the SGD
+    step ``W -= lr * grad`` to the parameters directly, fused into the matrix product that
+    computes the gradient, so that the gradient never goes through memory.
     """
 
     @staticmethod
@@ -162,11 +170,20 @@ class _StackedLinearFn(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         x, weight = ctx.saved_tensors
         owner: _StackedLinear = ctx.owner
+        # The input gradient first: it needs the weights from before the update.
         grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        lr = owner.sgd_lr
         if ctx.needs_input_grad[1]:
-            torch.bmm(grad.transpose(1, 2), x, out=owner.grad_buffer("weight"))
+            if lr is None:
+                torch.bmm(grad.transpose(1, 2), x, out=owner.grad_buffer("weight"))
+            else:
+                owner.weight.baddbmm_(grad.transpose(1, 2), x, alpha=-lr)
         if ctx.needs_input_grad[2]:
-            torch.sum(grad, dim=1, out=owner.grad_buffer("bias"))
+            if lr is None:
+                torch.sum(grad, dim=1, out=owner.grad_buffer("bias"))
+            else:
+                assert owner.bias is not None
+                owner.bias.add_(grad.sum(dim=1), alpha=-lr)
         return grad_x, None, None, None
 
 
@@ -180,6 +197,7 @@ class _StackedLinear(nn.Module):
             if layer.bias is not None
             else None
         )
+        self.sgd_lr: float | None = None  # set: backward applies plain SGD itself
         self._grads: dict[str, torch.Tensor] = {}
 
     def grad_buffer(self, which: str) -> torch.Tensor:
@@ -444,12 +462,29 @@ class _Group:
         self.load(flats)
         module = self.stacked.module
         module.train()
+        lr = cfg.lr_at(round)
+        # Plain SGD: the linear layers update themselves during the backward pass.
+        fused = [m for m in module if isinstance(m, _StackedLinear)]
+        if cfg.momentum != 0 or cfg.weight_decay != 0:
+            fused = []
+        skip = {id(p) for m in fused for p in m.parameters()}
+        params = [p for p in module.parameters() if p.requires_grad and id(p) not in skip]
         opt = torch.optim.SGD(
-            [p for p in module.parameters() if p.requires_grad],
-            lr=cfg.lr_at(round),
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-        )
+            params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        ) if params else None
+        for m in fused:
+            m.sgd_lr = lr
+        try:
+            losses = self._run_steps(module, opt, steps)
+        finally:
+            for m in fused:
+                m.sgd_lr = None
+        self.extract(out)
+        return losses
+
+    def _run_steps(
+        self, module: nn.Module, opt: torch.optim.Optimizer | None, steps: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
         offsets = self.offsets.to(self.device)
         losses: list[torch.Tensor] = []
         for plan_step in steps:
@@ -457,16 +492,17 @@ class _Group:
             b = idx.shape[1]
             xb = self.pack(self.x.index_select(0, idx.t().reshape(-1)), b)
             yb = self.y.index_select(0, idx.reshape(-1))
-            opt.zero_grad(set_to_none=True)
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)
             logits = module(xb)  # [n, B, K]
             per_sample = F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), yb, reduction="none"
             )
             per_node = per_sample.view(self.n, b).mean(dim=1)
             per_node.sum().backward()
-            opt.step()
+            if opt is not None:
+                opt.step()
             losses.append(per_node.detach())
-        self.extract(out)
         if not losses:
             return torch.empty(0, self.n)
         return torch.stack(losses).cpu()
@@ -546,8 +582,9 @@ class BatchedTrainer:
 
     On the CPU the nodes are split into ``workers`` groups (default: as many as PyTorch's
     intra-op threads, at most N), each a stacked model trained on its own thread with
-    single-threaded kernels: independent per-core work scales better than splitting every
-    (smallish) kernel across cores, and keeps each group's activations in its core's caches. The
+    single-threaded kernels: as fast as one group on a quiet machine, much faster when other
+    processes compete for the cores. While they run, the process-wide intra-op thread count is
+    1 (restored afterwards), so do not run other PyTorch work in parallel threads meanwhile. The
     results do not depend on the split. On an accelerator there is one group.
 
     ``local[n]`` holds node ``n``'s integer buffers (batch-norm step counters), counted exactly

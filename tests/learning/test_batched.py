@@ -63,11 +63,19 @@ def assert_same(got, want, batched, sequential):
 
 
 @pytest.mark.parametrize("name", ["tiny-cnn", "mlp"])
-def test_batched_matches_sequential_training(name):
+@pytest.mark.parametrize(
+    "sgd",
+    [
+        {},  # plain SGD: the linear layers apply it inside their backward pass
+        {"momentum": 0.5, "weight_decay": 1e-3},  # torch.optim.SGD for every parameter
+    ],
+    ids=["plain", "momentum"],
+)
+def test_batched_matches_sequential_training(name, sgd):
     torch.manual_seed(0)
     model = build_model(name, SHAPE, 10)
     data = node_data([45, 45, 45])
-    cfg = TrainConfig(lr=0.05, lr_decay=0.9, momentum=0.5, weight_decay=1e-3, batch_size=10)
+    cfg = TrainConfig(lr=0.05, lr_decay=0.9, batch_size=10, **sgd)
     starts = starts_for(model, 3)
     for _, batched, sequential, got, want in run_both(model, data, cfg, starts):
         assert_same(got, want, batched, sequential)
