@@ -1,51 +1,13 @@
-"""What ``dacflnode status`` and ``dacflnode metrics`` show, as plain data (no grpc here)."""
+"""The node's Prometheus metrics; what ``dacflnode status`` shows is plain data kept with the
+transport that serialises it (:mod:`dacflnode.transport.control_types`), re-exported here."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
+from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
 
-@dataclass
-class NeighbourInfo:
-    node_id: str
-    address: str
-    connected: bool = False
-    last_round_received: int = -1
-    bytes_received: int = 0
-    bytes_sent: int = 0
-    latency_ms: float = math.nan
-
-
-@dataclass
-class NodeStatus:
-    node_id: str
-    algorithm: str
-    round: int
-    rounds_total: int
-    phase: str
-    neighbours: list[NeighbourInfo] = field(default_factory=list)
-    last_accuracy: float = math.nan
-    last_loss: float = math.nan
-    consensus_residual: float = math.nan
-    device: str = ""
-    uptime_s: float = 0.0
-    listen_address: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        def clean(v: Any) -> Any:
-            if isinstance(v, float) and math.isnan(v):
-                return None
-            if isinstance(v, list):
-                return [clean(x) for x in v]
-            if isinstance(v, dict):
-                return {k: clean(x) for k, x in v.items()}
-            return v
-
-        return dict(clean(asdict(self)))
+__all__ = ["NeighbourInfo", "NodeMetrics", "NodeStatus"]
 
 
 class NodeMetrics:

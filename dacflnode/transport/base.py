@@ -15,6 +15,10 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage
+from dacflnode.wire.errors import Reason, Refusal, WireError
+
+#: How long a :meth:`Transport.pull` waits by default, in seconds.
+DEFAULT_PULL_TIMEOUT = 30.0
 
 
 class PeerUnavailable(ConnectionError):
@@ -22,7 +26,36 @@ class PeerUnavailable(ConnectionError):
 
 
 class HandshakeRefused(ConnectionError):
-    """The neighbour answered but does not run the same model, run settings or protocol."""
+    """The neighbour answered but will not talk to this node.
+
+    ``reason`` says why: :attr:`~dacflnode.wire.errors.Reason.MISMATCH` (model, run settings or
+    protocol differ), :attr:`~dacflnode.wire.errors.Reason.NOT_NEIGHBOUR` (it does not list this
+    node), or :attr:`~dacflnode.wire.errors.Reason.OTHER`.
+    """
+
+    def __init__(self, message: str, reason: Reason = Reason.OTHER) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class TransportClosed(RuntimeError):
+    """A call on a transport whose :meth:`Transport.stop` has begun.
+
+    A stopped transport refuses new calls instead of quietly reopening connections, so a task
+    that outlived its node fails loudly rather than talking to the network after shutdown.
+    """
+
+
+def cancelled_by_caller() -> bool:
+    """Whether the running task itself is being cancelled.
+
+    A call can also end in ``CancelledError`` because :meth:`Transport.stop` cancelled the work
+    it waited on (grpc cancels the calls of a channel it closes); the transports turn that into
+    :class:`TransportClosed`, and let only the caller's own cancellation through as
+    ``CancelledError``.
+    """
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +97,8 @@ class Inbox:
 
     A message is accepted for the current round and the next one (a neighbour may finish a round
     before this node and push the next); anything older or further ahead is refused.
+    The messages may hold the very tensors their sender pushed (the in-memory transport's
+    no-copy mode): whoever reads them treats them as read-only.
     """
 
     senders: Collection[str]
@@ -77,19 +112,27 @@ class Inbox:
             self._changed = asyncio.Condition()
         return self._changed
 
-    def refusal(self, round_: int) -> str | None:
-        """Why a message for ``round_`` cannot be accepted now, or ``None``."""
+    def refusal(self, round_: int) -> Refusal | None:
+        """Why a message for ``round_`` cannot be accepted now, or ``None``.
+
+        :attr:`~Reason.ROUND_PASSED` when this node is already past ``round_`` (the sender
+        should stop offering it), :attr:`~Reason.ROUND_AHEAD` when ``round_`` is beyond the
+        window (the sender may offer it again later).
+        """
         current = self.current_round()
         if round_ < current:
-            return f"this node is already in round {current}"
+            return Refusal(Reason.ROUND_PASSED, f"this node is already in round {current}")
         if round_ > current + self.window:
-            return f"this node is only in round {current}"
+            return Refusal(Reason.ROUND_AHEAD, f"this node is only in round {current}")
         return None
 
     async def put(self, message: RoundMessage) -> None:
-        reason = self.refusal(message.round)
-        if reason is not None:
-            raise ValueError(reason)
+        """Buffer ``message``; raises :class:`~dacflnode.wire.errors.WireError`
+        (``FAILED_PRECONDITION``, with the :meth:`refusal` reason) if its round is not accepted."""
+        refused = self.refusal(message.round)
+        if refused is not None:
+            raise WireError(refused.code,
+                            f"round {message.round} refused: {refused.detail}", refused.reason)
         async with self._condition():
             self._messages.setdefault(message.round, {})[message.sender] = message
             self._condition().notify_all()
@@ -130,15 +173,35 @@ class Transport(ABC):
 
     @abstractmethod
     async def stop(self, grace: float = 1.0) -> None:
-        """Stop serving and close every connection."""
+        """Stop serving and close every connection; from the moment it begins, ``hello``,
+        ``push`` and ``pull`` raise :class:`TransportClosed`."""
 
     @abstractmethod
     async def hello(self, peer: str) -> Identity:
-        """Handshake with ``peer``; raises :class:`PeerUnavailable` / :class:`HandshakeRefused`."""
+        """Handshake with ``peer``; raises :class:`PeerUnavailable`, :class:`HandshakeRefused`
+        or :class:`TransportClosed`."""
         raise NotImplementedError
 
     @abstractmethod
     async def push(self, peer: str, message: RoundMessage, timeout: float) -> None:
-        """Deliver ``message`` into ``peer``'s inbox; raises :class:`PeerUnavailable` or
-        :class:`~dacflnode.wire.codec.WireError` (the peer refused it)."""
+        """Deliver ``message`` into ``peer``'s inbox; raises :class:`PeerUnavailable`,
+        :class:`~dacflnode.wire.errors.WireError` (the peer refused it; see its ``reason``) or
+        :class:`TransportClosed`."""
+        raise NotImplementedError
+
+    @abstractmethod
+    async def pull(
+        self,
+        peer: str,
+        round_: int,
+        expect_tensors: Mapping[str, tuple[int, ...]] | None = None,
+        timeout: float = DEFAULT_PULL_TIMEOUT,
+    ) -> RoundMessage:
+        """The state ``peer`` published for ``round_`` (what it pushed, kept for a few rounds).
+
+        Raises :class:`PeerUnavailable`, :class:`TransportClosed` or
+        :class:`~dacflnode.wire.errors.WireError` (``NOT_FOUND`` with
+        :attr:`~dacflnode.wire.errors.Reason.NOT_KEPT` if the peer does not keep that round).
+        ``expect_tensors`` defaults to this node's own tensor set.
+        """
         raise NotImplementedError

@@ -14,9 +14,9 @@ import grpc
 
 from dacflnode._proto.dacfl.v1 import control_pb2 as pb
 from dacflnode._proto.dacfl.v1 import control_pb2_grpc as pb_grpc
-from dacflnode.node.status import NeighbourInfo, NodeStatus
 from dacflnode.transport.base import PeerUnavailable
 from dacflnode.transport.channels import create_channel
+from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
 
 CALL_TIMEOUT = 5.0
 

@@ -2,9 +2,10 @@
 
 Serving side: :class:`NeighborServicer` hands every call to the node's
 :class:`~dacflnode.transport.receiver.Receiver` (the same code the in-memory transport runs) and
-turns its :class:`~dacflnode.wire.codec.WireError` into the gRPC status it names. The server also
-answers the standard ``grpc.health.v1.Health`` service: ``SERVING`` once started, ``NOT_SERVING``
-from the moment :meth:`GrpcTransport.stop` begins.
+turns its :class:`~dacflnode.wire.errors.WireError` into the gRPC status it names, with the
+refusal's :class:`~dacflnode.wire.errors.Reason` in the trailing metadata ``dacfl-reason``. The
+server also answers the standard ``grpc.health.v1.Health`` service: ``SERVING`` once started,
+``NOT_SERVING`` from the moment :meth:`GrpcTransport.stop` begins.
 
 Calling side: one channel per neighbour (made by :mod:`dacflnode.transport.channels`, on first
 contact), and every call carries a deadline. Status codes map to the transport's errors:
@@ -13,7 +14,15 @@ contact), and every call carries a deadline. Status codes map to the transport's
   started yet, or too slow: retry later);
 * Hello: ``FAILED_PRECONDITION``, ``PERMISSION_DENIED``, ``UNIMPLEMENTED``:
   :class:`HandshakeRefused`; any other code: :class:`PeerUnavailable`;
-* PushState / PullState: any other code: ``WireError(code name, details)``.
+* PushState / PullState: any other code: ``WireError(code name, details, reason)``.
+
+The reason is read back from ``dacfl-reason``; a missing or unknown one reads as
+:attr:`~dacflnode.wire.errors.Reason.OTHER`, so callers branch on the reason, never on text.
+
+Lifetimes: once :meth:`GrpcTransport.stop` has begun, new calls raise :class:`TransportClosed`
+and no channel is (re)opened; calls in flight that stop cuts off raise it too. A caller that is
+cancelled while it pushes or pulls cancels its gRPC call and gets its ``CancelledError``; the
+push stream is written from the caller's own task, so nothing outlives the call.
 
 A refused push is read to its end before the status is sent (see
 :meth:`NeighborServicer._drain`), so the sender gets the real status, not ``INTERNAL``.
@@ -39,24 +48,27 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport import channels
 from dacflnode.transport.base import (
+    DEFAULT_PULL_TIMEOUT,
     HandshakeRefused,
     Identity,
     Inbox,
     PeerStats,
     PeerUnavailable,
     Transport,
+    TransportClosed,
+    cancelled_by_caller,
 )
-from dacflnode.transport.memory import (
-    DEFAULT_PULL_TIMEOUT,
+from dacflnode.transport.handshake import (
     HANDSHAKE_REFUSALS,
-    HeaderCache,
     PeerIdentity,
     check_identity,
     hello_request,
-    pull_decoder,
 )
+from dacflnode.transport.outgoing import ChunkStream, HeaderCache
+from dacflnode.transport.pulling import pull_decoder
 from dacflnode.transport.receiver import Receiver
-from dacflnode.wire.codec import CHUNK_BYTES, RoundMessage, WireError, chunks
+from dacflnode.wire.codec import CHUNK_BYTES, RoundMessage
+from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
 
 #: Deadline of one Hello call, in seconds.
 HELLO_TIMEOUT = 5.0
@@ -75,10 +87,25 @@ _UNREACHABLE = frozenset({
 })
 
 
-async def _abort(context: grpc.aio.ServicerContext, err: WireError) -> NoReturn:
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], err: WireError) -> NoReturn:
+    """End the call with ``err``'s status, its reason in the trailing metadata."""
     code = getattr(grpc.StatusCode, err.code, grpc.StatusCode.UNKNOWN)
-    await context.abort(code, err.message)
+    await context.abort(code, err.message,
+                        trailing_metadata=((REASON_METADATA_KEY, err.reason.value),))
     raise AssertionError("context.abort() returned")  # pragma: no cover - abort always raises
+
+
+def reason_of(err: grpc.aio.AioRpcError) -> Reason:
+    """The refusal reason a peer sent with ``err`` (:attr:`Reason.OTHER` if none or unknown)."""
+    metadata = err.trailing_metadata()
+    return Reason.parse(metadata.get(REASON_METADATA_KEY) if metadata else None)
+
+
+def wire_error(err: grpc.aio.AioRpcError) -> WireError:
+    """The :class:`WireError` the peer raised, rebuilt from its status and trailing metadata."""
+    return WireError(err.code().name, err.details() or "", reason_of(err))
+
+
 
 
 class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
@@ -89,7 +116,8 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
         self._payload_bytes = 4 * sum(math.prod(shape) for shape in receiver.tensors.values())
 
     async def Hello(
-        self, request: pb.HelloRequest, context: grpc.aio.ServicerContext
+        self, request: pb.HelloRequest,
+        context: grpc.aio.ServicerContext[pb.HelloRequest, pb.HelloReply],
     ) -> pb.HelloReply:
         try:
             return self.receiver.hello(request)
@@ -97,7 +125,8 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
             await _abort(context, err)
 
     async def PushState(
-        self, request_iterator: AsyncIterator[pb.StateChunk], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.StateChunk],
+        context: grpc.aio.ServicerContext[pb.StateChunk, pb.PushReply],
     ) -> pb.PushReply:
         try:
             return await self.receiver.push(request_iterator, context.peer())
@@ -127,7 +156,8 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
                         return
 
     async def PullState(
-        self, request: pb.PullRequest, context: grpc.aio.ServicerContext
+        self, request: pb.PullRequest,
+        context: grpc.aio.ServicerContext[pb.PullRequest, pb.StateChunk],
     ) -> AsyncIterator[pb.StateChunk]:
         stream: Iterator[pb.StateChunk]
         try:
@@ -172,7 +202,7 @@ class GrpcTransport(Transport):
         self._server = server
         self._health: Any = None
         self._state = "new"  # new -> serving -> stopped
-        self._stubs: dict[str, neighbor_pb2_grpc.NeighborStub] = {}
+        self._stubs: dict[str, neighbor_pb2_grpc.NeighborAsyncStub] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._outgoing = HeaderCache(self.receiver)
 
@@ -198,22 +228,28 @@ class GrpcTransport(Transport):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float = 1.0) -> None:
-        """Report ``NOT_SERVING``, let calls in flight finish for up to ``grace`` seconds, stop
-        serving, then close every channel to the neighbours."""
-        if self._state == "serving":
-            self._state = "stopped"
+        """Refuse new calls, report ``NOT_SERVING``, let calls in flight finish for up to
+        ``grace`` seconds, stop serving, then close every channel to the neighbours."""
+        serving = self._state == "serving"
+        self._state = "stopped"
+        if serving:
             await self._health.enter_graceful_shutdown()
             assert self._server is not None
             await self._server.stop(grace)
-        self._state = "stopped"
         channels_, self._channels, self._stubs = self._channels, {}, {}
         for channel in channels_.values():
             await channel.close()
+        await self._outgoing.close()
         for stats in self.stats.values():
             stats.connected = False
 
     # ------------------------------------------------------------------ calling
-    def _stub(self, peer: str) -> neighbor_pb2_grpc.NeighborStub:
+    def _closed(self) -> TransportClosed:
+        return TransportClosed(f"the transport of {self.identity.node_id} is stopped")
+
+    def _stub(self, peer: str) -> neighbor_pb2_grpc.NeighborAsyncStub:
+        if self._state == "stopped":
+            raise self._closed()  # never reopen a channel after stop
         stub = self._stubs.get(peer)
         if stub is None:
             address = self.peers.get(peer)
@@ -233,15 +269,29 @@ class GrpcTransport(Transport):
             f"{what} {peer} at {self.peers[peer]}: {err.code().name}: {err.details()}"
         )
 
+    def _interrupted(self, peer: str, what: str) -> Exception:
+        """What a call that grpc cancelled, although its caller was not cancelled, raises:
+        :class:`TransportClosed` when :meth:`stop` closed its channel."""
+        self._stats(peer).connected = False
+        if self._state == "stopped":
+            return self._closed()
+        return PeerUnavailable(f"{what} {peer} at {self.peers.get(peer)}: cancelled")
+
     async def hello(self, peer: str) -> PeerIdentity:
         stub = self._stub(peer)
         started = time.perf_counter()
+        call = stub.Hello(hello_request(self.identity), timeout=self.hello_timeout)
         try:
-            reply = await stub.Hello(hello_request(self.identity), timeout=self.hello_timeout)
+            reply = await call
+        except asyncio.CancelledError:
+            call.cancel()
+            if cancelled_by_caller():
+                raise
+            raise self._interrupted(peer, "handshake with") from None
         except grpc.aio.AioRpcError as err:
             code = err.code()
             if code.name in HANDSHAKE_REFUSALS:
-                raise HandshakeRefused(err.details() or code.name) from err
+                raise HandshakeRefused(err.details() or code.name, reason_of(err)) from err
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 raise HandshakeRefused(
                     f"{peer} at {self.peers[peer]} does not serve {SERVICE_NAME}"
@@ -256,26 +306,33 @@ class GrpcTransport(Transport):
     async def push(self, peer: str, message: RoundMessage, timeout: float) -> None:
         stub = self._stub(peer)
         started = time.perf_counter()
+        what = f"push of round {message.round} to"
         out = await self._outgoing.get(message)
+        if self._state == "stopped":
+            raise self._closed()
         stats = self._stats(peer)
-        sent = 0
-
-        async def stream() -> AsyncIterator[pb.StateChunk]:
-            nonlocal sent
-            yield pb.StateChunk(header=out.header)
-            for chunk in chunks(out.message):
-                sent += len(chunk.data)
-                yield chunk
-
+        stream = ChunkStream(out)
         remaining = max(0.0, timeout - (time.perf_counter() - started))
+        call = stub.PushState(timeout=remaining)
         try:
-            await stub.PushState(stream(), timeout=remaining)
+            try:
+                for chunk in stream:
+                    await call.write(chunk)
+                await call.done_writing()
+            except asyncio.InvalidStateError:
+                pass  # the peer ended the call before the whole stream: its status says why
+            await call
+        except asyncio.CancelledError:
+            call.cancel()
+            if cancelled_by_caller():
+                raise
+            raise self._interrupted(peer, what) from None
         except grpc.aio.AioRpcError as err:
             if err.code() in _UNREACHABLE:
-                raise self._unavailable(peer, f"push of round {message.round} to", err) from err
-            raise WireError(err.code().name, err.details() or "") from err
+                raise self._unavailable(peer, what, err) from err
+            raise wire_error(err) from err
         finally:
-            stats.bytes_sent += sent
+            stats.bytes_sent += stream.sent
         stats.latency_ms = (time.perf_counter() - started) * 1000.0
         stats.connected = True
 
@@ -286,20 +343,27 @@ class GrpcTransport(Transport):
         expect_tensors: Mapping[str, tuple[int, ...]] | None = None,
         timeout: float = DEFAULT_PULL_TIMEOUT,
     ) -> RoundMessage:
-        """The state ``peer`` published for ``round_``; raises :class:`PeerUnavailable` or
-        :class:`WireError` (``NOT_FOUND`` if the peer does not keep that round)."""
+        """The state ``peer`` published for ``round_``; raises :class:`PeerUnavailable`,
+        :class:`TransportClosed` or :class:`WireError` (``NOT_FOUND`` with reason
+        ``NOT_KEPT`` if the peer does not keep that round)."""
         stub = self._stub(peer)
         decoder = pull_decoder(peer, round_, self.tensors if expect_tensors is None
                                else expect_tensors)
+        what = f"pull of round {round_} from"
         call = stub.PullState(pb.PullRequest(requester=self.identity.node_id, round=round_),
                               timeout=timeout)
         try:
             async for chunk in call:
                 decoder.take(chunk)
+        except asyncio.CancelledError:
+            call.cancel()
+            if cancelled_by_caller():
+                raise
+            raise self._interrupted(peer, what) from None
         except grpc.aio.AioRpcError as err:
             if err.code() in _UNREACHABLE:
-                raise self._unavailable(peer, f"pull of round {round_} from", err) from err
-            raise WireError(err.code().name, err.details() or "") from err
+                raise self._unavailable(peer, what, err) from err
+            raise wire_error(err) from err
         except WireError:
             call.cancel()  # the peer sent something this node does not accept: stop reading
             raise

@@ -14,7 +14,7 @@ Receiving a state of ``B`` bytes costs ``B`` bytes plus one chunk; sending costs
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,13 @@ import torch
 import xxhash
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
+from dacflnode.wire.errors import Reason, Refusal, WireError
+
+__all__ = [
+    "CHECKSUM_BYTES", "CHUNK_BYTES", "DTYPES", "PROTOCOL_VERSION", "Decoder", "Expectation",
+    "Reason", "Refusal", "RoundMessage", "WireError", "check_fields", "checksum", "chunks",
+    "decode", "dtype_name", "encode", "make_header",
+]
 
 PROTOCOL_VERSION = 1
 CHUNK_BYTES = 1 << 20
@@ -32,15 +39,6 @@ _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("the dacfl wire format is little-endian; this host is not")
-
-
-class WireError(Exception):
-    """A message broke the wire contract. ``code`` is the gRPC status name to answer with."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -123,8 +121,57 @@ class Expectation:
 
     senders: Collection[str]
     tensors: Mapping[str, tuple[int, ...]]  # name -> shape, all float32
-    accept_round: Callable[[int], str | None] = lambda r: None  # returns a refusal or None
+    accept_round: Callable[[int], Refusal | None] = lambda r: None  # a refusal, or None
     max_degree: int = 1 << 16
+
+
+def check_fields(
+    expect: Expectation,
+    round_: int,
+    degree: int,
+    tensors: Sequence[tuple[str, str, tuple[int, ...]]],
+) -> list[tuple[str, tuple[int, ...], int]]:
+    """Check a message's round, degree and ``(name, dtype name, shape)`` list against
+    ``expect`` (the sender is checked by the caller) and return ``(name, shape, numel)`` per
+    tensor, in order; raises :class:`WireError` with the code and :class:`Reason` a receiver
+    answers with.
+
+    Shared by :class:`Decoder` (fields read from a header) and the in-memory transport's
+    no-copy path (fields read from the tensors themselves), so both refuse the same messages
+    in the same terms.
+    """
+    refused = expect.accept_round(round_)
+    if refused is not None:
+        raise WireError(refused.code, f"round {round_} refused: {refused.detail}",
+                        refused.reason)
+    if not 1 <= degree <= expect.max_degree:
+        raise WireError("INVALID_ARGUMENT", f"degree {degree} out of range", Reason.BAD_HEADER)
+    names = [name for name, _, _ in tensors]
+    if sorted(names) != sorted(expect.tensors) or len(set(names)) != len(names):
+        raise WireError(
+            "INVALID_ARGUMENT",
+            f"tensors {names} do not match the expected {sorted(expect.tensors)}",
+            Reason.BAD_PAYLOAD,
+        )
+    shapes = []
+    for name, dtype, shape in tensors:
+        if dtype not in DTYPES:
+            raise WireError("INVALID_ARGUMENT", f"tensor {name}: dtype {dtype!r}",
+                            Reason.BAD_PAYLOAD)
+        if shape != tuple(expect.tensors[name]):
+            raise WireError(
+                "INVALID_ARGUMENT",
+                f"tensor {name}: shape {list(shape)}, expected {list(expect.tensors[name])}",
+                Reason.BAD_PAYLOAD,
+            )
+        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        shapes.append((name, shape, numel))
+    return shapes
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    """The wire name of ``tensor``'s dtype (its torch name when the wire does not carry it)."""
+    return _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
 
 
 @dataclass
@@ -146,42 +193,25 @@ class Decoder:
 
     def header(self, h: pb.StateHeader) -> pb.StateHeader:
         if self._header is not None:
-            raise WireError("INVALID_ARGUMENT", "a second header in one stream")
+            raise WireError("INVALID_ARGUMENT", "a second header in one stream",
+                            Reason.BAD_HEADER)
         exp = self.expect
         if h.sender not in exp.senders:
-            raise WireError("PERMISSION_DENIED", f"unknown sender {h.sender!r}")
-        refusal = exp.accept_round(h.round)
-        if refusal is not None:
-            raise WireError("FAILED_PRECONDITION", f"round {h.round} refused: {refusal}")
-        if not 1 <= h.degree <= exp.max_degree:
-            raise WireError("INVALID_ARGUMENT", f"degree {h.degree} out of range")
-        names = [t.name for t in h.tensors]
-        if sorted(names) != sorted(exp.tensors) or len(set(names)) != len(names):
-            raise WireError(
-                "INVALID_ARGUMENT",
-                f"tensors {names} do not match the expected {sorted(exp.tensors)}",
-            )
-        total = 0
-        shapes = []
-        for spec in h.tensors:
-            if spec.dtype not in DTYPES:
-                raise WireError("INVALID_ARGUMENT", f"tensor {spec.name}: dtype {spec.dtype!r}")
-            shape = tuple(int(s) for s in spec.shape)
-            if shape != tuple(exp.tensors[spec.name]):
-                raise WireError(
-                    "INVALID_ARGUMENT",
-                    f"tensor {spec.name}: shape {list(shape)}, expected "
-                    f"{list(exp.tensors[spec.name])}",
-                )
-            numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            shapes.append((spec.name, shape, numel))
-            total += numel * 4
+            raise WireError("PERMISSION_DENIED", f"unknown sender {h.sender!r}",
+                            Reason.UNKNOWN_SENDER)
+        shapes = check_fields(
+            exp, int(h.round), int(h.degree),
+            [(t.name, t.dtype, tuple(int(s) for s in t.shape)) for t in h.tensors],
+        )
+        total = 4 * sum(numel for _, _, numel in shapes)
         if h.payload_bytes != total:
             raise WireError(
-                "INVALID_ARGUMENT", f"payload_bytes {h.payload_bytes} but tensors need {total}"
+                "INVALID_ARGUMENT", f"payload_bytes {h.payload_bytes} but tensors need {total}",
+                Reason.BAD_PAYLOAD,
             )
         if len(h.checksum) != CHECKSUM_BYTES:
-            raise WireError("INVALID_ARGUMENT", "checksum must be 16 bytes of XXH3-128")
+            raise WireError("INVALID_ARGUMENT", "checksum must be 16 bytes of XXH3-128",
+                            Reason.BAD_HEADER)
         # every field checked: now allocate
         self._header = h
         self._shapes = shapes
@@ -192,11 +222,12 @@ class Decoder:
 
     def feed(self, data: bytes) -> None:
         if self._bytes is None:
-            raise WireError("INVALID_ARGUMENT", "data before the header")
+            raise WireError("INVALID_ARGUMENT", "data before the header", Reason.BAD_HEADER)
         end = self._filled + len(data)
         if end > self._bytes.nbytes:
             raise WireError(
-                "INVALID_ARGUMENT", f"more than the announced {self._bytes.nbytes} bytes"
+                "INVALID_ARGUMENT", f"more than the announced {self._bytes.nbytes} bytes",
+                Reason.BAD_PAYLOAD,
             )
         self._bytes[self._filled : end] = data
         self._digest.update(data)
@@ -210,17 +241,20 @@ class Decoder:
         elif kind == "data":
             self.feed(chunk.data)
         else:
-            raise WireError("INVALID_ARGUMENT", "empty chunk")
+            raise WireError("INVALID_ARGUMENT", "empty chunk", Reason.BAD_HEADER)
 
     def finish(self) -> RoundMessage:
         if self._header is None or self._buffer is None or self._bytes is None:
-            raise WireError("INVALID_ARGUMENT", "stream ended without a header")
+            raise WireError("INVALID_ARGUMENT", "stream ended without a header",
+                            Reason.BAD_HEADER)
         if self._filled != self._bytes.nbytes:
             raise WireError(
-                "DATA_LOSS", f"stream truncated: {self._filled} of {self._bytes.nbytes} bytes"
+                "DATA_LOSS", f"stream truncated: {self._filled} of {self._bytes.nbytes} bytes",
+                Reason.TRUNCATED,
             )
         if self._digest.digest() != self._header.checksum:
-            raise WireError("DATA_LOSS", "checksum mismatch: payload corrupted in transit")
+            raise WireError("DATA_LOSS", "checksum mismatch: payload corrupted in transit",
+                            Reason.CHECKSUM)
         tensors: dict[str, torch.Tensor] = {}
         offset = 0
         for name, shape, numel in self._shapes:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import grpc
 import pytest
@@ -14,8 +15,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import HandshakeRefused, Identity, Inbox, PeerUnavailable
-from dacflnode.transport.grpc_transport import SERVICE_NAME, GrpcTransport
-from dacflnode.wire.codec import RoundMessage, encode
+from dacflnode.transport.grpc_transport import (
+    SERVICE_NAME,
+    GrpcTransport,
+    reason_of,
+    wire_error,
+)
+from dacflnode.wire.codec import RoundMessage, WireError, encode
+from dacflnode.wire.errors import REASON_METADATA_KEY, Reason
 
 P = 40
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -38,7 +45,7 @@ def same(a: RoundMessage, b: RoundMessage) -> bool:
 class Server:
     """bob serves; alice is a well-behaved neighbour; ``stub`` talks to bob raw."""
 
-    def __init__(self, tensors: dict[str, tuple[int, ...]] = TENSORS) -> None:
+    def __init__(self, tensors: Mapping[str, tuple[int, ...]] = TENSORS) -> None:
         self.round = 0
         self.tensors = tensors
         self.inbox = Inbox(senders={"alice", "carol"}, current_round=lambda: self.round)
@@ -46,7 +53,7 @@ class Server:
                                  {"alice": "", "carol": ""}, self.inbox, tensors)
         self.alice: GrpcTransport
         self.channel: grpc.aio.Channel
-        self.stub: neighbor_pb2_grpc.NeighborStub
+        self.stub: neighbor_pb2_grpc.NeighborAsyncStub
 
     async def start(self) -> None:
         await self.bob.start()
@@ -74,7 +81,9 @@ def chunks_of(msg: RoundMessage) -> list[pb.StateChunk]:
     return list(encode(msg, chunk_bytes=64))  # header + 5 data chunks
 
 
-def with_header(change: Callable[[pb.StateHeader], None]) -> Callable[[RoundMessage], list]:
+def with_header(
+    change: Callable[[pb.StateHeader], None],
+) -> Callable[[RoundMessage], list[pb.StateChunk]]:
     def build(msg: RoundMessage) -> list[pb.StateChunk]:
         stream = chunks_of(msg)
         change(stream[0].header)
@@ -97,32 +106,37 @@ def flip_a_bit(msg: RoundMessage) -> list[pb.StateChunk]:
 
 CASES = {
     "unknown sender": (with_header(lambda h: setattr(h, "sender", "mallory")),
-                       grpc.StatusCode.PERMISSION_DENIED, "unknown sender"),
+                       grpc.StatusCode.PERMISSION_DENIED, Reason.UNKNOWN_SENDER,
+                       "unknown sender"),
     "round too far": (with_header(lambda h: setattr(h, "round", 7)),
-                      grpc.StatusCode.FAILED_PRECONDITION, "round 7 refused"),
+                      grpc.StatusCode.FAILED_PRECONDITION, Reason.ROUND_AHEAD,
+                      "round 7 refused"),
     "wrong shape": (with_header(lambda h: h.tensors[0].shape.__setitem__(0, P + 1)),
-                    grpc.StatusCode.INVALID_ARGUMENT, "shape"),
+                    grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_PAYLOAD, "shape"),
     "wrong dtype": (with_header(lambda h: setattr(h.tensors[1], "dtype", "float64")),
-                    grpc.StatusCode.INVALID_ARGUMENT, "dtype"),
+                    grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_PAYLOAD, "dtype"),
     "missing tensor": (with_header(drop_tensor), grpc.StatusCode.INVALID_ARGUMENT,
-                       "do not match"),
-    "truncated": (lambda m: chunks_of(m)[:-1], grpc.StatusCode.DATA_LOSS, "truncated"),
-    "bad checksum": (flip_a_bit, grpc.StatusCode.DATA_LOSS, "checksum"),
+                       Reason.BAD_PAYLOAD, "do not match"),
+    "truncated": (lambda m: chunks_of(m)[:-1], grpc.StatusCode.DATA_LOSS, Reason.TRUNCATED,
+                  "truncated"),
+    "bad checksum": (flip_a_bit, grpc.StatusCode.DATA_LOSS, Reason.CHECKSUM, "checksum"),
     "data before header": (lambda m: [chunks_of(m)[1], *chunks_of(m)],
-                           grpc.StatusCode.INVALID_ARGUMENT, "data before the header"),
+                           grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_HEADER,
+                           "data before the header"),
     "too much data": (lambda m: [*chunks_of(m), pb.StateChunk(data=b"\0" * 4)],
-                      grpc.StatusCode.INVALID_ARGUMENT, "more than"),
+                      grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_PAYLOAD, "more than"),
     "second header": (lambda m: [*chunks_of(m)[:2], chunks_of(m)[0], *chunks_of(m)[2:]],
-                      grpc.StatusCode.INVALID_ARGUMENT, "second header"),
+                      grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_HEADER, "second header"),
     "empty chunk": (lambda m: [chunks_of(m)[0], pb.StateChunk(), *chunks_of(m)[1:]],
-                    grpc.StatusCode.INVALID_ARGUMENT, "empty chunk"),
-    "no header": (lambda m: [], grpc.StatusCode.INVALID_ARGUMENT, "without a header"),
+                    grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_HEADER, "empty chunk"),
+    "no header": (lambda m: [], grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_HEADER,
+                  "without a header"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_a_bad_push_gets_its_status_a_log_line_and_changes_nothing(server, caplog, case):
-    build, code, text = CASES[case]
+    build, code, reason, text = CASES[case]
     first = message("alice", 0)
     await server.alice.push("bob", first, timeout=5)
     kept = server.inbox.get(0)["alice"]
@@ -140,7 +154,8 @@ async def test_a_bad_push_gets_its_status_a_log_line_and_changes_nothing(server,
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await server.stub.PushState(stream(), timeout=5)
     assert err.value.code() == code, err.value.details()
-    assert text in err.value.details()
+    assert reason_of(err.value) is reason
+    assert text in (err.value.details() or "")
     logged = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert any(code.name in line and text in line for line in logged), logged
 
@@ -162,25 +177,29 @@ async def test_bad_pulls_are_refused_and_logged(server, caplog):
                                              timeout=5):
             pass
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert reason_of(err.value) is Reason.NOT_NEIGHBOUR
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in server.stub.PullState(pb.PullRequest(requester="alice", round=3),
                                              timeout=5):
             pass
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert reason_of(err.value) is Reason.NOT_KEPT
     logged = " | ".join(r.getMessage() for r in caplog.records if r.name == LOGGER)
     assert "mallory" in logged and "round 3" in logged
 
 
 async def test_hello_refusals_carry_their_status(server):
-    for request, code in [
+    for request, code, reason in [
         (pb.HelloRequest(node_id="mallory", protocol_version=1, model_fingerprint=MODEL,
-                         run_fingerprint=RUN), grpc.StatusCode.PERMISSION_DENIED),
+                         run_fingerprint=RUN), grpc.StatusCode.PERMISSION_DENIED,
+         Reason.NOT_NEIGHBOUR),
         (pb.HelloRequest(node_id="alice", protocol_version=1, model_fingerprint="other",
-                         run_fingerprint=RUN), grpc.StatusCode.FAILED_PRECONDITION),
+                         run_fingerprint=RUN), grpc.StatusCode.FAILED_PRECONDITION,
+         Reason.MISMATCH),
     ]:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await server.stub.Hello(request, timeout=5)
-        assert err.value.code() == code
+        assert (err.value.code(), reason_of(err.value)) == (code, reason)
     reply = await server.stub.Hello(pb.HelloRequest(
         node_id="alice", protocol_version=1, model_fingerprint=MODEL, run_fingerprint=RUN),
         timeout=5)
@@ -196,8 +215,9 @@ async def test_an_address_served_by_another_node_is_refused(server):
                           {"bob": f"127.0.0.1:{dave.port}"},
                           Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS)
     try:
-        with pytest.raises(HandshakeRefused, match="served by 'dave'"):
+        with pytest.raises(HandshakeRefused, match="served by 'dave'") as err:
             await carol.hello("bob")
+        assert err.value.reason is Reason.MISMATCH
     finally:
         await carol.stop(grace=0)
         await dave.stop(grace=0)
@@ -211,8 +231,9 @@ async def test_hello_to_a_server_without_the_neighbor_service_is_refused():
                           {"bob": f"127.0.0.1:{port}"},
                           Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS)
     try:
-        with pytest.raises(HandshakeRefused, match="does not serve"):
+        with pytest.raises(HandshakeRefused, match="does not serve") as err:
             await carol.hello("bob")
+        assert err.value.reason is Reason.OTHER
     finally:
         await carol.stop(grace=0)
         await other.stop(0)
@@ -221,7 +242,7 @@ async def test_hello_to_a_server_without_the_neighbor_service_is_refused():
 async def test_health_is_serving_until_stop():
     s = Server()
     await s.start()
-    health = health_pb2_grpc.HealthStub(s.channel)
+    health: Any = health_pb2_grpc.HealthStub(s.channel)  # grpc_health ships no async types
     for service in ("", SERVICE_NAME):
         reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -269,7 +290,7 @@ async def test_refusals_keep_their_status_when_the_sender_is_still_writing():
             await s.stub.PushState(gen(), timeout=20)
         except grpc.aio.AioRpcError as err:
             codes.append(err.code())
-            assert "already in round 2" in err.details()
+            assert reason_of(err) is Reason.ROUND_PASSED
 
     logging.getLogger(LOGGER).setLevel(logging.ERROR)  # 320 refusals: keep the log quiet
     try:
@@ -280,3 +301,27 @@ async def test_refusals_keep_their_status_when_the_sender_is_still_writing():
         await s.close()
     assert codes == [grpc.StatusCode.FAILED_PRECONDITION] * 320
     assert s.inbox.get(1) == {} and s.inbox.get(2) == {}
+
+
+@pytest.mark.parametrize(
+    ("trailing", "reason"),
+    [(((REASON_METADATA_KEY, "round-passed"),), Reason.ROUND_PASSED),
+     (((REASON_METADATA_KEY, "a-reason-from-a-newer-version"),), Reason.OTHER),
+     ((("other-key", "round-passed"),), Reason.OTHER),
+     ((), Reason.OTHER)],
+    ids=["known", "unknown", "missing", "no-metadata"],
+)
+def test_the_client_rebuilds_the_refusal_with_a_known_reason_or_other(trailing, reason):
+    err = grpc.aio.AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, grpc.aio.Metadata(),
+                               grpc.aio.Metadata(*trailing), details="round 1 refused")
+    rebuilt = wire_error(err)
+    assert isinstance(rebuilt, WireError)
+    assert (rebuilt.code, rebuilt.message, rebuilt.reason) == (
+        "FAILED_PRECONDITION", "round 1 refused", reason)
+
+
+async def test_a_refused_push_reaches_the_caller_as_a_typed_wire_error(server):
+    server.round = 3
+    with pytest.raises(WireError) as err:
+        await server.alice.push("bob", message("alice", 1), timeout=5)
+    assert (err.value.code, err.value.reason) == ("FAILED_PRECONDITION", Reason.ROUND_PASSED)

@@ -1,25 +1,30 @@
-"""One protocol suite, run over both transports (in-memory and gRPC on 127.0.0.1)."""
+"""One protocol suite, run over both transports: in-memory (byte for byte, and without copies)
+and gRPC on 127.0.0.1."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import socket
+import threading
 
 import pytest
 import torch
 
-from dacflnode.transport import memory
 from dacflnode.transport.base import (
     HandshakeRefused,
     Identity,
     Inbox,
     PeerUnavailable,
     Transport,
+    TransportClosed,
 )
 from dacflnode.transport.grpc_transport import GrpcTransport
+from dacflnode.transport.handshake import PeerIdentity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
+from dacflnode.wire import codec
 from dacflnode.wire.codec import CHUNK_BYTES, PROTOCOL_VERSION, RoundMessage, WireError
+from dacflnode.wire.errors import Reason
 
 P = 64
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
@@ -47,7 +52,6 @@ def assert_bit_exact(got: RoundMessage, sent: RoundMessage) -> None:
         assert got.tensors[name].dtype == torch.float32
         assert got.tensors[name].shape == tensor.shape
         assert got.tensors[name].numpy().tobytes() == tensor.numpy().tobytes()
-        assert got.tensors[name].data_ptr() != tensor.data_ptr()  # the receiver's own copy
 
 
 def closed_port() -> int:
@@ -71,7 +75,7 @@ class Cluster:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.network = MemoryNetwork()
+        self.network = MemoryNetwork(copy=kind != "memory-nocopy")
         self.nodes: dict[str, Node] = {}
 
     async def build(
@@ -84,7 +88,7 @@ class Cluster:
         for node_id, peers in topology.items():
             identity = identities.get(node_id, Identity(node_id, MODEL, RUN))
             node = Node(node_id, peers)
-            if self.kind == "memory":
+            if self.kind.startswith("memory"):
                 node.transport = MemoryTransport(self.network, identity, peers, node.inbox,
                                                  tensors_for(p))
             else:
@@ -98,7 +102,10 @@ class Cluster:
                 assert isinstance(transport, GrpcTransport)
                 for peer in peers:
                     other = self.nodes.get(peer)
-                    port = closed_port() if other is None else other.transport.port
+                    port = closed_port()
+                    if other is not None:
+                        assert isinstance(other.transport, GrpcTransport)
+                        port = other.transport.port or port
                     transport.peers[peer] = f"127.0.0.1:{port}"
         return self.nodes
 
@@ -107,7 +114,7 @@ class Cluster:
             await node.transport.stop(grace=0)
 
 
-@pytest.fixture(params=["memory", "grpc"])
+@pytest.fixture(params=["memory", "memory-nocopy", "grpc"])
 async def cluster(request):
     c = Cluster(request.param)
     yield c
@@ -119,7 +126,7 @@ async def test_handshake_succeeds_and_records_connected(cluster):
     a, b = nodes["a"].transport, nodes["b"].transport
     assert not a.stats["b"].connected
     ident = await a.hello("b")
-    assert ident == memory.PeerIdentity("b", MODEL, RUN, PROTOCOL_VERSION, round=0)
+    assert ident == PeerIdentity("b", MODEL, RUN, PROTOCOL_VERSION, round=0)
     assert a.stats["b"].connected and b.stats["a"].connected
     assert a.stats["b"].latency_ms >= 0.0
     assert not a.stats["c"].connected
@@ -138,21 +145,27 @@ async def test_handshake_succeeds_and_records_connected(cluster):
 )
 async def test_handshake_with_a_different_identity_is_refused(cluster, other, reason):
     nodes = await cluster.build(FULL, identities={"c": other})
-    with pytest.raises(HandshakeRefused, match=reason):
-        await nodes["c"].transport.hello("a")
-    with pytest.raises(HandshakeRefused, match=reason):
-        await nodes["a"].transport.hello("c")
+    with pytest.raises(HandshakeRefused, match=reason) as err:
+        await nodes["c"].transport.hello("a")  # refused by a
+    assert err.value.reason is Reason.MISMATCH
+    with pytest.raises(HandshakeRefused, match=reason) as err:
+        await nodes["a"].transport.hello("c")  # refused by a, on reading c's reply
+    assert err.value.reason is Reason.MISMATCH
     assert not nodes["a"].transport.stats["c"].connected
     await nodes["a"].transport.hello("b")  # the others still talk
 
 
 async def test_a_node_that_is_not_a_neighbour_is_refused(cluster):
     nodes = await cluster.build({"a": ["b"], "b": ["a"], "z": ["b"]})
-    with pytest.raises(HandshakeRefused, match="not a neighbour"):
+    with pytest.raises(HandshakeRefused, match="not a neighbour") as refused:
         await nodes["z"].transport.hello("b")
+    assert refused.value.reason is Reason.NOT_NEIGHBOUR
     with pytest.raises(WireError) as err:
         await nodes["z"].transport.push("b", message("z", 0), timeout=5)
-    assert err.value.code == "PERMISSION_DENIED"
+    assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", Reason.UNKNOWN_SENDER)
+    with pytest.raises(WireError) as err:
+        await nodes["z"].transport.pull("b", 0)
+    assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", Reason.NOT_NEIGHBOUR)
     assert nodes["b"].inbox.get(0) == {}
     with pytest.raises(ValueError, match="not a neighbour"):
         await nodes["a"].transport.push("z", message("a", 0), timeout=5)
@@ -218,13 +231,14 @@ async def test_the_next_round_is_buffered_and_never_mixed_with_the_current(clust
     assert nodes["b"].inbox.get(0) == {}
 
 
-@pytest.mark.parametrize(("round_", "why"), [(1, "already in round 2"), (4, "only in round 2")])
-async def test_stale_and_too_far_rounds_are_refused(cluster, round_, why):
+@pytest.mark.parametrize(("round_", "reason"),
+                         [(1, Reason.ROUND_PASSED), (4, Reason.ROUND_AHEAD)])
+async def test_passed_and_too_far_rounds_are_refused_with_a_typed_reason(cluster, round_, reason):
     nodes = await cluster.build(FULL)
     nodes["b"].round = 2
-    with pytest.raises(WireError, match=why) as err:
+    with pytest.raises(WireError) as err:
         await nodes["a"].transport.push("b", message("a", round_), timeout=5)
-    assert err.value.code == "FAILED_PRECONDITION"
+    assert (err.value.code, err.value.reason) == ("FAILED_PRECONDITION", reason)
     assert all(nodes["b"].inbox.get(r) == {} for r in range(6))
     await nodes["a"].transport.push("b", ok := message("a", 3), timeout=5)  # current + 1
     assert_bit_exact(nodes["b"].inbox.get(3)["a"], ok)
@@ -255,33 +269,35 @@ async def test_pull_returns_what_was_published(cluster):
     assert_bit_exact(await b.pull("a", 0), sent)
     with pytest.raises(WireError) as err:
         await b.pull("a", 1)
-    assert err.value.code == "NOT_FOUND"
+    assert (err.value.code, err.value.reason) == ("NOT_FOUND", Reason.NOT_KEPT)
     # only the newest two rounds are kept
     for r in (1, 2):
         nodes["c"].round = r
         await a.push("c", message("a", r), timeout=5)
-    with pytest.raises(WireError):
+    with pytest.raises(WireError) as err:
         await b.pull("a", 0)
+    assert err.value.reason is Reason.NOT_KEPT
     assert_bit_exact(await b.pull("a", 2), message("a", 2))
 
 
 async def test_the_header_is_hashed_once_per_message(cluster, monkeypatch):
     calls = []
-    real = memory.make_header
+    real = codec.make_header
 
     def counting(msg):
         calls.append(msg.round)
         return real(msg)
 
-    monkeypatch.setattr(memory, "make_header", counting)
+    monkeypatch.setattr("dacflnode.transport.outgoing.make_header", counting)
     nodes = await cluster.build(FULL)
     a = nodes["a"].transport
     sent = message("a", 0)
     await asyncio.gather(a.push("b", sent, timeout=5), a.push("c", sent, timeout=5))
     await a.push("b", sent, timeout=5)  # a retry
-    assert calls == [0]
+    hashed = [] if cluster.kind == "memory-nocopy" else [0]  # no copy: nothing is encoded
+    assert calls == hashed
     await a.push("b", message("a", 1), timeout=5)
-    assert calls == [0, 1]
+    assert calls == ([*hashed, 1] if hashed else [])
     got = await nodes["c"].inbox.wait(0, ["a"], timeout=5)
     assert_bit_exact(got["a"], sent)
 
@@ -300,3 +316,93 @@ async def test_memory_partition_and_heal():
     await a.push("b", sent := message("a", 0), timeout=5)
     assert_bit_exact(nodes["b"].inbox.get(0)["a"], sent)
     await c.close()
+
+
+async def test_refusals_carry_the_same_code_and_reason_on_every_transport(cluster):
+    nodes = await cluster.build({"a": ["b"], "b": ["a"], "z": ["b"]})
+    a = nodes["a"].transport
+    nodes["b"].round = 2
+    cases = [
+        (a, message("a", 1), ("FAILED_PRECONDITION", Reason.ROUND_PASSED)),
+        (a, message("a", 2, p=P + 1), ("INVALID_ARGUMENT", Reason.BAD_PAYLOAD)),
+        (a, RoundMessage("a", 2, 1, {"omega": torch.zeros(P)}),
+         ("INVALID_ARGUMENT", Reason.BAD_PAYLOAD)),
+        (a, message("a", 2, degree=0), ("INVALID_ARGUMENT", Reason.BAD_HEADER)),
+        (nodes["z"].transport, message("z", 2), ("PERMISSION_DENIED", Reason.UNKNOWN_SENDER)),
+    ]
+    for sender, msg, expected in cases:
+        with pytest.raises(WireError) as err:
+            await sender.push("b", msg, timeout=5)
+        assert (err.value.code, err.value.reason) == expected, err.value
+    assert all(nodes["b"].inbox.get(r) == {} for r in range(4))
+    assert nodes["b"].transport.stats["a"].bytes_received == 0
+
+
+async def test_a_stopped_transport_refuses_new_calls(cluster):
+    nodes = await cluster.build(FULL)
+    a = nodes["a"].transport
+    await a.hello("b")
+    await a.push("b", message("a", 0), timeout=5)
+    await a.stop(grace=0)
+    with pytest.raises(TransportClosed):
+        await a.hello("b")
+    with pytest.raises(TransportClosed):
+        await a.push("c", message("a", 0), timeout=5)
+    with pytest.raises(TransportClosed):
+        await a.pull("b", 0)
+    if isinstance(a, GrpcTransport):
+        assert a._channels == {}  # nothing was reopened
+    await nodes["b"].transport.push("c", message("b", 0), timeout=5)  # the others still talk
+
+
+async def test_the_receiver_gets_its_own_copy_unless_the_network_does_not_copy(cluster):
+    nodes = await cluster.build(FULL)
+    sent = message("a", 0)
+    await nodes["a"].transport.push("b", sent, timeout=5)
+    got = nodes["b"].inbox.get(0)["a"]
+    pulled = await nodes["c"].transport.pull("a", 0)
+    for name, tensor in sent.tensors.items():
+        if cluster.kind == "memory-nocopy":
+            assert got.tensors[name] is tensor and pulled.tensors[name] is tensor
+        else:
+            assert got.tensors[name].data_ptr() != tensor.data_ptr()
+            assert pulled.tensors[name].data_ptr() not in (tensor.data_ptr(),
+                                                            got.tensors[name].data_ptr())
+    assert nodes["a"].transport.stats["b"].bytes_sent == sent.payload_bytes
+    assert nodes["c"].transport.stats["a"].bytes_received == sent.payload_bytes
+
+
+async def test_a_pull_refuses_a_state_that_does_not_match_what_it_expects(cluster):
+    nodes = await cluster.build(FULL)
+    await nodes["a"].transport.push("b", message("a", 0), timeout=5)
+    with pytest.raises(WireError) as err:
+        await nodes["c"].transport.pull("a", 0, expect_tensors=tensors_for(P + 1))
+    assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", Reason.BAD_PAYLOAD)
+
+
+async def test_a_push_cut_off_by_stop_while_its_state_is_prepared_raises_transport_closed(
+    cluster, monkeypatch
+):
+    if cluster.kind == "memory-nocopy":
+        pytest.skip("without copies nothing is prepared")
+    held = threading.Event()
+    release = threading.Event()
+    real = codec.make_header
+
+    def slow(msg):
+        held.set()
+        release.wait(10)
+        return real(msg)
+
+    monkeypatch.setattr("dacflnode.transport.outgoing.make_header", slow)
+    nodes = await cluster.build(FULL)
+    a = nodes["a"].transport
+    push = asyncio.create_task(a.push("b", message("a", 0), timeout=5))
+    try:
+        await asyncio.to_thread(held.wait, 5)
+        await a.stop(grace=0)
+    finally:
+        release.set()
+    with pytest.raises(TransportClosed):
+        await asyncio.wait_for(push, 5)
+    assert nodes["b"].inbox.get(0) == {}

@@ -11,6 +11,7 @@ from dacflnode.wire.codec import (
     decode,
     encode,
 )
+from dacflnode.wire.errors import Reason, Refusal
 
 P = 1000
 
@@ -21,11 +22,11 @@ def message(round_=3, sender="b", p=P):
                                              "x": torch.randn(p, generator=g)}, used=("a",))
 
 
-def expect(**kw):
-    base = dict(senders={"b", "c"}, tensors={"omega": (P,), "x": (P,)},
-                accept_round=lambda r: None if r in (3, 4) else "not the current round")
-    base.update(kw)
-    return Expectation(**base)
+def expect() -> Expectation:
+    return Expectation(
+        senders={"b", "c"}, tensors={"omega": (P,), "x": (P,)},
+        accept_round=lambda r: None if r in (3, 4) else Refusal(Reason.ROUND_AHEAD, "not now"),
+    )
 
 
 def test_round_trip_is_bit_exact_and_keeps_the_header():
@@ -45,19 +46,26 @@ def test_payload_travels_in_chunks_of_at_most_one_mebibyte():
 
 
 @pytest.mark.parametrize(
-    ("mutate", "code", "text"),
+    ("mutate", "code", "reason", "text"),
     [
-        (lambda h: setattr(h, "sender", "mallory"), "PERMISSION_DENIED", "unknown sender"),
-        (lambda h: setattr(h, "round", 9), "FAILED_PRECONDITION", "round 9"),
-        (lambda h: setattr(h, "degree", 0), "INVALID_ARGUMENT", "degree"),
-        (lambda h: h.tensors[0].shape.__setitem__(0, P + 1), "INVALID_ARGUMENT", "shape"),
-        (lambda h: setattr(h.tensors[1], "dtype", "float64"), "INVALID_ARGUMENT", "dtype"),
-        (lambda h: setattr(h.tensors[1], "name", "y"), "INVALID_ARGUMENT", "do not match"),
-        (lambda h: setattr(h, "payload_bytes", 10**12), "INVALID_ARGUMENT", "payload_bytes"),
-        (lambda h: setattr(h, "checksum", b"x"), "INVALID_ARGUMENT", "checksum"),
+        (lambda h: setattr(h, "sender", "mallory"), "PERMISSION_DENIED", Reason.UNKNOWN_SENDER,
+         "unknown sender"),
+        (lambda h: setattr(h, "round", 9), "FAILED_PRECONDITION", Reason.ROUND_AHEAD,
+         "round 9 refused: not now"),
+        (lambda h: setattr(h, "degree", 0), "INVALID_ARGUMENT", Reason.BAD_HEADER, "degree"),
+        (lambda h: h.tensors[0].shape.__setitem__(0, P + 1), "INVALID_ARGUMENT",
+         Reason.BAD_PAYLOAD, "shape"),
+        (lambda h: setattr(h.tensors[1], "dtype", "float64"), "INVALID_ARGUMENT",
+         Reason.BAD_PAYLOAD, "dtype"),
+        (lambda h: setattr(h.tensors[1], "name", "y"), "INVALID_ARGUMENT", Reason.BAD_PAYLOAD,
+         "do not match"),
+        (lambda h: setattr(h, "payload_bytes", 10**12), "INVALID_ARGUMENT", Reason.BAD_PAYLOAD,
+         "payload_bytes"),
+        (lambda h: setattr(h, "checksum", b"x"), "INVALID_ARGUMENT", Reason.BAD_HEADER,
+         "checksum"),
     ],
 )
-def test_bad_headers_are_refused_before_anything_is_allocated(mutate, code, text):
+def test_bad_headers_are_refused_before_anything_is_allocated(mutate, code, reason, text):
     chunks = list(encode(message()))
     header = pb.StateHeader()
     header.CopyFrom(chunks[0].header)
@@ -66,6 +74,7 @@ def test_bad_headers_are_refused_before_anything_is_allocated(mutate, code, text
     with pytest.raises(WireError, match=text) as err:
         decoder.header(header)
     assert err.value.code == code
+    assert err.value.reason is reason
     assert decoder._buffer is None
 
 
@@ -73,7 +82,7 @@ def test_truncated_stream_is_data_loss():
     chunks = list(encode(message(), chunk_bytes=1000))
     with pytest.raises(WireError, match="truncated") as err:
         decode(iter(chunks[:-1]), expect())
-    assert err.value.code == "DATA_LOSS"
+    assert (err.value.code, err.value.reason) == ("DATA_LOSS", Reason.TRUNCATED)
 
 
 def test_corrupted_payload_fails_the_checksum():
@@ -83,19 +92,38 @@ def test_corrupted_payload_fails_the_checksum():
     chunks[2] = pb.StateChunk(data=bytes(data))
     with pytest.raises(WireError, match="checksum") as err:
         decode(iter(chunks), expect())
-    assert err.value.code == "DATA_LOSS"
+    assert (err.value.code, err.value.reason) == ("DATA_LOSS", Reason.CHECKSUM)
 
 
 def test_more_bytes_than_announced_are_refused():
     chunks = list(encode(message()))
     chunks.append(pb.StateChunk(data=b"\0" * 8))
-    with pytest.raises(WireError, match="more than"):
+    with pytest.raises(WireError, match="more than") as err:
         decode(iter(chunks), expect())
+    assert err.value.reason is Reason.BAD_PAYLOAD
 
 
 def test_data_before_header_and_double_header_are_refused():
     chunks = list(encode(message()))
-    with pytest.raises(WireError, match="before the header"):
+    with pytest.raises(WireError, match="before the header") as err:
         decode(iter(chunks[1:]), expect())
-    with pytest.raises(WireError, match="second header"):
+    assert err.value.reason is Reason.BAD_HEADER
+    with pytest.raises(WireError, match="second header") as err:
         decode(iter([chunks[0], chunks[0]]), expect())
+    assert err.value.reason is Reason.BAD_HEADER
+
+
+def test_a_wire_error_is_the_same_class_from_codec_and_errors():
+    from dacflnode.wire import errors
+
+    assert WireError is errors.WireError
+    assert WireError("NOT_FOUND", "gone").reason is Reason.OTHER
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("round-passed", Reason.ROUND_PASSED), (b"not-kept", Reason.NOT_KEPT),
+     ("from-a-newer-version", Reason.OTHER), (None, Reason.OTHER), (b"\xff", Reason.OTHER)],
+)
+def test_a_reason_read_from_the_wire_is_known_or_other(value, reason):
+    assert Reason.parse(value) is reason
