@@ -1,6 +1,21 @@
+"""Run settings: the one declaration, its checks, the fingerprint and the generated reference."""
+
+import dataclasses
+from typing import Any
+
 import pytest
 
-from dacflnode.config import RunConfig, config_from_mapping, load_yaml_config
+from dacflnode.config import (
+    DAEMON_DEFAULTS,
+    DaemonSettings,
+    RunConfig,
+    Scope,
+    config_from_mapping,
+    docs,
+    load_yaml_config,
+    schema,
+)
+from dacflnode.config.fingerprint import fingerprint_data, run_fingerprint
 from dacflnode.errors import ConfigError
 
 
@@ -52,3 +67,154 @@ def test_custom_matrix_file_that_is_not_doubly_stochastic_names_mixing_matrix(tm
     with pytest.raises(ConfigError) as err:
         config_from_mapping({"nodes": 2, "mixing_matrix": str(path)}).validate()
     assert err.value.field == "mixing_matrix"
+
+
+# ---------------------------------------------------------------------------------------- schema
+def test_a_field_declared_without_a_scope_fails_when_its_class_is_defined():
+    with pytest.raises(TypeError, match=r"Broken\.rounds is not declared"):
+
+        @schema.declared
+        @dataclasses.dataclass
+        class Broken:
+            nodes: int = schema.setting(1, help="n", scope=Scope.RUN)
+            rounds: int = 3
+
+
+def test_every_setting_has_a_scope_help_and_a_default_of_its_type():
+    for cls in (RunConfig, DaemonSettings):
+        for d in schema.fields_of(cls):
+            assert isinstance(d.setting.scope, Scope), d.name
+            assert d.setting.help.strip(), d.name
+            assert d.default is None or isinstance(d.default, d.base if not d.is_list else tuple)
+            if d.setting.choices is not None and d.default is not None:
+                defaults = d.default if d.is_list else (d.default,)
+                assert set(defaults) <= set(d.setting.choices), d.name
+
+
+def test_declared_defaults_are_the_dataclass_defaults():
+    assert DAEMON_DEFAULTS.round_deadline == 600.0 and DAEMON_DEFAULTS.hello_timeout == 3600.0
+    for d in schema.fields_of(RunConfig):
+        assert getattr(RunConfig(), d.name) == d.default
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "message"),
+    [
+        ({"topology": "star"}, "topology", "unknown topology 'star' (choose from dense, sparse"),
+        ({"dataset": "imagenet"}, "dataset", "unknown data set 'imagenet' (choose from"),
+        ({"fodac_variant": "x"}, "fodac_variant", "unknown variant 'x' (choose from lagged"),
+        ({"lr_decay": 2}, "lr_decay", "must be <= 1, got 2.0"),
+        ({"momentum": 1}, "momentum", "must be < 1, got 1.0"),
+        ({"dirichlet_alpha": 0}, "dirichlet_alpha", "must be > 0, got 0.0"),
+        ({"time_varying": -1}, "time_varying", "must be >= 0, got -1"),
+    ],
+)
+def test_declared_checks_say_what_is_wrong(values, field, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping(values).validate()
+    assert err.value.field == field
+    assert message in err.value.message
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", True, [1]])
+def test_numbers_must_be_finite_numbers(value):
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({"lr_decay": value})
+    assert err.value.field == "lr_decay"
+
+
+def test_yaml_errors_name_the_dotted_key_and_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  rounds: many\n")
+    with pytest.raises(ConfigError) as err:
+        load_yaml_config(path)
+    assert err.value.field == "run.rounds" and str(path) in err.value.message
+    path.write_text("colour: red\n")
+    with pytest.raises(ConfigError) as err:
+        load_yaml_config(path)
+    assert err.value.field == "colour" and str(path) in err.value.message
+
+
+# ------------------------------------------------------------------------------------ fingerprint
+def _changed(d: schema.Declared, current: Any) -> Any:
+    """A value of ``d``'s type different from ``current``."""
+    if d.setting.choices is not None:
+        taken = set(current) if d.is_list else {current}
+        other = next(c for c in d.setting.choices if c not in taken)
+        return (other,) if d.is_list else other
+    if d.is_list:
+        return (*current, ("x", "y") if d.item is not str else "x")
+    if d.base is bool:
+        return not current
+    if d.base is int:
+        return (current or 0) + 1
+    if d.base is float:
+        return (current or 0.25) * 0.5 + 0.0625
+    return f"{current}-other"
+
+
+#: Configurations under which every conditional run setting counts.
+CONTEXTS = [
+    RunConfig(),
+    RunConfig(partition="dirichlet"),
+    RunConfig(partition="shards"),
+    RunConfig(topology="random-regular"),
+    RunConfig(topology="erdos-renyi"),
+    RunConfig(topology="sparse"),
+    RunConfig(time_varying=2),
+    RunConfig(dataset="synthetic"),
+]
+
+
+def test_the_fingerprint_follows_every_run_setting_and_no_node_setting():
+    daemon = DaemonSettings(members=("a", "b"), edges=(("a", "b"),))
+    for d in schema.fields_of(RunConfig):
+        counted = False
+        for run in CONTEXTS:
+            changed: dict[str, Any] = {d.name: _changed(d, getattr(run, d.name))}
+            other = dataclasses.replace(run, **changed)
+            moved = run_fingerprint(run, daemon) != run_fingerprint(other, daemon)
+            relevant = d.setting.relevant is None or d.setting.relevant(run)
+            if d.setting.scope is Scope.NODE:
+                assert not moved, f"{d.name} is node-local but changes the fingerprint"
+            elif relevant:
+                assert moved, f"{d.name} is shared but does not change the fingerprint"
+                counted = True
+            else:
+                assert not moved, f"{d.name} changes the fingerprint where it cannot matter"
+        assert counted or d.setting.scope is Scope.NODE, d.name
+    base = RunConfig()
+    for d in schema.fields_of(DaemonSettings):
+        changes: dict[str, Any] = {d.name: _changed(d, getattr(daemon, d.name))}
+        other_daemon = dataclasses.replace(daemon, **changes)
+        moved = run_fingerprint(base, daemon) != run_fingerprint(base, other_daemon)
+        assert moved == (d.setting.scope is Scope.RUN), d.name
+
+
+def test_the_fingerprint_hashes_effective_values():
+    daemon = DaemonSettings()
+    assert run_fingerprint(RunConfig(), daemon) == run_fingerprint(
+        RunConfig(lr=0.001, model="fmnist-cnn"), daemon
+    )
+    assert fingerprint_data(RunConfig(dataset="cifar10"), daemon)["lr"] == 0.005
+
+
+# ---------------------------------------------------------------------------------------- docs
+def test_the_committed_configuration_reference_is_current():
+    assert docs.DOC_PATH.read_text() == docs.render(), "run: python -m dacflnode.config.docs"
+
+
+def test_the_docs_check_fails_on_a_stale_file_and_the_writer_fixes_it(tmp_path):
+    path = tmp_path / "configuration.md"
+    path.write_text("old\n")
+    assert docs.main(["--check", "--path", str(path)]) == 1
+    assert docs.main(["--path", str(path)]) == 0
+    assert docs.main(["--check", "--path", str(path)]) == 0
+
+
+def test_the_reference_lists_every_setting_with_its_scope():
+    text = docs.render()
+    for cls in (RunConfig, DaemonSettings):
+        for d in schema.fields_of(cls):
+            row = next(line for line in text.splitlines() if line.startswith(f"| `{d.name}` |"))
+            assert f"| {d.setting.scope.value}" in row and d.setting.help in row

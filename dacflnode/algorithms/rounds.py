@@ -13,7 +13,8 @@ The node's messages for round ``t`` are :meth:`Algorithm.outgoing` of its round-
 Weighted sums are taken over node ids in sorted order (the node itself included), so that every
 implementation that uses this module produces bit-identical results from identical inputs.
 
-The algorithms (paper, Algorithms 1, 2 and 5; DESIGN.md §1):
+The algorithms (paper, Algorithms 1, 2 and 5; the full statement, the proof of the invariants
+and which algorithms need a god node are in docs/algorithm.md):
 
 * ``dacfl``: ``ω_i' = Σ_j w_ij ω_j``; ``ω_i^{t+1} = Train(ω_i')``;
   ``x_i^{t+1} = Σ_j w_ij x_j^t + (ω_i^t − ω_i^{t−1})`` with ``ω^{−1} = ω^0`` (the paper's lagged
@@ -94,6 +95,8 @@ class Algorithm(ABC):
     exchanged: tuple[str, ...] = ("x",)
     #: the evaluated model is the network-wide average of ``x`` (needs a god node)
     global_model: bool = False
+    #: runs on neighbour messages alone, so a daemon can run it (no god node)
+    decentralized: bool = True
 
     def outgoing(self, state: NodeState) -> dict[str, Tensor]:
         return {name: getattr(state, name) for name in self.exchanged}
@@ -174,11 +177,13 @@ class CDSGD(Algorithm):
 class DPSGD(CDSGD):
     name = "dpsgd"
     global_model = True
+    decentralized = False
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     global_model = True
+    decentralized = False
 
     def train_start(self, state: NodeState, mixed: Mapping[str, Tensor]) -> Tensor:
         return mixed["x"]

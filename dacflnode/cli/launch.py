@@ -9,21 +9,20 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dacflnode.cli.main import cli, config_errors
-from dacflnode.cli.options import config_from_options, run_options
+from dacflnode.cli.errors import config_errors
+from dacflnode.cli.options import config_from_options, daemon_options, run_options
 
 
-@cli.command()
+@click.command()
 @run_options
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="DIR/<node-id>/ gets metrics.jsonl, final.safetensors, daemon.log.")
-@click.option("--round-deadline", type=float, default=600.0, show_default=True,
-              help="Seconds a node waits for its neighbours' state each round.")
+@daemon_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
-def launch(out_dir: str, round_deadline: float, as_json: bool, quiet: bool,
-           **options: Any) -> None:
+def launch(out_dir: str, round_deadline: float, hello_timeout: float, as_json: bool,
+           quiet: bool, **options: Any) -> None:
     """Start a real local cluster: one `dacflnode start` process per node on 127.0.0.1.
 
     Takes the same run options as `simulate` (graph topologies only; ring when not given) and
@@ -51,7 +50,8 @@ def launch(out_dir: str, round_deadline: float, as_json: bool, quiet: bool,
             bar.update(tasks[name], completed=done, status=status)
 
         try:
-            summary = run_launch(cfg, out_dir, progress, round_deadline=round_deadline)
+            summary = run_launch(cfg, out_dir, progress, round_deadline=round_deadline,
+                                 hello_timeout=hello_timeout)
         except RuntimeError as exc:
             click.echo(f"error: {exc}", err=True)
             raise SystemExit(1) from exc

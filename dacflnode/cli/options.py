@@ -1,4 +1,11 @@
-"""Run options shared by every command that starts training (simulate, and later launch)."""
+"""Command-line options generated from the settings' declarations (:mod:`dacflnode.config`).
+
+Each run setting becomes one option of every command that starts or describes a run
+(``simulate``, ``launch``, ``topology``): its flag, type, choices, help and shown default all
+come from the one declaration, so the options cannot drift from the YAML keys. Run options
+default to ``None`` ("not given") so that flags overlay a ``--config`` file; daemon options
+(``--round-deadline``, ...) carry their declared default.
+"""
 
 from __future__ import annotations
 
@@ -8,77 +15,74 @@ from typing import Any
 
 import click
 
-from dacflnode.algorithms.topology import TOPOLOGIES
-from dacflnode.config import ENGINES, RunConfig, config_from_mapping, load_yaml_config
-from dacflnode.learning.datasets import DATASETS
-from dacflnode.learning.partition import PARTITIONS
+from dacflnode.config import DaemonSettings, RunConfig, config_from_mapping, load_yaml_config
+from dacflnode.config.schema import Declared, fields_of
 
-_RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
-    click.option(
-        "--config",
-        "config_file",
-        type=click.Path(dir_okay=False),
-        help="YAML file of run options (flags override it).",
-    ),
-    click.option("--algorithm", help="Comma list of dacfl, cdsgd, dpsgd, fedavg. [default: dacfl]"),
-    click.option("--nodes", type=int, help="Number of nodes. [default: 10]"),
-    click.option("--rounds", type=int, help="Communication rounds. [default: 100]"),
-    click.option("--dataset", type=click.Choice(DATASETS), help="[default: fashion-mnist]"),
-    click.option(
-        "--data-root",
-        help="Folder holding the data set files "
-        "(Fashion-MNIST: /usr/share/datasets/fashion-mnist by default).",
-    ),
-    click.option(
-        "--download/--no-download",
-        default=None,
-        help="Let torchvision download the data set if it is missing.",
-    ),
-    click.option("--partition", type=click.Choice(PARTITIONS), help="[default: iid]"),
-    click.option("--dirichlet-alpha", type=float, help="Concentration for --partition dirichlet."),
-    click.option(
-        "--model",
-        help="fmnist-cnn, cifar-cnn, mlp, tiny-cnn or package.module:Class [default: per data set]",
-    ),
-    click.option("--topology", type=click.Choice(TOPOLOGIES), help="[default: dense]"),
-    click.option("--degree", type=int, help="Degree of --topology random-regular."),
-    click.option("--edge-prob", type=float, help="Edge probability of --topology erdos-renyi."),
-    click.option("--edge-list", help="File of 'i j' lines for --topology edge-list."),
-    click.option("--mixing-matrix", help="File holding a custom mixing matrix (topology custom)."),
-    click.option(
-        "--time-varying",
-        type=int,
-        metavar="K",
-        help="Rebuild the topology every K rounds (0 = static). [default: 0]",
-    ),
-    click.option("--lr", type=float, help="Learning rate [default: 0.001; 0.005 for cifar10]."),
-    click.option("--lr-decay", type=float, help="Per-round learning-rate decay. [default: 0.995]"),
-    click.option("--momentum", type=float, help="SGD momentum. [default: 0]"),
-    click.option("--batch-size", type=int, help="[default: 20]"),
-    click.option("--local-epochs", type=int, help="[default: 1]"),
-    click.option("--local-steps", type=int, help="Mini-batches per round (overrides epochs)."),
-    click.option(
-        "--fodac-variant",
-        type=click.Choice(["lagged", "fresh"]),
-        help="DACFL tracking: the paper's lagged difference or the fresh one.",
-    ),
-    click.option("--seed", type=int, help="[default: 0]"),
-    click.option("--eval-every", type=int, help="Evaluate every N rounds. [default: 1]"),
-    click.option("--eval-samples", type=int, help="Evaluate on a fixed subset of the test set."),
-    click.option("--device", help="auto, cpu, cuda, cuda:N or mps. [default: auto]"),
-    click.option("--threads", type=int, help="PyTorch CPU threads per process (bit-identical "
-                 "results need equal counts). [default: PyTorch's]"),
-    click.option(
-        "--engine",
-        type=click.Choice(ENGINES),
-        help="How the simulator trains its nodes. [default: auto]",
-    ),
-]
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def option_help(d: Declared) -> str:
+    """The help text of ``d``'s option: the declared help, the choices of a list, the default."""
+    text = d.setting.help
+    if d.is_list and d.setting.choices:
+        text += f" Choices: {', '.join(d.setting.choices)}."
+    return f"{text} [default: {d.default_text}]"
+
+
+def click_type(d: Declared) -> Any:
+    """The click parameter type of ``d`` (a comma list stays a string until it is coerced)."""
+    if d.setting.choices is not None and not d.is_list:
+        return click.Choice(d.setting.choices)
+    if d.is_list:
+        return str
+    return d.base
+
+
+def run_option(d: Declared) -> Decorator:
+    """The option of one run setting; ``None`` when not given."""
+    if d.base is bool:
+        return click.option(f"{d.flag}/--no-{d.flag[2:]}", d.name, default=None,
+                            help=option_help(d))
+    return click.option(d.flag, d.name, type=click_type(d), default=None,
+                        metavar=d.setting.metavar, help=option_help(d))
+
+
+def daemon_option(d: Declared) -> Decorator:
+    """The option of one daemon setting, with its declared default shown."""
+    return click.option(d.flag, d.name, type=click_type(d), default=d.default,
+                        show_default=True, metavar=d.setting.metavar, help=d.setting.help)
+
+
+def run_option_fields() -> tuple[Declared, ...]:
+    """The run settings offered as command-line options, in declaration order."""
+    return tuple(d for d in fields_of(RunConfig) if d.setting.cli)
+
+
+def daemon_option_fields() -> tuple[Declared, ...]:
+    """The daemon settings offered as command-line options, in declaration order."""
+    return tuple(d for d in fields_of(DaemonSettings) if d.setting.cli)
+
+
+_CONFIG_OPTION: Decorator = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="YAML file of run options (flags override it).",
+)
 
 
 def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(_RUN_OPTIONS):
+    """``--config`` and one option per run setting."""
+    options: list[Decorator] = [_CONFIG_OPTION, *map(run_option, run_option_fields())]
+    for option in reversed(options):
         func = option(func)
+    return func
+
+
+def daemon_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per daemon setting (``--round-deadline``, ``--hello-timeout``)."""
+    for d in reversed(daemon_option_fields()):
+        func = daemon_option(d)(func)
     return func
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import click
 import yaml
 
-from dacflnode.cli.main import cli, config_errors
-from dacflnode.cli.options import config_from_options, run_options
+from dacflnode.cli.errors import config_errors
+from dacflnode.cli.options import config_from_options, daemon_options, run_options
 from dacflnode.errors import ConfigError
 
 
@@ -30,7 +30,7 @@ def _ports(value: str | None, field: str) -> list[int] | None:
         raise ConfigError(field, f"expected a comma list of port numbers, got {value!r}") from None
 
 
-@cli.command("topology")
+@click.command("topology")
 @click.argument("kind", metavar="KIND")
 @click.option(
     "--out",
@@ -68,20 +68,7 @@ def _ports(value: str | None, field: str) -> list[int] | None:
     type=click.Path(file_okay=False),
     help="Node state goes in STATE_ROOT/<node-id>. [default: DIR/<node-id>]",
 )
-@click.option(
-    "--round-deadline",
-    type=float,
-    default=600.0,
-    show_default=True,
-    help="Seconds a node waits for its neighbours' state each round.",
-)
-@click.option(
-    "--hello-timeout",
-    type=float,
-    default=3600.0,
-    show_default=True,
-    help="Seconds a node waits for its neighbours to come up.",
-)
+@daemon_options
 @click.option("--json", "as_json", is_flag=True, help="Print the nodes as a JSON list.")
 @run_options
 @config_errors

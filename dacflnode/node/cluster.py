@@ -16,22 +16,12 @@ import yaml
 
 from dacflnode.algorithms import graphs
 from dacflnode.algorithms.topology import GRAPH_KINDS, MATRIX_KINDS, MixingSchedule, TopologySpec
-from dacflnode.config import RunConfig
+from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 from dacflnode.errors import ConfigError
-from dacflnode.node.peers import (
-    CONTROL_HOST,
-    CONTROL_PORT_OFFSET,
-    DEFAULT_HELLO_TIMEOUT,
-    DEFAULT_ROUND_DEADLINE,
-    DaemonSettings,
-    Neighbour,
-    NodeSection,
-    PeersFile,
-    check_algorithm,
-    dump_peers,
-    format_address,
-    parse_peers,
-)
+from dacflnode.node.addresses import CONTROL_HOST, CONTROL_PORT_OFFSET, format_address
+from dacflnode.node.daemon_algorithms import check_algorithm
+from dacflnode.node.peers import Neighbour, NodeSection, PeersFile, parse_peers
+from dacflnode.node.peers_yaml import dump_peers
 
 
 def node_ids(n: int) -> list[str]:
@@ -87,6 +77,15 @@ def _check_port(port: int, field: str, what: str) -> int:
     return port
 
 
+def _daemon_settings(round_deadline: float, hello_timeout: float) -> DaemonSettings:
+    """The deadlines, checked as declared (the error names the option, not a file)."""
+    daemon = schema.from_mapping(
+        DaemonSettings, {"round_deadline": round_deadline, "hello_timeout": hello_timeout}
+    )
+    schema.check(daemon)
+    return daemon
+
+
 def _absolute(value: str | None) -> str | None:
     return str(Path(value).expanduser().absolute()) if value else value
 
@@ -106,8 +105,8 @@ def generate_cluster(
     control_ports: Sequence[int] | None = None,
     state_root: Path | None = None,
     seed: int | None = None,
-    round_deadline: float = DEFAULT_ROUND_DEADLINE,
-    hello_timeout: float = DEFAULT_HELLO_TIMEOUT,
+    round_deadline: float = DAEMON_DEFAULTS.round_deadline,
+    hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
 ) -> list[Path]:
     """Write ``out_dir/<node-id>.yaml`` for ``node-0 … node-{nodes-1}``; return their paths.
 
@@ -169,11 +168,9 @@ def generate_cluster(
         edge_list=edge_file if kind == "edge-list" else _absolute(run.edge_list),
         data_root=_absolute(run.data_root),
         mixing_matrix=_absolute(run.mixing_matrix),
-        extra={},
     )
-    daemon = DaemonSettings(
-        round_deadline=float(round_deadline),
-        hello_timeout=float(hello_timeout),
+    daemon = dataclasses.replace(
+        _daemon_settings(round_deadline, hello_timeout),
         members=tuple(ids),
         edges=tuple((ids[i], ids[j]) for i, j in edges),
     )

@@ -10,15 +10,16 @@
       share: 0                       # data partition index; default: index of node.id in members
     neighbours:                      # required, non-empty
       - {id: node-1, address: 127.0.0.1:7001}
-    run:                             # optional: every key of RunConfig, plus the keys below
+    run:                             # optional: every RunConfig and DaemonSettings key
       algorithm: dacfl               # one of dacfl, cdsgd
       round_deadline: 600            # seconds to wait for the neighbours' state each round
-      hello_timeout: 3600            # seconds to wait for the neighbours to come up at start
       members: [node-0, node-1]      # every node id in partition order
       edges: [[node-0, node-1]]      # the whole graph
 
-Relative paths (``node.state_dir``, ``run.data_root``, ``run.edge_list``, ``run.mixing_matrix``)
-are relative to the folder of the peers file. Keys may be spelled in ``kebab-case`` too.
+Every ``run:`` key, its default and whether it must match across the run is listed in
+``docs/configuration.md``. Relative paths (``node.state_dir``, ``run.data_root``,
+``run.edge_list``, ``run.mixing_matrix``) are relative to the folder of the peers file. Keys may
+be spelled in ``kebab-case`` too.
 
 Every problem is a :class:`~dacflnode.errors.ConfigError` whose ``field`` is the dotted key
 (``node.listen``, ``neighbours[1].address``, ``run.algorithm``, ...) and whose message names the
@@ -29,19 +30,18 @@ the members: node ``members[i]`` is node ``i`` of the simulator, so a time-varyi
 (``run.time_varying > 0``) drops the same edges in the same rounds as ``dacflnode simulate`` does
 (:func:`~dacflnode.algorithms.topology.active_edges`). ``run.topology`` and its parameters then
 only record how the edges were drawn.
+
+Addresses are parsed in :mod:`dacflnode.node.addresses`, the algorithm policy lives in
+:mod:`dacflnode.node.daemon_algorithms`, and :mod:`dacflnode.node.peers_yaml` writes the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import ipaddress
-import json
-import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,30 +50,36 @@ import yaml
 
 from dacflnode.algorithms import graphs
 from dacflnode.algorithms.topology import TOPOLOGIES, active_edges
-from dacflnode.config import RunConfig, config_from_mapping
+from dacflnode.config import schema
+from dacflnode.config.daemon import DaemonSettings
+from dacflnode.config.fingerprint import fingerprint_data, run_fingerprint
+from dacflnode.config.run import RunConfig, config_from_mapping
 from dacflnode.errors import ConfigError, MixingMatrixError
-from dacflnode.learning.datasets import DATASETS
-from dacflnode.learning.partition import PARTITIONS
+from dacflnode.node.addresses import (
+    CONTROL_HOST,
+    CONTROL_PORT_OFFSET,
+    file_error,
+    format_address,
+    parse_address,
+)
+from dacflnode.node.daemon_algorithms import DAEMON_ALGORITHMS, check_algorithm
 
-#: Algorithms a daemon can run: the others need a central "god node" (simulation only).
-DAEMON_ALGORITHMS = ("dacfl", "cdsgd")
-SIMULATION_ONLY = ("dpsgd", "fedavg")
-
-DEFAULT_ROUND_DEADLINE = 600.0
-DEFAULT_HELLO_TIMEOUT = 3600.0
-#: The control port defaults to the listen port plus this, on the loopback interface.
-CONTROL_PORT_OFFSET = 1000
-CONTROL_HOST = "127.0.0.1"
+__all__ = [
+    "DaemonSettings",
+    "Neighbour",
+    "NodeSection",
+    "PeersFile",
+    "load_peers",
+    "parse_peers",
+]
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_HOST_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")
-_PORT_RE = re.compile(r"[0-9]{1,5}")
 
 _TOP_KEYS = ("node", "neighbours", "run")
 _NODE_KEYS = ("id", "listen", "control", "state_dir", "share")
 _NEIGHBOUR_KEYS = ("id", "address")
-_DAEMON_KEYS = ("round_deadline", "hello_timeout", "members", "edges")
-_RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "extra")
+_DAEMON_KEYS = schema.names_of(DaemonSettings)
+_RUN_KEYS = schema.names_of(RunConfig)
 _PATH_KEYS = ("data_root", "edge_list", "mixing_matrix")
 
 
@@ -91,14 +97,6 @@ class NodeSection:
     control: str
     state_dir: Path
     share: int
-
-
-@dataclass(frozen=True)
-class DaemonSettings:
-    round_deadline: float = DEFAULT_ROUND_DEADLINE
-    hello_timeout: float = DEFAULT_HELLO_TIMEOUT
-    members: tuple[str, ...] = ()
-    edges: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,97 +146,14 @@ class PeersFile:
     def run_fingerprint(self) -> str:
         """SHA-256 (hex) of the settings every node of a run must share.
 
-        Node-local settings (``data_root``, ``device``, ``download``, ``eval_every``,
-        ``eval_samples``, ``engine``, deadlines, addresses) are left out, and so are settings
-        that cannot change the run (the Dirichlet ``alpha`` unless ``partition`` is
-        ``dirichlet``, ...). The learning rate and the model are taken as resolved, so an unset
-        ``lr`` equals the data set's default written out.
+        Which settings those are is declared with each setting (its scope, and when it is
+        relevant): see :mod:`dacflnode.config.fingerprint` and ``docs/configuration.md``.
         """
-        return hashlib.sha256(
-            json.dumps(self.fingerprint_data(), sort_keys=True, separators=(",", ":")).encode()
-        ).hexdigest()
+        return run_fingerprint(self.run, self.daemon)
 
     def fingerprint_data(self) -> dict[str, Any]:
         """What :meth:`run_fingerprint` hashes."""
-        r = self.run
-        data: dict[str, Any] = {
-            "algorithm": r.algorithm[0],
-            "model": r.model if r.model is not None else _default_model(r.dataset),
-            "dataset": r.dataset,
-            "partition": r.partition,
-            "nodes": r.nodes,
-            "rounds": r.rounds,
-            "lr": r.learning_rate,
-            "lr_decay": r.lr_decay,
-            "momentum": r.momentum,
-            "weight_decay": r.weight_decay,
-            "batch_size": r.batch_size,
-            "local_epochs": r.local_epochs,
-            "local_steps": r.local_steps,
-            "fodac_variant": r.fodac_variant,
-            "seed": r.seed,
-            "time_varying": r.time_varying,
-            "members": list(self.daemon.members),
-            "edges": [list(e) for e in self.daemon.edges],
-        }
-        if r.partition == "dirichlet":
-            data["dirichlet_alpha"] = r.dirichlet_alpha
-        if r.partition == "shards":
-            data["shards_per_node"] = r.shards_per_node
-        if r.time_varying > 0:
-            data["drop_prob"] = r.drop_prob
-        if r.dataset == "synthetic":
-            data["synthetic_train"] = r.synthetic_train
-            data["synthetic_test"] = r.synthetic_test
-        return data
-
-
-def _default_model(dataset: str) -> str:
-    from dacflnode.learning.models import default_model_for
-
-    try:
-        return default_model_for(dataset)
-    except ConfigError:
-        return f"default:{dataset}"
-
-
-# ---------------------------------------------------------------------------------------- addresses
-def _error(field: str, file: Path, message: str) -> ConfigError:
-    return ConfigError(field, f"in {file}: {message}")
-
-
-def parse_address(value: str, field: str, file: Path) -> tuple[str, int]:
-    """``host:port`` or ``[v6-address]:port`` -> ``(host, port)``; the port is 0..65535."""
-    if not isinstance(value, str):
-        raise _error(field, file, f"expected host:port, got {value!r}")
-    text = value.strip()
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0 or text[end + 1 : end + 2] != ":":
-            raise _error(field, file, f"expected [v6-address]:port, got {value!r}")
-        host, port_text = text[1:end], text[end + 2 :]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise _error(field, file, f"{host!r} is not an IPv6 address (in {value!r})") from None
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep or not host:
-            raise _error(field, file, f"expected host:port, got {value!r}")
-        if ":" in host:
-            raise _error(
-                field, file, f"put an IPv6 address in brackets, [{host}]:{port_text}: got {value!r}"
-            )
-        if not _HOST_RE.fullmatch(host):
-            raise _error(field, file, f"{host!r} is not a host name or address (in {value!r})")
-    if not _PORT_RE.fullmatch(port_text) or int(port_text) > 65535:
-        raise _error(field, file, f"port must be a number in 0..65535, got {port_text!r}")
-    return host, int(port_text)
-
-
-def format_address(host: str, port: int) -> str:
-    """The inverse of :func:`parse_address`: brackets around IPv6 addresses."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return fingerprint_data(self.run, self.daemon)
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -270,7 +185,7 @@ class _Parser:
         self.base = file.parent
 
     def err(self, field: str, message: str) -> ConfigError:
-        return _error(field, self.file, message)
+        return file_error(field, self.file, message)
 
     # ------------------------------------------------------------------ generic helpers
     def mapping(
@@ -313,13 +228,6 @@ class _Parser:
         if value < minimum:
             raise self.err(field, f"must be >= {minimum}, got {value}")
         return value
-
-    def seconds(self, value: Any, field: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.err(field, f"expected a number of seconds, got {value!r}")
-        if not (math.isfinite(value) and value > 0):
-            raise self.err(field, f"must be a finite number > 0, got {value!r}")
-        return float(value)
 
     def path(self, value: Any, field: str) -> Path:
         if not isinstance(value, str) or not value.strip():
@@ -426,7 +334,7 @@ class _Parser:
     def run(self, value: Any, check_run: bool) -> tuple[RunConfig, DaemonSettings]:
         raw = self.mapping(value, "run", _RUN_KEYS + _DAEMON_KEYS, "run.")
         daemon_raw = {k: raw.pop(k) for k in _DAEMON_KEYS if k in raw}
-        members = self.members(daemon_raw.get("members"))
+        members = self.members(daemon_raw.pop("members", None))
         if members and raw.get("nodes") is None:
             raw["nodes"] = len(members)
         for key in _PATH_KEYS:
@@ -443,21 +351,15 @@ class _Parser:
                 f" {', '.join(run.algorithm) or 'none'}",
             )
         check_algorithm(run.algorithm[0], lambda msg: self.err("run.algorithm", msg))
-        if run.dataset not in DATASETS:
-            raise self.err(
-                "run.dataset",
-                f"unknown data set '{run.dataset}' (choose from {', '.join(DATASETS)})",
-            )
-        if run.partition not in PARTITIONS:
-            raise self.err(
-                "run.partition",
-                f"unknown partition '{run.partition}' (choose from {', '.join(PARTITIONS)})",
-            )
+        try:
+            schema.check(run)
+        except ConfigError as exc:
+            raise self.err(f"run.{exc.field}", exc.message) from None
         if members and run.nodes != len(members):
             raise self.err(
                 "run.nodes", f"is {run.nodes} but run.members lists {len(members)} nodes"
             )
-        edges = self.edges(daemon_raw.get("edges"), members)
+        edges = self.edges(daemon_raw.pop("edges", None), members)
         if run.time_varying > 0:
             for key, given in (("members", members), ("edges", edges)):
                 if not given:
@@ -468,17 +370,12 @@ class _Parser:
                     )
         if check_run:
             self.validate_run(run, bool(edges))
-        daemon = DaemonSettings(
-            round_deadline=self.seconds(
-                daemon_raw.get("round_deadline", DEFAULT_ROUND_DEADLINE), "run.round_deadline"
-            ),
-            hello_timeout=self.seconds(
-                daemon_raw.get("hello_timeout", DEFAULT_HELLO_TIMEOUT), "run.hello_timeout"
-            ),
-            members=members,
-            edges=edges,
-        )
-        return run, daemon
+        try:
+            daemon = schema.from_mapping(DaemonSettings, daemon_raw)
+            schema.check(daemon)
+        except ConfigError as exc:
+            raise self.err(f"run.{exc.field}", exc.message) from None
+        return run, dataclasses.replace(daemon, members=members, edges=edges)
 
     def validate_run(self, run: RunConfig, have_edges: bool) -> None:
         # With explicit edges the graph is the edges: topology and its files are only a record
@@ -572,21 +469,6 @@ class _Parser:
                 )
 
 
-def check_algorithm(name: str, error: Callable[[str], ConfigError] | None = None) -> str:
-    """``name`` if a daemon can run it, else a ConfigError (field ``algorithm``)."""
-
-    def fail(message: str) -> ConfigError:
-        return error(message) if error is not None else ConfigError("algorithm", message)
-
-    if name in SIMULATION_ONLY:
-        raise fail(
-            f"'{name}' is simulation-only (it needs a central god node); a daemon runs"
-            f" {' or '.join(DAEMON_ALGORITHMS)}"
-        )
-    if name not in DAEMON_ALGORITHMS:
-        raise fail(f"unknown algorithm '{name}' (choose from {', '.join(DAEMON_ALGORITHMS)})")
-    return name
-
 
 def _kind(value: Any) -> str:
     if value is None:
@@ -596,66 +478,3 @@ def _kind(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     return repr(value)
-
-
-# ---------------------------------------------------------------------------------------- dumping
-class _Flow(list[Any]):
-    """A list written on one line."""
-
-
-class _FlowMap(dict[str, Any]):
-    """A mapping written on one line."""
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-_Dumper.add_representer(
-    _Flow, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True)
-)
-_Dumper.add_representer(
-    _FlowMap, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v, flow_style=True)
-)
-
-
-def _relative(path: Path, base: Path) -> str:
-    """``path`` relative to ``base`` when it lies inside it, else absolute."""
-    try:
-        return str(path.relative_to(base))
-    except ValueError:
-        return str(path)
-
-
-def run_section(run: RunConfig, daemon: DaemonSettings) -> dict[str, Any]:
-    """The ``run:`` mapping of a peers file (every key, the algorithm as a single name)."""
-    out: dict[str, Any] = {"algorithm": ",".join(run.algorithm)}
-    for name in _RUN_KEYS:
-        if name != "algorithm":
-            value = getattr(run, name)
-            out[name] = str(value) if isinstance(value, Path) else value
-    out["round_deadline"] = daemon.round_deadline
-    out["hello_timeout"] = daemon.hello_timeout
-    if daemon.members:
-        out["members"] = _Flow(daemon.members)
-    if daemon.edges:
-        out["edges"] = [_Flow(e) for e in daemon.edges]
-    return out
-
-
-def dump_peers(pf: PeersFile) -> str:
-    """YAML text that :func:`load_peers` (at ``pf.path``) reads back to a PeersFile equal to pf."""
-    base = pf.path.parent
-    data = {
-        "node": {
-            "id": pf.node.id,
-            "listen": pf.node.listen,
-            "control": pf.node.control,
-            "state_dir": _relative(pf.node.state_dir, base),
-            "share": pf.node.share,
-        },
-        "neighbours": [_FlowMap(id=n.id, address=n.address) for n in pf.neighbours],
-        "run": run_section(pf.run, pf.daemon),
-    }
-    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
-    return f"# dacflnode peers file of {pf.node.id} (see: dacflnode topology --help)\n{body}"

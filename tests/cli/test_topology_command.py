@@ -2,17 +2,11 @@
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from dacflnode.algorithms import graphs
 from dacflnode.cli.main import cli
 from dacflnode.node.peers import load_peers
-
-
-@pytest.fixture(autouse=True)
-def _commands():
-    from dacflnode.cli import topology  # noqa: F401
 
 
 def run(args):

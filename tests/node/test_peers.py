@@ -4,12 +4,17 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
+from dacflnode.algorithms.rounds import ALGORITHMS, make_algorithm
 from dacflnode.algorithms.topology import MixingSchedule, TopologySpec
-from dacflnode.config import RunConfig
+from dacflnode.config import DaemonSettings, RunConfig, schema
 from dacflnode.errors import ConfigError
+from dacflnode.node.addresses import parse_address
 from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.peers import dump_peers, load_peers, parse_address
+from dacflnode.node.daemon_algorithms import DAEMON_ALGORITHMS, SIMULATION_ONLY
+from dacflnode.node.peers import load_peers
+from dacflnode.node.peers_yaml import dump_peers
 
 FULL = """\
 node:
@@ -114,6 +119,10 @@ def test_time_varying_neighbours_follow_the_simulators_graph(tmp_path):
         (MINIMAL.replace("run: {", "run: {algorithm: 'dacfl,cdsgd', "), "run.algorithm"),
         (MINIMAL.replace("run: {", "run: {lr_decay: 2, "), "run.lr_decay"),
         (MINIMAL.replace("run: {", "run: {nodes: 5, "), "run.nodes"),
+        (MINIMAL.replace("run: {", "run: {round_deadline: -1, "), "run.round_deadline"),
+        (MINIMAL.replace("run: {", "run: {hello-timeout: soon, "), "run.hello_timeout"),
+        (MINIMAL.replace("run: {", "run: {dataset: imagenet, "), "run.dataset"),
+        (MINIMAL.replace("run: {", "run: {partition: skewed, "), "run.partition"),
         (
             MINIMAL.replace("run: {", "run: {time_varying: 3, ").replace(
                 ", edges: [[a, b], [b, c]]", ""
@@ -177,3 +186,17 @@ def test_fingerprint_is_shared_by_a_cluster_and_tracks_run_settings(tmp_path):
     local = dataclasses.replace(run, device="cpu", data_root=str(tmp_path), eval_every=5)
     same = generate_cluster("ring", 4, local, tmp_path / "c", base_port=9000)
     assert load_peers(same[2]).run_fingerprint() in prints
+
+
+def test_a_written_run_section_lists_every_declared_setting(tmp_path):
+    pf = load_peers(write(tmp_path, FULL))
+    run = yaml.safe_load(dump_peers(pf))["run"]
+    assert list(run) == [*schema.names_of(RunConfig), *schema.names_of(DaemonSettings)]
+
+
+def test_the_daemon_runs_the_algorithms_that_need_no_god_node():
+    assert DAEMON_ALGORITHMS == ("dacfl", "cdsgd")
+    assert SIMULATION_ONLY == ("dpsgd", "fedavg")
+    for name in ALGORITHMS:
+        assert (name in DAEMON_ALGORITHMS) == make_algorithm(name).decentralized
+        assert make_algorithm(name).decentralized != make_algorithm(name).global_model

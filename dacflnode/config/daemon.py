@@ -1,0 +1,54 @@
+"""The daemon's own keys of a peers file's ``run:`` section (:class:`DaemonSettings`).
+
+They sit beside the :class:`~dacflnode.config.run.RunConfig` keys in ``run:`` and are declared
+the same way (:mod:`dacflnode.config.schema`), so their defaults exist here only. ``members``
+and ``edges`` are the whole graph and must match on every node; the deadlines are each node's
+own. Their structure (ids, pairs, a connected graph) is checked by
+:mod:`dacflnode.node.peers`, which knows the file they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dacflnode.config import schema
+from dacflnode.config.schema import Scope, setting
+
+
+@schema.declared
+@dataclass(frozen=True)
+class DaemonSettings:
+    """How long a node waits, and the graph of the whole run."""
+
+    round_deadline: float = setting(
+        600.0,
+        help="Seconds a node waits for its neighbours' state each round; a neighbour that"
+        " misses it is left out of that round's mix.",
+        scope=Scope.NODE,
+        above=0.0,
+    )
+    hello_timeout: float = setting(
+        3600.0,
+        help="Seconds a node waits for its neighbours to come up at start.",
+        scope=Scope.NODE,
+        above=0.0,
+    )
+    members: tuple[str, ...] = setting(
+        (),
+        help="Every node id of the run, in partition order (members[i] is node i of the"
+        " simulator).",
+        scope=Scope.RUN,
+        fingerprint=lambda d: list(d.members),
+        cli=False,
+    )
+    edges: tuple[tuple[str, str], ...] = setting(
+        (),
+        help="The whole graph as [id, id] pairs over run.members.",
+        scope=Scope.RUN,
+        fingerprint=lambda d: [list(e) for e in d.edges],
+        cli=False,
+    )
+
+
+#: The defaults, for code that takes a deadline as an argument.
+DAEMON_DEFAULTS = DaemonSettings()

@@ -1,0 +1,334 @@
+"""The run settings (:class:`RunConfig`) shared by the simulator and the daemon.
+
+Every setting is declared here once (see :mod:`dacflnode.config.schema`); the reference is
+``docs/configuration.md``, generated from these declarations. Every problem is reported as a
+:class:`~dacflnode.errors.ConfigError` naming the option, spelled as in YAML (``snake_case``;
+``kebab-case`` is accepted too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dacflnode.algorithms.rounds import ALGORITHMS, FODAC_VARIANTS
+from dacflnode.algorithms.topology import (
+    TOPOLOGIES,
+    MixingSchedule,
+    TopologySpec,
+    load_matrix_file,
+)
+from dacflnode.config import schema
+from dacflnode.config.schema import Scope, setting
+from dacflnode.errors import ConfigError
+from dacflnode.learning.datasets import DATASETS
+from dacflnode.learning.partition import PARTITIONS
+from dacflnode.learning.train import TrainConfig
+
+ENGINES = ("auto", "batched", "sequential")
+
+RUN = Scope.RUN
+NODE = Scope.NODE
+
+
+def _resolved_model(run: RunConfig) -> str:
+    if run.model is not None:
+        return run.model
+    from dacflnode.learning.models import default_model_for
+
+    try:
+        return default_model_for(run.dataset)
+    except ConfigError:
+        return f"default:{run.dataset}"
+
+
+@schema.declared
+@dataclass
+class RunConfig:
+    """One experiment (simulator) or one run of a cluster (daemon).
+
+    Defaults follow the paper's Table 1 (10 nodes, 100 rounds, batch 20, one local epoch,
+    learning-rate decay 0.995, lr 0.001 for (F)MNIST and 0.005 for CIFAR-10).
+    """
+
+    algorithm: tuple[str, ...] = setting(
+        ("dacfl",),
+        help="Comma list of algorithms to run; a daemon runs exactly one, and only one that"
+        " needs no central god node.",
+        scope=RUN,
+        choices=ALGORITHMS,
+        fingerprint=lambda run: ",".join(run.algorithm),
+    )
+    nodes: int = setting(10, help="Number of nodes.", scope=RUN, minimum=2)
+    rounds: int = setting(100, help="Communication rounds.", scope=RUN, minimum=1)
+    dataset: str = setting(
+        "fashion-mnist", help="Data set.", scope=RUN, choices=DATASETS, noun="data set"
+    )
+    data_root: str | None = setting(
+        None,
+        help="Folder holding the data set files (IDX files for (F)MNIST, cifar-10-batches-bin"
+        " or -py for CIFAR-10).",
+        scope=NODE,
+        default_text="/usr/share/datasets/fashion-mnist for fashion-mnist",
+    )
+    download: bool = setting(
+        False, help="Let torchvision download the data set if it is missing.", scope=NODE
+    )
+    partition: str = setting(
+        "iid",
+        help="How the training set is split over the nodes (shards: the paper's non-i.i.d.).",
+        scope=RUN,
+        choices=PARTITIONS,
+    )
+    dirichlet_alpha: float = setting(
+        0.5,
+        help="Concentration of --partition dirichlet.",
+        scope=RUN,
+        above=0.0,
+        relevant=lambda run: run.partition == "dirichlet",
+        relevant_text="partition is dirichlet",
+    )
+    shards_per_node: int = setting(
+        2,
+        help="Label shards per node of --partition shards.",
+        scope=RUN,
+        minimum=1,
+        relevant=lambda run: run.partition == "shards",
+        relevant_text="partition is shards",
+    )
+    model: str | None = setting(
+        None,
+        help="fmnist-cnn, cifar-cnn, mlp, tiny-cnn or package.module:Class.",
+        scope=RUN,
+        default_text="per data set",
+        fingerprint=_resolved_model,
+    )
+    topology: str = setting(
+        "dense",
+        help="Mixing topology: a matrix kind (simulator only) or a graph kind with"
+        " Metropolis-Hastings weights.",
+        scope=RUN,
+        choices=TOPOLOGIES,
+    )
+    degree: int = setting(
+        3,
+        help="Degree of --topology random-regular.",
+        scope=RUN,
+        minimum=1,
+        relevant=lambda run: run.topology == "random-regular",
+        relevant_text="topology is random-regular",
+    )
+    edge_prob: float = setting(
+        0.3,
+        help="Edge probability of --topology erdos-renyi.",
+        scope=RUN,
+        relevant=lambda run: run.topology == "erdos-renyi",
+        relevant_text="topology is erdos-renyi",
+    )
+    zero_fraction: float = setting(
+        0.5,
+        help="Fraction of zero off-diagonal entries of --topology sparse (psi).",
+        scope=RUN,
+        relevant=lambda run: run.topology == "sparse",
+        relevant_text="topology is sparse",
+    )
+    drop_prob: float = setting(
+        0.5,
+        help="Probability that an edge is inactive in an epoch of a time-varying graph.",
+        scope=RUN,
+        relevant=lambda run: run.time_varying > 0,
+        relevant_text="time_varying > 0",
+    )
+    edge_list: str | None = setting(
+        None,
+        help="File of 'i j' lines for --topology edge-list (a path on this host; a daemon's"
+        " graph is fingerprinted through run.edges).",
+        scope=NODE,
+    )
+    mixing_matrix: str | None = setting(
+        None,
+        help="File holding a custom mixing matrix (--topology custom; simulator only, a path"
+        " on this host).",
+        scope=NODE,
+    )
+    time_varying: int = setting(
+        0,
+        help="Rebuild the topology every K rounds (0 = static).",
+        scope=RUN,
+        minimum=0,
+        metavar="K",
+    )
+    lr: float | None = setting(
+        None,
+        help="SGD learning rate; round t uses lr * lr_decay^t.",
+        scope=RUN,
+        above=0.0,
+        default_text="0.001; 0.005 for cifar10",
+        fingerprint=lambda run: run.learning_rate,
+    )
+    lr_decay: float = setting(
+        0.995, help="Per-round learning-rate decay.", scope=RUN, above=0.0, maximum=1.0
+    )
+    momentum: float = setting(0.0, help="SGD momentum.", scope=RUN, minimum=0.0, below=1.0)
+    weight_decay: float = setting(0.0, help="SGD weight decay.", scope=RUN, minimum=0.0)
+    batch_size: int = setting(20, help="Mini-batch size of local training.", scope=RUN, minimum=1)
+    local_epochs: int = setting(
+        1, help="Local epochs per round.", scope=RUN, minimum=1
+    )
+    local_steps: int | None = setting(
+        None,
+        help="Mini-batches per round (overrides local_epochs).",
+        scope=RUN,
+        minimum=1,
+    )
+    fodac_variant: str = setting(
+        "lagged",
+        help="DACFL tracking: the paper's lagged difference or the fresh one.",
+        scope=RUN,
+        choices=FODAC_VARIANTS,
+        noun="variant",
+    )
+    seed: int = setting(0, help="Seed of every random choice (same seed, same results).",
+                        scope=RUN)
+    eval_every: int = setting(1, help="Evaluate every N rounds.", scope=NODE, minimum=1)
+    eval_samples: int | None = setting(
+        None,
+        help="Evaluate on a fixed subset of the test set of this size.",
+        scope=NODE,
+        minimum=1,
+        default_text="the whole test set",
+    )
+    device: str = setting("auto", help="auto, cpu, cuda, cuda:N or mps.", scope=NODE)
+    threads: int | None = setting(
+        None,
+        help="PyTorch CPU threads per process (bit-identical results need equal counts).",
+        scope=NODE,
+        minimum=1,
+        default_text="PyTorch's",
+    )
+    engine: str = setting(
+        "auto", help="How the simulator trains its nodes.", scope=NODE, choices=ENGINES
+    )
+    synthetic_train: int = setting(
+        2000,
+        help="Training samples of --dataset synthetic.",
+        scope=RUN,
+        minimum=1,
+        relevant=lambda run: run.dataset == "synthetic",
+        relevant_text="dataset is synthetic",
+    )
+    synthetic_test: int = setting(
+        500,
+        help="Test samples of --dataset synthetic.",
+        scope=RUN,
+        minimum=1,
+        relevant=lambda run: run.dataset == "synthetic",
+        relevant_text="dataset is synthetic",
+    )
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def learning_rate(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return 0.005 if self.dataset == "cifar10" else 0.001
+
+    def train_config(self) -> TrainConfig:
+        """The local-training settings of this run (one SGD per round per node)."""
+        return TrainConfig(
+            lr=self.learning_rate,
+            lr_decay=self.lr_decay,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+            batch_size=self.batch_size,
+            local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+        )
+
+    def topology_spec(self) -> TopologySpec:
+        kind = (
+            "custom"
+            if self.mixing_matrix and self.topology in ("dense", "custom")
+            else self.topology
+        )
+        matrix = (
+            load_matrix_file(self.mixing_matrix)
+            if kind == "custom" and self.mixing_matrix
+            else None
+        )
+        return TopologySpec(
+            kind=kind,
+            nodes=self.nodes,
+            seed=self.seed,
+            time_varying=self.time_varying,
+            degree=self.degree,
+            edge_prob=self.edge_prob,
+            zero_fraction=self.zero_fraction,
+            drop_prob=self.drop_prob,
+            edge_list=self.edge_list,
+            matrix=matrix,
+        )
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> RunConfig:
+        """The declared checks (choices, bounds), then the ones that span several settings."""
+        if not self.algorithm:
+            raise ConfigError("algorithm", "name at least one algorithm")
+        schema.check(self)
+        if len(set(self.algorithm)) != len(self.algorithm):
+            raise ConfigError("algorithm", "an algorithm is named twice")
+        if self.data_root is not None and not Path(self.data_root).is_dir() and not self.download:
+            raise ConfigError("data_root", f"{self.data_root} is not a directory")
+        if self.mixing_matrix is not None and not Path(self.mixing_matrix).is_file():
+            raise ConfigError("mixing_matrix", f"{self.mixing_matrix} is not a file")
+        if "fedavg" not in self.algorithm or len(self.algorithm) > 1:
+            MixingSchedule(self.topology_spec())  # builds round 0: graph and matrix checks
+        return self
+
+    def apply_threads(self) -> None:
+        """Set PyTorch's intra-op threads when ``threads`` is given.
+
+        Results are bit-identical only between runs with the same thread count: a different
+        count changes the order of floating-point sums inside convolutions.
+        """
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["algorithm"] = list(self.algorithm)
+        out["lr"] = self.learning_rate
+        return out
+
+
+def config_from_mapping(values: Mapping[str, Any], base: RunConfig | None = None) -> RunConfig:
+    """Apply ``values`` (YAML keys or CLI options; ``None`` means "not given") over ``base``."""
+    return schema.from_mapping(RunConfig, values, base)
+
+
+def load_yaml_config(path: str | Path) -> RunConfig:
+    """Read a run configuration; a top-level ``run:`` section is accepted too."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    prefix = ""
+    if isinstance(data, dict) and isinstance(data.get("run"), dict) and len(data) == 1:
+        data, prefix = data["run"], "run."
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{path} must hold a mapping of option: value")
+    try:
+        return config_from_mapping(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{prefix}{exc.field}", f"in {path}: {exc.message}") from None

@@ -1,0 +1,78 @@
+"""Writing a peers file: the YAML that :func:`~dacflnode.node.peers.load_peers` reads back.
+
+The ``run:`` section lists every declared setting (:mod:`dacflnode.config.schema`) in
+declaration order, so a generated file shows each value a node runs with, defaults included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dacflnode.config import schema
+from dacflnode.config.daemon import DaemonSettings
+from dacflnode.config.run import RunConfig
+from dacflnode.node.peers import PeersFile
+
+
+class _Flow(list[Any]):
+    """A list written on one line."""
+
+
+class _FlowMap(dict[str, Any]):
+    """A mapping written on one line."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(
+    _Flow, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True)
+)
+_Dumper.add_representer(
+    _FlowMap, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v, flow_style=True)
+)
+
+
+def _relative(path: Path, base: Path) -> str:
+    """``path`` relative to ``base`` when it lies inside it, else absolute."""
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def run_section(run: RunConfig, daemon: DaemonSettings) -> dict[str, Any]:
+    """The ``run:`` mapping of a peers file: every setting; the graph only when given."""
+    out: dict[str, Any] = {}
+    for d in schema.fields_of(RunConfig):
+        value = getattr(run, d.name)
+        out[d.name] = ",".join(value) if d.is_list else value
+    for d in schema.fields_of(DaemonSettings):
+        value = getattr(daemon, d.name)
+        if not isinstance(value, tuple):
+            out[d.name] = value
+        elif value:  # the graph: ids on one line, one line per edge
+            out[d.name] = [_Flow(v) for v in value] if isinstance(value[0], tuple) else _Flow(value)
+    return out
+
+
+def dump_peers(pf: PeersFile) -> str:
+    """YAML text that :func:`load_peers` (at ``pf.path``) reads back to a PeersFile equal to pf."""
+    base = pf.path.parent
+    data = {
+        "node": {
+            "id": pf.node.id,
+            "listen": pf.node.listen,
+            "control": pf.node.control,
+            "state_dir": _relative(pf.node.state_dir, base),
+            "share": pf.node.share,
+        },
+        "neighbours": [_FlowMap(id=n.id, address=n.address) for n in pf.neighbours],
+        "run": run_section(pf.run, pf.daemon),
+    }
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+    return f"# dacflnode peers file of {pf.node.id} (see: dacflnode topology --help)\n{body}"
