@@ -51,6 +51,7 @@ from dacflnode.learning.datasets import DATASETS, Dataset, load_dataset
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig, evaluate
 from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
+from dacflnode.node.training import ThreadedTrainer
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import GrpcTransport
 
@@ -121,8 +122,9 @@ class DaemonNodes:
             state_dir = tmp / node_id
             state_dir.mkdir(parents=True)
             setup = NodeSetup(
-                node_id=node_id, neighbours=nbrs, algorithm=algorithm, trainer=trainer,
-                layout=layout, test_x=data.test_x, test_y=data.test_y, rounds=args.rounds,
+                node_id=node_id, neighbours=nbrs, algorithm=algorithm,
+                trainer=ThreadedTrainer(trainer, data.test_x, data.test_y), layout=layout,
+                rounds=args.rounds,
                 eval_every=args.eval_every, round_deadline=600.0, hello_timeout=60.0,
                 state_dir=state_dir,
                 run_info={"run_fingerprint": RUN_FINGERPRINT,

@@ -3,7 +3,8 @@
 
 (a) bare: one ``fmnist-cnn`` trained with plain ``torch.optim.SGD`` on batches of 20 — no
     project code at all;
-(b) the simulator's rounds (mix + train + FODAC for every node) with ``--engine batched``;
+(b) the simulator's rounds (N ``NodeRunner`` s over the in-memory transport: exchange, mix,
+    train, FODAC, bookkeeping for every node) with ``--engine batched``;
 (c) the same with ``--engine sequential`` (one model per node, the daemon's code path).
 
 Each is measured in samples per second of training; the ratios (b)/(a) and (c)/(a) are printed.
@@ -21,16 +22,17 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 
+import numpy as np
 import torch
 from torch import nn
 
-from dacflnode.algorithms.rounds import NodeState
 from dacflnode.config import RunConfig
-from dacflnode.learning.datasets import DEFAULT_FASHION_MNIST_ROOT, load_dataset
+from dacflnode.learning.datasets import DEFAULT_FASHION_MNIST_ROOT, Dataset, load_dataset
 from dacflnode.learning.models import build_model
 from dacflnode.learning.partition import partition
-from dacflnode.sim.simulator import Simulation
+from dacflnode.sim.simulator import RoundRecord, Simulation
 
 
 def bare_loop(x: torch.Tensor, y: torch.Tensor, batch: int, steps: int, model_name: str) -> float:
@@ -54,13 +56,21 @@ def bare_loop(x: torch.Tensor, y: torch.Tensor, batch: int, steps: int, model_na
     return steps * batch / (time.perf_counter() - started)
 
 
-def simulator(cfg: RunConfig, engine: str, dataset, parts) -> tuple[float, str]:  # type: ignore[no-untyped-def]
-    sim = Simulation(RunConfig(**{**cfg.__dict__, "engine": engine}), "dacfl", dataset, parts)
-    states = [NodeState.initial(sim.initial) for _ in sim.ids]
-    states, _, _ = sim.step(states, 0)  # warm-up round
-    started = time.perf_counter()
-    states, _, samples = sim.step(states, 1)
-    return samples / (time.perf_counter() - started), sim.engine.name
+def simulator(cfg: RunConfig, engine: str, dataset: Dataset, parts: list[np.ndarray]
+              ) -> tuple[float, str]:
+    """Samples/s of the simulator's second round: N NodeRunners over the in-memory transport,
+    from the moment the last node finished round 1 to the moment the last node finished round 2
+    (the first round warms up; no evaluation and no files in between)."""
+    sim = Simulation(replace(cfg, engine=engine, rounds=3, eval_every=1000), "dacfl", dataset,
+                     parts)
+    marks: dict[int, tuple[float, int]] = {}
+
+    def progress(name: str, done: int, total: int, record: RoundRecord) -> None:
+        marks[done] = (time.perf_counter(), record.samples)
+
+    sim.run(progress)
+    (first, _), (second, samples) = marks[1], marks[2]
+    return samples / (second - first), sim.engine.name
 
 
 def main() -> int:

@@ -10,14 +10,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dacflnode.cli.main import cli, config_errors
+from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import config_from_options, run_options
 
 if TYPE_CHECKING:
     from dacflnode.sim.simulator import RoundRecord
 
 
-@cli.command()
+@click.command()
 @run_options
 @click.option(
     "--out",
@@ -35,7 +35,7 @@ def simulate(out_dir: str | None, as_json: bool, quiet: bool, **options: Any) ->
     Examples:
       dacflnode simulate --nodes 10 --rounds 100 --algorithm dacfl,cdsgd --out runs/fmnist
       dacflnode simulate --dataset synthetic --nodes 4 --rounds 5 --json
-      dacflnode simulate --config examples/paper_fmnist_iid.yaml --topology sparse
+      dacflnode simulate --config examples/paper_fmnist.yaml --topology sparse
     """
     from dacflnode.sim.experiment import run_experiment
 
@@ -53,7 +53,7 @@ def simulate(out_dir: str | None, as_json: bool, quiet: bool, **options: Any) ->
         tasks = {name: bar.add_task(name, total=cfg.rounds, status="") for name in cfg.algorithm}
 
         def progress(name: str, done: int, total: int, record: RoundRecord) -> None:
-            status = f"loss {sum(record.train_loss) / len(record.train_loss):.4f}"
+            status = f"loss {record.mean_train_loss:.4f}"
             if record.avg_acc is not None:
                 status += f"  acc {100 * record.avg_acc:.2f}%"
             bar.update(tasks[name], completed=done, status=status)
@@ -71,7 +71,7 @@ def simulate(out_dir: str | None, as_json: bool, quiet: bool, **options: Any) ->
         "Average of Acc",
         "Var of Acc",
         "train loss",
-        "consensus err",
+        "residual ‖x−ω‖",
         "samples/s",
         "wall",
     ):
@@ -83,7 +83,7 @@ def simulate(out_dir: str | None, as_json: bool, quiet: bool, **options: Any) ->
             f"{100 * final['avg_acc']:.2f}%",
             f"{1e4 * final['var_acc']:.3f} %²",
             f"{final['train_loss']:.4f}",
-            f"{final['consensus_error']:.4g}",
+            f"{final['consensus_residual']:.4g}",
             f"{result['samples_per_s']:.0f}",
             f"{result['wall_s']:.1f}s",
         )

@@ -9,8 +9,9 @@ What goes into the vector (the *shared* state):
 * every floating-point buffer, i.e. batch-norm ``running_mean`` and ``running_var``. They are
   mixed and tracked exactly like the weights: the statistics describe the activations of the
   weights they came with, so the network-average model is only coherent if its normalisation
-  statistics are averaged alongside its weights. Averaging keeps ``running_var`` positive
-  (a convex combination of positive numbers), and FODAC's estimate stays close to that average.
+  statistics are averaged alongside its weights. Mixing keeps ``running_var`` positive (a
+  convex combination of positive numbers); an update that adds a difference to the mix does
+  not, and CDSGD was measured to drive some nodes' variances negative.
 
 What stays out (the *local* state):
 
@@ -18,6 +19,8 @@ What stays out (the *local* state):
   averaging them is meaningless and they only matter for cumulative-average batch norm
   (``momentum=None``). Each node keeps its own, counts its own steps, and saves them with its
   final model.
+
+The reasons, the fresh optimizer of every round and the CDSGD measurement: docs/model-state.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Built-in models (all plain :class:`torch.nn.Sequential` stacks of ``Conv2d``, ``BatchNorm2d``,
 ``ReLU``, ``MaxPool2d``, ``Flatten`` and ``Linear``, so that the batched simulation engine,
-:mod:`dacflnode.learning.batched`, can train N copies of them as one stacked model):
+:mod:`dacflnode.sim.batched`, can train N copies of them as one stacked model):
 
 ``fmnist-cnn``
     The paper's CNN for MNIST and Fashion-MNIST: the FedAvg CNN (two 5×5 convolutions with 32 and

@@ -4,7 +4,7 @@ Every round, each node starts from a flat state vector (its mix of the neighbour
 :mod:`dacflnode.learning.layout`), runs plain mini-batch SGD over its own data partition, and
 hands back the new flat vector. :class:`LocalTrainer` is that loop for one node; it is what a
 daemon runs, and the simulator's ``sequential`` engine runs one per virtual node. The batched
-engine (:mod:`dacflnode.learning.batched`) reproduces it for N nodes at once and follows the same
+engine (:mod:`dacflnode.sim.batched`) reproduces it for N nodes at once and follows the same
 :func:`batch_plan`, so both engines see the same mini-batches.
 """
 
@@ -93,7 +93,7 @@ def batch_plan(
             return plan
         gen = torch.Generator().manual_seed(plan_seed(seed, node_index, round, epoch))
         perm = torch.randperm(num_samples, generator=gen)
-        for batch in perm.split(cfg.batch_size):
+        for batch in torch.split(perm, cfg.batch_size):
             if cfg.local_steps is not None and len(plan) >= cfg.local_steps:
                 return plan
             plan.append(batch)
@@ -189,7 +189,7 @@ class LocalTrainer:
             yb = self.data_y.index_select(0, idx)
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(xb), yb)
-            loss.backward()
+            torch.autograd.backward(loss)
             opt.step()
             losses.append(loss.detach())
             samples += int(idx.numel())

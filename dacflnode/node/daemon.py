@@ -6,8 +6,9 @@ service on ``node.listen`` and the Control service on ``node.control``, handshak
 neighbour, run the rounds, write ``final.safetensors``. SIGTERM/SIGINT abandon the round being
 exchanged (or let the training in flight finish and complete it), checkpoint, and exit 0.
 
-Shutdown order: health NOT_SERVING → the runner stops → servers stop with a grace period →
-channels close.
+Shutdown order: the runner stops (a signal or the Control service's Stop) → the transport stops:
+it refuses new calls, reports ``NOT_SERVING``, stops its server with a grace period and closes its
+channels → the Control server stops (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dacflnode.node.checkpoint import load_checkpoint
 from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import NeighbourInfo, NodeMetrics, NodeStatus
+from dacflnode.node.training import ThreadedTrainer
 from dacflnode.transport.base import Identity, Inbox
 
 log = logging.getLogger("dacflnode.daemon")
@@ -43,6 +45,7 @@ class BuiltNode:
     state: NodeState
     identity: Identity
     device: str
+    used_prev: tuple[str, ...] = ()
 
 
 def build_node(pf: PeersFile) -> BuiltNode:
@@ -71,8 +74,10 @@ def build_node(pf: PeersFile) -> BuiltNode:
                 "model_fingerprint": identity.model_fingerprint, "node": pf.node.id}
     pf.node.state_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = load_checkpoint(pf.node.state_dir, run_info, layout.numel)
+    used_prev: tuple[str, ...] = ()
     if checkpoint is not None:
         state = checkpoint.state
+        used_prev = checkpoint.used
         trainer.local.update(checkpoint.local)
         log.info("%s: resuming from round %d", pf.node.id, state.round)
     else:
@@ -80,12 +85,12 @@ def build_node(pf: PeersFile) -> BuiltNode:
     active = pf.active_neighbour_ids if run.time_varying > 0 else None
     setup = NodeSetup(
         node_id=pf.node.id, neighbours=pf.neighbour_ids(), algorithm=algorithm,
-        trainer=trainer, layout=layout, test_x=test_x, test_y=test_y, rounds=run.rounds,
+        trainer=ThreadedTrainer(trainer, test_x, test_y), layout=layout, rounds=run.rounds,
         eval_every=run.eval_every, round_deadline=pf.daemon.round_deadline,
         hello_timeout=pf.daemon.hello_timeout, active_neighbours=active,
         state_dir=pf.node.state_dir, run_info=run_info,
     )
-    return BuiltNode(setup, state, identity, str(device))
+    return BuiltNode(setup, state, identity, str(device), used_prev)
 
 
 class Daemon:
@@ -131,7 +136,8 @@ class Daemon:
             return "text/plain; version=0.0.4", self.metrics.prometheus()
         last = self.runner.last if self.runner else None
         extra = {"last_round": None if last is None else {
-            "round": last.round, "train_loss": last.train_loss, "seconds": last.seconds,
+            "round": last.round, "train_loss": last.train_loss, "samples": last.samples,
+            "seconds": last.seconds,
             "exchange_s": last.exchange_s, "train_s": last.train_s,
             "neighbours_used": list(last.used), "neighbours_missing": list(last.missing)}}
         return "application/json", metrics_json(status, extra)
@@ -170,7 +176,7 @@ class Daemon:
                    for name in built.setup.algorithm.exchanged}
         transport = GrpcTransport(built.identity, pf.node.listen,
                                   {nb.id: nb.address for nb in pf.neighbours}, inbox, tensors)
-        runner = NodeRunner(built.setup, transport, built.state)
+        runner = NodeRunner(built.setup, transport, built.state, built.used_prev)
         holder["runner"] = runner
         self.runner = runner
         runner.on_round = lambda r: self.metrics.observe_round(

@@ -23,10 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from dacflnode import __version__
 from dacflnode.algorithms.topology import GRAPH_KINDS
-from dacflnode.config import RunConfig
+from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.node.cluster import generate_cluster
+from dacflnode.node.daemon_algorithms import check_algorithm
+from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
 
 LaunchProgress = Callable[[str, int, int, float | None], None]
 
@@ -45,54 +48,12 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    lines = []
-    for raw in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line being written right now
-            lines.append(json.loads(raw))
-    return lines
-
-
-def summarize(node_dirs: list[Path], algorithm: str, wall_s: float) -> dict[str, Any]:
-    """Per-round Average/Var of Acc across nodes, in the simulator's summary shape."""
-    per_node = [read_metrics(d / "metrics.jsonl") for d in node_dirs]
-    rounds = min((len(m) for m in per_node), default=0)
-    evaluated, avg, var, train_loss, residual = [], [], [], [], []
-    for r in range(rounds):
-        rows = [m[r] for m in per_node]
-        train_loss.append(float(np.mean([row["train_loss"] for row in rows])))
-        residual.append(float(np.mean([row["consensus_residual"] for row in rows])))
-        accs = [row["accuracy"] for row in rows]
-        if all(a is not None for a in accs):
-            evaluated.append(rows[0]["round"])
-            avg.append(float(np.mean(accs)))
-            var.append(float(np.var(accs)))
-    return {
-        "algorithm": algorithm,
-        "wall_s": round(wall_s, 3),
-        "final": {
-            "round": evaluated[-1] if evaluated else None,
-            "avg_acc": avg[-1] if avg else None,
-            "var_acc": var[-1] if var else None,
-            "train_loss": train_loss[-1] if train_loss else None,
-            "consensus_residual": residual[-1] if residual else None,
-        },
-        "rounds": evaluated,
-        "avg_acc": avg,
-        "var_acc": var,
-        "train_loss": train_loss,
-        "consensus_residual": residual,
-    }
-
-
 async def _follow(
     name: str, node_dirs: list[Path], rounds: int, procs: list[asyncio.subprocess.Process],
     progress: LaunchProgress | None,
 ) -> None:
     while any(p.returncode is None for p in procs):
-        done = [read_metrics(d / "metrics.jsonl") for d in node_dirs]
+        done = [read_metrics(d / METRICS_FILE) for d in node_dirs]
         finished = min(len(m) for m in done)
         accs = [m[-1]["accuracy"] for m in done if m and m[-1]["accuracy"] is not None]
         if progress is not None:
@@ -107,8 +68,8 @@ async def run_cluster(
     algorithm: str,
     topology: str,
     progress: LaunchProgress | None = None,
-    round_deadline: float = 600.0,
-    hello_timeout: float = 300.0,
+    round_deadline: float = DAEMON_DEFAULTS.round_deadline,
+    hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
 ) -> dict[str, Any]:
     """Start one daemon per node, wait for all of them; raise RuntimeError if one fails."""
     n = run.nodes
@@ -123,7 +84,7 @@ async def run_cluster(
     node_dirs = [out_dir / p.stem for p in paths]
     for d in node_dirs:
         d.mkdir(parents=True, exist_ok=True)
-        for stale in ("metrics.jsonl", "checkpoint.safetensors", "final.safetensors"):
+        for stale in (METRICS_FILE, "checkpoint.safetensors", "final.safetensors"):
             (d / stale).unlink(missing_ok=True)
     env = dict(os.environ)
     if run.threads is None:  # share the cores instead of oversubscribing them
@@ -154,7 +115,7 @@ async def run_cluster(
               for d, c in zip(node_dirs, codes, strict=True) if c != 0]
     if failed:
         raise RuntimeError(f"node(s) failed: {', '.join(failed)}")
-    summary = summarize(node_dirs, algorithm, time.perf_counter() - started)
+    summary = summarize(node_dirs, algorithm, time.perf_counter() - started, engine="daemon")
     if progress is not None:
         progress(algorithm, run.rounds, run.rounds, summary["final"]["avg_acc"])
     return summary
@@ -162,7 +123,8 @@ async def run_cluster(
 
 def launch(
     run: RunConfig, out_dir: str | Path, progress: LaunchProgress | None = None,
-    round_deadline: float = 600.0, hello_timeout: float = 300.0,
+    round_deadline: float = DAEMON_DEFAULTS.round_deadline,
+    hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
 ) -> dict[str, Any]:
     """Run every algorithm of ``run`` as a real cluster; write and return the summary."""
     topology = run.topology
@@ -173,8 +135,7 @@ def launch(
             f"(choose from {', '.join(GRAPH_KINDS)})",
         )
     for name in run.algorithm:
-        if name not in ("dacfl", "cdsgd"):
-            raise ConfigError("algorithm", f"{name} needs a god node: it is simulation-only")
+        check_algorithm(name)
     root = Path(out_dir)
     started = time.perf_counter()
     results = {}
@@ -183,7 +144,7 @@ def launch(
         results[name] = asyncio.run(run_cluster(
             run, folder, algorithm=name, topology=topology, progress=progress,
             round_deadline=round_deadline, hello_timeout=hello_timeout))
-    summary = {"config": run.to_json(), "algorithms": results,
+    summary = {"version": __version__, "config": run.to_json(), "algorithms": results,
                "wall_s": round(time.perf_counter() - started, 3)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,26 +1,36 @@
-"""How a simulation trains and evaluates its N virtual nodes.
+"""How a simulation trains and evaluates its N virtual nodes: one
+:class:`~dacflnode.node.training.NodeTrainer` per runner, behind one of two engines.
 
-``sequential`` runs one :class:`~dacflnode.learning.train.LocalTrainer` per node, one after the
-other — the exact code path a daemon takes, so its results match a deployment bit for bit.
-``batched`` trains all nodes at once as one stacked model
-(:class:`~dacflnode.learning.batched.BatchedTrainer`); mathematically identical, numerically equal
-to float32 rounding, and several times faster for small models. ``auto`` picks ``batched`` when
-the model and the partition allow it (a built-in model, equal partition sizes).
+``sequential`` gives each runner its own :class:`~dacflnode.learning.train.LocalTrainer`, run by a
+:class:`~dacflnode.node.training.ThreadedTrainer` on the event loop's thread
+(:class:`OnLoopThread`): one training at a time, the exact training code of a daemon, so its
+results match a deployment bit for bit. ``batched`` gives each runner a handle on one shared
+:class:`~dacflnode.sim.batched.BatchedTrainer`: the handles gather the runners' calls of a round
+(:class:`~dacflnode.sim.gather.RoundGather`) and train, or evaluate, all nodes at once as one
+stacked model — mathematically identical, equal to float32 rounding, and several times faster
+for small models. ``auto`` picks ``batched`` when the model and the partition allow it (a
+built-in model, equal partition sizes).
 """
 
 from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from dacflnode.errors import ConfigError
-from dacflnode.learning.batched import BatchedTrainer, can_batch
 from dacflnode.learning.train import LocalTrainer, TrainConfig, TrainResult, evaluate
+from dacflnode.node.training import NodeTrainer, ThreadedTrainer
+from dacflnode.sim.batched import BatchedTrainer, can_batch
+from dacflnode.sim.gather import RoundGather
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -29,34 +39,32 @@ class NodeData:
     y: torch.Tensor
 
 
+class OnLoopThread(Executor):
+    """Runs each job at once, on the calling thread: the event loop's.
+
+    Simulated nodes have no neighbours on the network to serve while one trains, and PyTorch's
+    CPU kernels run measurably slower (a third, for ``fmnist-cnn`` on two cores) on a thread
+    other than the one that first used them, so the engines train where the loop runs.
+    """
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
 class Engine(ABC):
+    """The trainers of all simulated nodes, by node id."""
+
     name = ""
-    template: nn.Module
-    test: NodeData
-    device: torch.device
+    trainers: dict[str, NodeTrainer]
 
     @abstractmethod
-    def train(self, starts: Sequence[torch.Tensor], round: int) -> list[TrainResult]:
-        raise NotImplementedError
-
-    @abstractmethod
-    def evaluate(self, models: Sequence[torch.Tensor]) -> list[tuple[float, float]]:
-        raise NotImplementedError
-
-    def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
-        """Evaluate one model (a god node's average), with node 0's local buffers."""
-        return evaluate(
-            self.template,
-            model,
-            self.test.x,
-            self.test.y,
-            local=self.local_buffers(0),
-            device=self.device,
-        )
-
-    @abstractmethod
-    def local_buffers(self, node: int) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+    async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
+        """Evaluate one model (a god node's network average) with the first node's buffers."""
 
 
 class SequentialEngine(Engine):
@@ -64,6 +72,7 @@ class SequentialEngine(Engine):
 
     def __init__(
         self,
+        ids: Sequence[str],
         model: nn.Module,
         data: Sequence[NodeData],
         test: NodeData,
@@ -72,36 +81,20 @@ class SequentialEngine(Engine):
         seed: int,
         device: torch.device,
     ) -> None:
-        self.trainers = [
-            LocalTrainer(
-                copy.deepcopy(model), d.x, d.y, cfg, seed=seed, node_index=i, device=device
+        # on the loop thread: the nodes train one after the other, as many daemons on many
+        # machines would each train alone, with the same intra-op threads
+        self._first = ids[0]
+        self.trainers = {
+            node: ThreadedTrainer(
+                LocalTrainer(copy.deepcopy(model), d.x, d.y, cfg, seed=seed, node_index=i,
+                             device=device),
+                test.x, test.y, executor=OnLoopThread(),
             )
-            for i, d in enumerate(data)
-        ]
-        self.test = test
-        self.device = device
-        self.template = self.trainers[0].model
+            for i, (node, d) in enumerate(zip(ids, data, strict=True))
+        }
 
-    def train(self, starts: Sequence[torch.Tensor], round: int) -> list[TrainResult]:
-        return [t.train(s, round) for t, s in zip(self.trainers, starts, strict=True)]
-
-    def evaluate(self, models: Sequence[torch.Tensor]) -> list[tuple[float, float]]:
-        out = []
-        for trainer, flat in zip(self.trainers, models, strict=True):
-            out.append(
-                evaluate(
-                    trainer.model,
-                    flat,
-                    self.test.x,
-                    self.test.y,
-                    local=trainer.local,
-                    device=self.device,
-                )
-            )
-        return out
-
-    def local_buffers(self, node: int) -> dict[str, torch.Tensor]:
-        return self.trainers[node].local
+    async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
+        return await self.trainers[self._first].evaluate(model, 0)
 
 
 class BatchedEngine(Engine):
@@ -109,6 +102,7 @@ class BatchedEngine(Engine):
 
     def __init__(
         self,
+        ids: Sequence[str],
         model: nn.Module,
         data: Sequence[NodeData],
         test: NodeData,
@@ -117,25 +111,63 @@ class BatchedEngine(Engine):
         seed: int,
         device: torch.device,
     ) -> None:
-        self.trainer = BatchedTrainer(
-            model, [(d.x, d.y) for d in data], cfg, seed=seed, device=device
-        )
+        self.ids = list(ids)
+        self.cfg = cfg
         self.test = test
         self.device = device
         self.template = copy.deepcopy(model)
+        self.trainer = BatchedTrainer(model, [(d.x, d.y) for d in data], cfg, seed=seed,
+                                      device=device)
+        self.train_gather: RoundGather[torch.Tensor, TrainResult] = RoundGather(
+            ids, self._train_all)
+        self.evaluate_gather: RoundGather[torch.Tensor, tuple[float, float]] = RoundGather(
+            ids, self._evaluate_all)
+        self.trainers = {node: _BatchedNode(self, node, i) for i, node in enumerate(ids)}
 
-    def train(self, starts: Sequence[torch.Tensor], round: int) -> list[TrainResult]:
-        return self.trainer.train(torch.stack(list(starts)), round)
+    def _stack(self, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return torch.stack([values[node] for node in self.ids])
 
-    def evaluate(self, models: Sequence[torch.Tensor]) -> list[tuple[float, float]]:
-        return self.trainer.evaluate(torch.stack(list(models)), self.test.x, self.test.y)
+    async def _train_all(
+        self, round: int, starts: Mapping[str, torch.Tensor]
+    ) -> dict[str, TrainResult]:
+        results = self.trainer.train(self._stack(starts), round)  # on the loop thread
+        return dict(zip(self.ids, results, strict=True))
 
-    def local_buffers(self, node: int) -> dict[str, torch.Tensor]:
-        return self.trainer.local[node]
+    async def _evaluate_all(
+        self, round: int, models: Mapping[str, torch.Tensor]
+    ) -> dict[str, tuple[float, float]]:
+        results = self.trainer.evaluate(self._stack(models), self.test.x, self.test.y)
+        return dict(zip(self.ids, results, strict=True))
+
+    async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
+        return evaluate(self.template, model, self.test.x, self.test.y,
+                        local=self.trainer.local[0], device=self.device)
+
+
+class _BatchedNode:
+    """One runner's view of a :class:`BatchedEngine`: its calls join the round's stacked call."""
+
+    def __init__(self, engine: BatchedEngine, node: str, index: int) -> None:
+        self.engine = engine
+        self.node = node
+        self.index = index
+
+    async def train(self, start: torch.Tensor, round: int) -> TrainResult:
+        return await self.engine.train_gather.submit(round, self.node, start)
+
+    async def evaluate(self, model: torch.Tensor, round: int) -> tuple[float, float]:
+        return await self.engine.evaluate_gather.submit(round, self.node, model)
+
+    def local_buffers(self) -> dict[str, torch.Tensor]:
+        return self.engine.trainer.local[self.index]
+
+    def lr_at(self, round: int) -> float:
+        return self.engine.cfg.lr_at(round)
 
 
 def make_engine(
     choice: str,
+    ids: Sequence[str],
     model_factory: Callable[[], nn.Module],
     data: Sequence[NodeData],
     test: NodeData,
@@ -157,5 +189,5 @@ def make_engine(
             raise ConfigError(
                 "engine", "the batched engine needs equal partition sizes; use sequential"
             )
-        return BatchedEngine(model, data, test, cfg, seed=seed, device=device)
-    return SequentialEngine(model, data, test, cfg, seed=seed, device=device)
+        return BatchedEngine(ids, model, data, test, cfg, seed=seed, device=device)
+    return SequentialEngine(ids, model, data, test, cfg, seed=seed, device=device)

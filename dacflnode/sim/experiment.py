@@ -1,12 +1,16 @@
 """Run one or several algorithms on the same data, partition and topology; write the results.
 
 Layout of ``out_dir``: one algorithm → ``out_dir/<node-id>/{metrics.jsonl,final.safetensors}``;
-several → ``out_dir/<algorithm>/<node-id>/…``; always ``out_dir/summary.json``.
+several → ``out_dir/<algorithm>/<node-id>/…``; always ``out_dir/summary.json``. The summary of
+each algorithm is read back from the nodes' ``metrics.jsonl`` by
+:func:`~dacflnode.node.metrics_log.summarize`, the function ``launch`` uses; without ``out_dir``
+the files go to a temporary directory that is removed afterwards.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ from dacflnode import __version__
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
+from dacflnode.node.metrics_log import summarize
 from dacflnode.sim.simulator import ProgressFn, Simulation
 
 
@@ -41,14 +46,15 @@ def run_experiment(
         alpha=cfg.dirichlet_alpha,
         shards_per_node=cfg.shards_per_node,
     )
-    root = Path(out_dir) if out_dir is not None else None
-    results: dict[str, Any] = {}
-    for name in cfg.algorithm:
-        folder = None
-        if root is not None:
+    with tempfile.TemporaryDirectory(prefix="dacfl-sim-") as scratch:
+        root = Path(out_dir) if out_dir is not None else Path(scratch)
+        results: dict[str, Any] = {}
+        for name in cfg.algorithm:
             folder = root / name if len(cfg.algorithm) > 1 else root
-        sim = Simulation(cfg, name, dataset, parts, out_dir=folder)
-        results[name] = sim.run(progress).summary()
+            sim = Simulation(cfg, name, dataset, parts, out_dir=folder)
+            result = sim.run(progress)
+            results[name] = summarize([folder / node for node in sim.ids], name, result.wall_s,
+                                      engine=result.engine)
     summary = {
         "version": __version__,
         "config": cfg.to_json(),
@@ -61,7 +67,8 @@ def run_experiment(
         "algorithms": results,
         "wall_s": round(time.perf_counter() - started, 3),
     }
-    if root is not None:
+    if out_dir is not None:
+        root = Path(out_dir)
         root.mkdir(parents=True, exist_ok=True)
         (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

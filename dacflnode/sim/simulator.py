@@ -1,38 +1,52 @@
-"""N virtual nodes in one process, running the same round code as the daemon.
+"""N virtual nodes in one process: N daemons' :class:`~dacflnode.node.runner.NodeRunner` s over
+the in-memory transport, in one event loop.
 
-Each round, for every node: its neighbours' round-``t`` messages (:meth:`Algorithm.outgoing`) and
-its row of ``W(t)`` go to :meth:`Algorithm.prepare`; all nodes then train (one engine call, see
-:mod:`dacflnode.sim.engine`), and :meth:`Algorithm.complete` produces round ``t+1``.
+Exchange, mixing, the round bookkeeping, the metrics lines and the final files are the runner's
+own code; the simulator only builds each node's :class:`~dacflnode.node.runner.NodeSetup` with
+the policies a global view allows (see :mod:`dacflnode.sim.global_view`) and a trainer from the
+chosen engine (:mod:`dacflnode.sim.engine`):
 
-Per round it records the paper's metrics: *Average of Acc* (mean over nodes of each node's test
-accuracy of its evaluated model), *Var of Acc* (population variance of those accuracies), the mean
-training loss, and the consensus error ``mean_i ‖x_i − ω̄‖`` where ``ω̄`` is the network average
-that the node models estimate (see :meth:`Algorithm.tracked`).
+* graph topologies: the daemon's Metropolis weights and active-edge rule, so ``launch`` and
+  ``simulate --engine sequential`` produce the same models;
+* matrix topologies (dense, sparse, uniform, custom): node ``i`` mixes with row ``i`` of ``W(t)``;
+* FedAvg: every node mixes all nodes with data-size weights (the server average);
+* D-PSGD and FedAvg are evaluated, and save, the network average (the god node).
+
+No round has a deadline (a simulation has no faults) and no checkpoint is written per round.
+Mixing, completion and training run on the event loop's thread
+(:class:`~dacflnode.sim.engine.OnLoopThread`): there is no network to serve meanwhile, and
+PyTorch's CPU kernels run measurably slower on other threads once several threads use them.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from dacflnode.algorithms.rounds import Algorithm, NodeState, make_algorithm, network_average
-from dacflnode.algorithms.topology import MixingSchedule
+from dacflnode.algorithms import graphs
+from dacflnode.algorithms.rounds import Algorithm, NodeState, make_algorithm
+from dacflnode.algorithms.topology import GRAPH_KINDS, MixingSchedule
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import Dataset, eval_subset
-from dacflnode.learning.files import save_model
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.train import pick_device
-from dacflnode.sim.engine import Engine, NodeData, make_engine
+from dacflnode.node.metrics_log import METRICS_FILE
+from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
+from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
+from dacflnode.sim.engine import Engine, NodeData, OnLoopThread, make_engine
+from dacflnode.sim.global_view import MatrixRows, NetworkAverage
+from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 
-ProgressFn = Callable[[str, int, int, "RoundRecord"], None]
+#: The run fingerprint every simulated node announces (they all share one configuration).
+SIMULATION_RUN = "simulation"
 
 
 def node_ids(n: int) -> list[str]:
@@ -41,13 +55,13 @@ def node_ids(n: int) -> list[str]:
 
 @dataclass
 class RoundRecord:
+    """One round of every node, for progress displays."""
+
     round: int  # rounds completed (1-based)
-    lr: float
     train_loss: list[float]
-    consensus_error: list[float]
+    residual: list[float]
+    samples: int
     accuracy: list[float] | None = None
-    test_loss: list[float] | None = None
-    seconds: float = 0.0
 
     @property
     def avg_acc(self) -> float | None:
@@ -57,37 +71,20 @@ class RoundRecord:
     def var_acc(self) -> float | None:
         return None if self.accuracy is None else float(np.var(self.accuracy))
 
+    @property
+    def mean_train_loss(self) -> float:
+        return float(np.mean(self.train_loss))
+
+
+ProgressFn = Callable[[str, int, int, RoundRecord], None]
+
 
 @dataclass
-class AlgorithmResult:
+class SimulationResult:
     algorithm: str
+    engine: str
+    wall_s: float
     records: list[RoundRecord] = field(default_factory=list)
-    engine: str = ""
-    wall_s: float = 0.0
-    samples: int = 0
-
-    def summary(self) -> dict[str, Any]:
-        evaluated = [r for r in self.records if r.accuracy is not None]
-        last = evaluated[-1] if evaluated else None
-        return {
-            "engine": self.engine,
-            "wall_s": round(self.wall_s, 3),
-            "samples_per_s": round(self.samples / self.wall_s, 1) if self.wall_s else None,
-            "final": {
-                "round": last.round if last else None,
-                "avg_acc": last.avg_acc if last else None,
-                "var_acc": last.var_acc if last else None,
-                "train_loss": float(np.mean(self.records[-1].train_loss)) if self.records else None,
-                "consensus_error": (
-                    float(np.mean(self.records[-1].consensus_error)) if self.records else None
-                ),
-            },
-            "rounds": [r.round for r in evaluated],
-            "avg_acc": [r.avg_acc for r in evaluated],
-            "var_acc": [r.var_acc for r in evaluated],
-            "train_loss": [float(np.mean(r.train_loss)) for r in self.records],
-            "consensus_error": [float(np.mean(r.consensus_error)) for r in self.records],
-        }
 
 
 class Simulation:
@@ -106,7 +103,6 @@ class Simulation:
         self.alg: Algorithm = make_algorithm(algorithm, cfg.fodac_variant)
         self.ids = node_ids(cfg.nodes)
         self.out_dir = out_dir
-        self.schedule = MixingSchedule(cfg.topology_spec()) if algorithm != "fedavg" else None
         sizes = np.array([len(p) for p in parts], dtype=np.float64)
         self.data_weights = sizes / sizes.sum()
         model_name = cfg.model or default_model_for(dataset.name)
@@ -127,125 +123,139 @@ class Simulation:
             for p in parts
         ]
         self.engine: Engine = make_engine(
-            cfg.engine,
-            factory,
-            node_data,
-            NodeData(test_x, test_y),
-            cfg.train_config(),
-            seed=cfg.seed,
-            device=pick_device(cfg.device),
+            cfg.engine, self.ids, factory, node_data, NodeData(test_x, test_y),
+            cfg.train_config(), seed=cfg.seed, device=pick_device(cfg.device),
         )
+        self.average: NetworkAverage | None = None
+        if self.alg.global_model:
+            weights = list(self.data_weights) if self.alg.name == "fedavg" else None
+            self.average = NetworkAverage(self.ids, weights, self.engine.evaluate_one)
+        self.runners: list[NodeRunner] = []
 
-    def weights(self, t: int, i: int) -> dict[str, float]:
-        """Row ``i`` of the round-``t`` mixing matrix, as ``{node id: weight}`` (non-zeros)."""
-        if self.schedule is None:  # FedAvg: the server averages everyone by data size
-            return {self.ids[j]: float(p) for j, p in enumerate(self.data_weights)}
-        row = self.schedule.matrix(t)[i]
-        return {self.ids[j]: float(w) for j, w in enumerate(row) if w != 0.0}
+    @property
+    def final_states(self) -> list[NodeState]:
+        return [r.state for r in self.runners]
 
-    def step(self, states: list[NodeState], t: int) -> tuple[list[NodeState], list[float], int]:
-        """Round ``t`` for every node; returns new states, training losses and samples seen."""
-        messages = {self.ids[i]: self.alg.outgoing(s) for i, s in enumerate(states)}
-        prepared = []
-        for i, state in enumerate(states):
-            weights = self.weights(t, i)
-            inbox = {j: messages[j] for j in weights if j != self.ids[i]}
-            prepared.append(self.alg.prepare(state, self.ids[i], weights, inbox))
-        results = self.engine.train([p.train_from for p in prepared], t)
-        new_states = [
-            self.alg.complete(s, p, r.flat)
-            for s, p, r in zip(states, prepared, results, strict=True)
-        ]
-        return new_states, [r.loss for r in results], sum(r.samples for r in results)
+    # ------------------------------------------------------------------ the nodes' policies
+    def _topology(
+        self,
+    ) -> tuple[MixingPolicy, dict[str, list[str]], Callable[[str], Callable[[int], list[str]]]
+               | None]:
+        """The mixing policy, each node's neighbours and (if they vary) its active ones."""
+        n = len(self.ids)
+        everyone = {node: [j for j in self.ids if j != node] for node in self.ids}
+        if self.alg.name == "fedavg":  # the server averages everyone by data size
+            server = np.tile(self.data_weights, (n, 1))
+            rows = MatrixRows(self.ids, lambda t: server)
+            return rows, everyone, rows.active
+        schedule = MixingSchedule(self.cfg.topology_spec())
+        if schedule.spec.kind not in GRAPH_KINDS:
+            rows = MatrixRows(self.ids, schedule.matrix)
+            return rows, everyone, rows.active
+        base = schedule.base_edges()
+        assert base is not None
+        adjacency = graphs.neighbours(n, base)
+        neighbours = {self.ids[i]: [self.ids[j] for j in sorted(adjacency[i])]
+                      for i in range(n)}
+        if not self.cfg.time_varying:
+            return Metropolis(), neighbours, None
+        index = {node: i for i, node in enumerate(self.ids)}
 
-    def models(self, states: Sequence[NodeState]) -> list[torch.Tensor]:
-        """The model each node is evaluated on (the network average for D-PSGD / FedAvg)."""
-        own = [self.alg.model(s) for s in states]
-        if not self.alg.global_model:
-            return own
-        weights = list(self.data_weights) if self.alg.name == "fedavg" else None
-        avg = network_average(own, weights)
-        return [avg] * len(own)
+        def active(node: str) -> Callable[[int], list[str]]:
+            me = index[node]
+            return lambda t: sorted(self.ids[j if i == me else i]
+                                    for i, j in schedule.edges(t) if me in (i, j))
 
-    def consensus_error(self, states: Sequence[NodeState]) -> list[float]:
-        target = network_average([self.alg.tracked(s) for s in states])
-        return [float(torch.linalg.vector_norm(self.alg.model(s) - target)) for s in states]
+        return Metropolis(), neighbours, active
 
-    def run(self, progress: ProgressFn | None = None) -> AlgorithmResult:
+    def _view(self, node: str) -> ModelView:
+        return OwnModel() if self.average is None else self.average.view(node)
+
+    def _state_dir(self, node: str) -> Path | None:
+        if self.out_dir is None:
+            return None
+        folder = self.out_dir / node
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in (METRICS_FILE, "final.safetensors"):
+            (folder / stale).unlink(missing_ok=True)
+        return folder
+
+    # ------------------------------------------------------------------ run
+    def run(self, progress: ProgressFn | None = None) -> SimulationResult:
+        """Every round of every node; returns per-round records (the files are in ``out_dir``)."""
+        return asyncio.run(self.run_async(progress))
+
+    async def run_async(self, progress: ProgressFn | None = None) -> SimulationResult:
         cfg = self.cfg
-        result = AlgorithmResult(self.alg.name, engine=self.engine.name)
-        states = [NodeState.initial(self.initial) for _ in self.ids]
-        writers = self._open_writers()
-        start = time.perf_counter()
-        try:
-            for t in range(cfg.rounds):
-                t0 = time.perf_counter()
-                states, losses, samples = self.step(states, t)
-                result.samples += samples
+        mixing, neighbours, active = self._topology()
+        network = MemoryNetwork(copy=False)
+        tensors = {name: (self.layout.numel,) for name in self.alg.exchanged}
+        result = SimulationResult(self.alg.name, self.engine.name, 0.0)
+        reports: dict[int, dict[str, RoundReport]] = {}
+
+        def collect(node: str) -> Callable[[RoundReport], None]:
+            def on_round(report: RoundReport) -> None:
+                done = reports.setdefault(report.round, {})
+                done[node] = report
+                if len(done) < len(self.ids):
+                    return
+                rows = [done[j] for j in self.ids]
+                accs = [r.accuracy for r in rows]
                 record = RoundRecord(
-                    round=t + 1,
-                    lr=cfg.train_config().lr_at(t),
-                    train_loss=losses,
-                    consensus_error=self.consensus_error(states),
+                    round=report.round, train_loss=[r.train_loss for r in rows],
+                    residual=[r.residual for r in rows], samples=sum(r.samples for r in rows),
+                    accuracy=None if any(a is None for a in accs) else
+                    [float(a) for a in accs if a is not None],
                 )
-                if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.rounds:
-                    evals = self._evaluate(self.models(states))
-                    record.accuracy = [a for a, _ in evals]
-                    record.test_loss = [lo for _, lo in evals]
-                record.seconds = time.perf_counter() - t0
+                del reports[report.round]
                 result.records.append(record)
-                self._write_round(writers, record)
                 if progress is not None:
-                    progress(self.alg.name, t + 1, cfg.rounds, record)
+                    progress(self.alg.name, report.round, cfg.rounds, record)
+            return on_round
+
+        transports: list[MemoryTransport] = []
+        by_id: dict[str, NodeRunner] = {}
+        self.runners = []
+        for node in self.ids:
+            setup = NodeSetup(
+                node_id=node, neighbours=neighbours[node], algorithm=self.alg,
+                trainer=self.engine.trainers[node], layout=self.layout, rounds=cfg.rounds,
+                eval_every=cfg.eval_every, round_deadline=float("inf"),
+                active_neighbours=None if active is None else active(node), mixing=mixing,
+                view=self._view(node), state_dir=self._state_dir(node), checkpoints=False,
+                executor=OnLoopThread(),
+            )
+            inbox = Inbox(senders=neighbours[node],
+                          current_round=_round_of(by_id, node))
+            identity = Identity(node, self.layout.fingerprint(), SIMULATION_RUN)
+            transport = MemoryTransport(network, identity, neighbours[node], inbox, tensors)
+            runner = NodeRunner(setup, transport, NodeState.initial(self.initial))
+            runner.on_round = collect(node)
+            by_id[node] = runner
+            transports.append(transport)
+            self.runners.append(runner)
+        started = time.perf_counter()
+        for transport in transports:
+            await transport.start()
+        try:
+            async with asyncio.TaskGroup() as nodes:
+                for runner in self.runners:
+                    nodes.create_task(runner.run())
+        except ExceptionGroup as failed:
+            # a shared trainer hands its one error to every node: report it once, as itself
+            raise _first_leaf(failed) from failed
         finally:
-            for w in writers:
-                w.close()
-        result.wall_s = time.perf_counter() - start
-        self.final_states = states
-        self._write_models(states)
+            for transport in transports:
+                await transport.stop()
+        result.wall_s = time.perf_counter() - started
         return result
 
-    def _evaluate(self, models: list[torch.Tensor]) -> list[tuple[float, float]]:
-        if self.alg.global_model:  # one shared model: evaluate it once
-            return [self.engine.evaluate_one(models[0])] * len(models)
-        return self.engine.evaluate(models)
 
-    # ------------------------------------------------------------------ output files
-    def _open_writers(self) -> list[Any]:
-        if self.out_dir is None:
-            return []
-        writers = []
-        for node in self.ids:
-            folder = self.out_dir / node
-            folder.mkdir(parents=True, exist_ok=True)
-            writers.append((folder / "metrics.jsonl").open("w"))
-        return writers
+def _round_of(runners: Mapping[str, NodeRunner], node: str) -> Callable[[], int]:
+    """The round ``node``'s runner is in (its inbox's window), once the runner exists."""
+    return lambda: runners[node].round
 
-    def _write_round(self, writers: list[Any], record: RoundRecord) -> None:
-        for i, w in enumerate(writers):
-            line = {
-                "round": record.round,
-                "node": self.ids[i],
-                "algorithm": self.alg.name,
-                "lr": record.lr,
-                "train_loss": record.train_loss[i],
-                "consensus_error": record.consensus_error[i],
-                "accuracy": None if record.accuracy is None else record.accuracy[i],
-                "test_loss": None if record.test_loss is None else record.test_loss[i],
-                "seconds": round(record.seconds, 4),
-            }
-            w.write(json.dumps(line) + "\n")
-            w.flush()
 
-    def _write_models(self, states: Sequence[NodeState]) -> None:
-        if self.out_dir is None:
-            return
-        for i, model in enumerate(self.models(states)):
-            meta = {
-                "algorithm": self.alg.name,
-                "node": self.ids[i],
-                "round": str(states[i].round),
-                "fingerprint": self.layout.fingerprint(),
-            }
-            save_model(self.out_dir / self.ids[i] / "final.safetensors", self.layout, model,
-                       self.engine.local_buffers(i), meta)
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

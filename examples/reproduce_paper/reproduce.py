@@ -27,6 +27,7 @@ from typing import Any
 from dacflnode.config import RunConfig
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.plots import plot_accuracy
+from dacflnode.sim.simulator import RoundRecord
 
 #: The paper's final Average of Acc on FMNIST (percent), where the text states it.
 PAPER = {
@@ -107,7 +108,7 @@ def main() -> int:
             print(f"[{time.strftime('%H:%M:%S')}] {name} ...", file=sys.stderr, flush=True)
 
             def progress(
-                alg: str, done_rounds: int, total: int, record: Any, _n: str = name
+                alg: str, done_rounds: int, total: int, record: RoundRecord, _n: str = name
             ) -> None:
                 if record.avg_acc is not None:
                     print(

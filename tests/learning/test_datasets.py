@@ -329,7 +329,9 @@ def test_unknown_dataset_names_field_dataset_and_lists_choices() -> None:
 # CIFAR-10
 
 
-def write_cifar_bin(directory: Path, sizes: dict[str, int], seed: int = 0) -> dict[str, tuple]:
+def write_cifar_bin(
+    directory: Path, sizes: dict[str, int], seed: int = 0
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     out = {}

@@ -16,6 +16,13 @@ SHAPES = {
 }
 
 
+def sequential(name: str, shape: tuple[int, int, int], classes: int) -> nn.Sequential:
+    """A built-in model, which is an ``nn.Sequential`` (the batched engine relies on it)."""
+    model = build_model(name, shape, classes)
+    assert isinstance(model, nn.Sequential)
+    return model
+
+
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -33,12 +40,12 @@ def test_builtin_models_map_a_batch_to_class_scores(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_builtin_models_use_only_layers_the_batched_engine_converts(name):
     allowed = (nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Linear)
-    for layer in build_model(name, SHAPES[name], 10):
+    for layer in sequential(name, SHAPES[name], 10):
         assert type(layer) in allowed
 
 
 def test_fmnist_cnn_is_the_papers_cnn_with_about_1_66_million_parameters():
-    model = build_model("fmnist-cnn", (1, 28, 28), 10)
+    model = sequential("fmnist-cnn", (1, 28, 28), 10)
     assert n_params(model) == 1_663_562
     convs = [m for m in model if isinstance(m, nn.Conv2d)]
     assert [(c.in_channels, c.out_channels, c.kernel_size) for c in convs] == [
@@ -51,13 +58,14 @@ def test_fmnist_cnn_is_the_papers_cnn_with_about_1_66_million_parameters():
 
 
 def test_hidden_layer_sizes_follow_the_input_shape():
-    cnn = build_model("fmnist-cnn", (3, 32, 32), 10)
+    cnn = sequential("fmnist-cnn", (3, 32, 32), 10)
     assert cnn(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     assert next(m for m in cnn if isinstance(m, nn.Linear)).in_features == 64 * 8 * 8
-    cifar = build_model("cifar-cnn", (3, 32, 32), 10)
+    cifar = sequential("cifar-cnn", (3, 32, 32), 10)
     assert [m.out_features for m in cifar if isinstance(m, nn.Linear)] == [384, 192, 10]
     assert next(m for m in cifar if isinstance(m, nn.Linear)).in_features == 64 * 5 * 5
-    assert build_model("mlp", (2, 5, 5), 3)[1].in_features == 50
+    hidden = sequential("mlp", (2, 5, 5), 3)[1]
+    assert isinstance(hidden, nn.Linear) and hidden.in_features == 50
 
 
 def test_init_is_deterministic_under_a_seed():

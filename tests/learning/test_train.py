@@ -223,10 +223,11 @@ def test_mismatched_data_and_labels_are_rejected():
 
 def identity_classifier() -> tuple[nn.Module, torch.Tensor]:
     """A 2-class model whose logits are the two input values."""
-    model = nn.Sequential(nn.Flatten(), nn.Linear(2, 2))
+    linear = nn.Linear(2, 2)
+    model = nn.Sequential(nn.Flatten(), linear)
     with torch.no_grad():
-        model[1].weight.copy_(torch.eye(2))
-        model[1].bias.zero_()
+        linear.weight.copy_(torch.eye(2))
+        linear.bias.zero_()
     return model, StateLayout.from_module(model).flatten_module(model)
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ from safetensors.torch import load_file
 
 from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.launcher import free_ports, launch, read_metrics
+from dacflnode.node.launcher import free_ports, launch
+from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
 
@@ -38,17 +40,30 @@ def max_diff(a: Path, b: Path) -> float:
 def test_launched_cluster_ends_with_the_simulators_models(tmp_path, algorithm):
     cfg = replace(TINY, algorithm=(algorithm,), nodes=4, rounds=3, topology="complete",
                   time_varying=1, engine="sequential")
-    launch(cfg, tmp_path / "cluster", round_deadline=60)
-    run_experiment(cfg, tmp_path / "sim")
+    launched = launch(cfg, tmp_path / "cluster", round_deadline=60)
+    simulated = run_experiment(cfg, tmp_path / "sim")
     for i in range(4):
         node = f"node-{i}"
         diff = max_diff(tmp_path / "cluster" / node / "final.safetensors",
                         tmp_path / "sim" / node / "final.safetensors")
         assert diff <= 1e-6, (node, diff)
-        assert len(read_metrics(tmp_path / "cluster" / node / "metrics.jsonl")) == 3
+        cluster_lines = read_metrics(tmp_path / "cluster" / node / "metrics.jsonl")
+        sim_lines = read_metrics(tmp_path / "sim" / node / "metrics.jsonl")
+        assert len(cluster_lines) == len(sim_lines) == 3
+        # one line format: the same keys, and the same training figures
+        assert [tuple(x) for x in cluster_lines] == [tuple(x) for x in sim_lines]
+        for c, s in zip(cluster_lines, sim_lines, strict=True):
+            assert c["samples"] == s["samples"] and c["neighbours_used"] == s["neighbours_used"]
+            assert abs(c["consensus_residual"] - s["consensus_residual"]) <= 1e-5
+    a, b = launched["algorithms"][algorithm], simulated["algorithms"][algorithm]
+    assert a.keys() == b.keys() and a["rounds"] == b["rounds"] == [1, 2, 3]
+    # equal models to 1e-6; a different thread count may flip an argmax tie on 200 samples
+    assert a["avg_acc"] == pytest.approx(b["avg_acc"], abs=1e-2)
 
 
-def start_cluster(tmp_path: Path, n: int, rounds: int, **run_kw) -> tuple[list[Path], list]:
+def start_cluster(
+    tmp_path: Path, n: int, rounds: int, **run_kw: Any
+) -> tuple[list[Path], list[subprocess.Popen[bytes]]]:
     ports = free_ports(2 * n)
     cfg = replace(TINY, nodes=n, rounds=rounds, **run_kw)
     paths = generate_cluster("ring" if n >= 3 else "complete", n, cfg, tmp_path / "peers",
@@ -58,7 +73,7 @@ def start_cluster(tmp_path: Path, n: int, rounds: int, **run_kw) -> tuple[list[P
     return paths, procs
 
 
-def start_node(path: Path) -> subprocess.Popen:
+def start_node(path: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
 

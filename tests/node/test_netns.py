@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 
 from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.launcher import read_metrics
+from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 
 NODES = 3
@@ -141,7 +141,7 @@ def cluster(lab: Lab, tmp_path_factory) -> Run:
     paths = generate_cluster(KIND, NODES, CFG, root / "peers", hosts=lab.ips,
                              ports=[PORT] * NODES, control_ports=[CONTROL_PORT] * NODES,
                              state_root=root, round_deadline=60, hello_timeout=90)
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     started = time.monotonic()
     try:
         for i, (ns, path) in enumerate(zip(lab.namespaces, paths, strict=True)):

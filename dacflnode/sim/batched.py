@@ -499,7 +499,7 @@ class _Group:
                 logits.reshape(-1, logits.shape[-1]), yb, reduction="none"
             )
             per_node = per_sample.view(self.n, b).mean(dim=1)
-            per_node.sum().backward()
+            torch.autograd.backward(per_node.sum())
             if opt is not None:
                 opt.step()
             losses.append(per_node.detach())

@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from dacflnode.learning.batched import BatchedTrainer, can_batch
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import MODELS, build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig, evaluate
+from dacflnode.sim.batched import BatchedTrainer, can_batch
 
 SHAPE = (1, 8, 8)
 
@@ -243,7 +243,9 @@ def test_flat_feature_data_works_too():
 def test_frozen_parameters_stay_frozen():
     torch.manual_seed(0)
     model = build_model("tiny-cnn", SHAPE, 10)
-    model[0].weight.requires_grad_(False)
+    first = next(iter(model.children()))
+    assert isinstance(first, nn.Conv2d)
+    first.weight.requires_grad_(False)
     data = node_data([20, 20])
     cfg = TrainConfig(lr=0.1, weight_decay=0.01, batch_size=10)
     starts = starts_for(model, 2)

@@ -1,0 +1,162 @@
+"""Task lifetimes of :class:`NodeRunner`: nothing it starts outlives a round or the run, its
+caller's cancellation reaches the caller, refusals are recognised by their reason."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+import torch
+
+from dacflnode.algorithms.rounds import NodeState, make_algorithm
+from dacflnode.learning.layout import StateLayout
+from dacflnode.learning.models import build_model
+from dacflnode.learning.train import LocalTrainer, TrainConfig
+from dacflnode.node.runner import NodeRunner, NodeSetup
+from dacflnode.node.training import ThreadedTrainer
+from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
+from dacflnode.wire.codec import RoundMessage
+
+
+def make_runner(
+    network: MemoryNetwork, node_id: str, neighbours: list[str], *, start_round: int = 0,
+    rounds: int = 3, deadline: float = math.inf, used_prev: tuple[str, ...] = (),
+) -> NodeRunner:
+    torch.manual_seed(0)
+    model = build_model("tiny-cnn", (1, 8, 8), 10)
+    layout = StateLayout.from_module(model)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(20, 1, 8, 8, generator=gen), torch.randint(0, 10, (20,), generator=gen)
+    local = LocalTrainer(model, x, y, TrainConfig(lr=0.05), seed=0, node_index=0)
+    algorithm = make_algorithm("dacfl")
+    runners: dict[str, NodeRunner] = {}
+    inbox = Inbox(senders=neighbours, current_round=lambda: runners[node_id].round)
+    transport = MemoryTransport(network, Identity(node_id, layout.fingerprint(), "test"),
+                                neighbours, inbox,
+                                {name: (layout.numel,) for name in algorithm.exchanged})
+    setup = NodeSetup(node_id=node_id, neighbours=neighbours, algorithm=algorithm,
+                      trainer=ThreadedTrainer(local, x, y), layout=layout, rounds=rounds,
+                      round_deadline=deadline)
+    state = replace(NodeState.initial(layout.flatten_module(model)), round=start_round)
+    runners[node_id] = NodeRunner(setup, transport, state, used_prev)
+    return runners[node_id]
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def others() -> set[asyncio.Task[object]]:
+    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+
+async def stuck_exchange() -> tuple[NodeRunner, asyncio.Task[bool]]:
+    """Node a (resumed in round 2) pushes to b (in round 0), which refuses it as too far
+    ahead, so a's push retries and a waits for b's state: both stay pending."""
+    network = MemoryNetwork()
+    a = make_runner(network, "a", ["b"], start_round=2)
+    b = make_runner(network, "b", ["a"])
+    await a.transport.start()
+    await b.transport.start()
+    pushes = 0
+    push = a.transport.push
+
+    async def counting_push(peer: str, message: RoundMessage, timeout: float) -> None:
+        nonlocal pushes
+        pushes += 1
+        await push(peer, message, timeout)
+
+    a.transport.push = counting_push  # type: ignore[method-assign]
+    task = asyncio.create_task(a.run())
+    await until(lambda: pushes >= 2)  # refused once, retrying
+    assert a.phase == "exchanging"
+    assert len(others()) >= 3  # the run, its exchange, the push being retried (and more)
+    return a, task
+
+
+def test_cancelling_run_cancels_the_pushes_and_reaches_the_caller():
+    async def scenario() -> None:
+        _, task = await stuck_exchange()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert others() == set()
+
+    asyncio.run(scenario())
+
+
+def test_a_stop_request_abandons_the_exchange_and_leaves_no_task():
+    async def scenario() -> None:
+        a, task = await stuck_exchange()
+        a.request_stop()
+        assert await asyncio.wait_for(task, 10) is False
+        assert a.phase == "stopped" and a.round == 2
+        assert others() == set()
+
+    asyncio.run(scenario())
+
+
+def test_a_neighbour_past_the_round_is_not_offered_it_again():
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"], rounds=1, deadline=0.5)
+        b = make_runner(network, "b", ["a"], start_round=5)
+        await a.transport.start()
+        await b.transport.start()
+        calls: list[int] = []
+        push = a.transport.push
+
+        async def counting_push(peer: str, message: RoundMessage, timeout: float) -> None:
+            calls.append(message.round)
+            await push(peer, message, timeout)
+
+        a.transport.push = counting_push  # type: ignore[method-assign]
+        assert await a.run() is True
+        assert calls == [0]  # refused as ROUND_PASSED: no retry until the deadline
+        assert a.last is not None and a.last.missing == ("b",)
+        assert others() == set()
+
+    asyncio.run(scenario())
+
+
+def test_two_runners_finish_their_rounds_and_leave_no_task():
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"])
+        b = make_runner(network, "b", ["a"])
+        await a.transport.start()
+        await b.transport.start()
+        assert list(await asyncio.gather(a.run(), b.run())) == [True, True]
+        assert a.round == b.round == 3
+        assert a.last is not None and b.last is not None
+        assert (a.last.used, b.last.used) == (("b",), ("a",))
+        assert others() == set()
+
+    asyncio.run(scenario())
+
+
+def test_a_resumed_node_announces_the_neighbours_its_checkpoint_says_it_used():
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"], start_round=1, rounds=2, used_prev=("b",))
+        b = make_runner(network, "b", ["a"], start_round=1, rounds=2)
+        await a.transport.start()
+        await b.transport.start()
+        sent: list[RoundMessage] = []
+        push = a.transport.push
+
+        async def recording_push(peer: str, message: RoundMessage, timeout: float) -> None:
+            sent.append(message)
+            await push(peer, message, timeout)
+
+        a.transport.push = recording_push  # type: ignore[method-assign]
+        assert list(await asyncio.gather(a.run(), b.run())) == [True, True]
+        assert [(m.round, m.used) for m in sent] == [(1, ("b",))]
+
+    asyncio.run(scenario())
