@@ -25,7 +25,8 @@ DEMO_INPUTS = ("I", "II")
 
 def fodac_step(w: np.ndarray, x: np.ndarray, r_next: np.ndarray, r_now: np.ndarray) -> np.ndarray:
     """One FODAC step for all nodes: ``W x + r(t+1) − r(t)`` (rows of ``x`` are nodes)."""
-    return w @ x + (r_next - r_now)
+    tracked: np.ndarray = w @ x + (r_next - r_now)
+    return tracked
 
 
 def fig3_inputs(kind: str, nodes: int = 10, steps: int = 20) -> np.ndarray:

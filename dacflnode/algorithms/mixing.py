@@ -105,7 +105,8 @@ def sinkhorn_knopp(a: np.ndarray, tol: float = 1e-14, max_iter: int = 100_000) -
             break
     else:
         raise RuntimeError("Sinkhorn–Knopp did not converge: does the pattern have total support?")
-    return (w + w.T) / 2.0
+    symmetric: np.ndarray = (w + w.T) / 2.0
+    return symmetric
 
 
 def sparse_random_matrix(

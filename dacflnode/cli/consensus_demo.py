@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from dacflnode.algorithms.fodac import DEMO_INPUTS, DEMO_MATRICES, consensus_demo
-from dacflnode.cli.main import cli, config_errors
+from dacflnode.cli.errors import config_errors
 
 
-@cli.command("consensus-demo")
+@click.command("consensus-demo")
 @click.option(
     "--inputs",
     type=click.Choice(DEMO_INPUTS),

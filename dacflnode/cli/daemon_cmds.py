@@ -7,17 +7,18 @@ import contextlib
 import json
 import math
 import sys
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from dacflnode.cli.main import cli, config_errors
+from dacflnode.cli.errors import config_errors
 
 DEFAULT_CONTROL = "127.0.0.1:8000"
 
 
-@cli.command()
+@click.command()
 @click.option("--peers", "peers_file", required=True, type=click.Path(dir_okay=False),
               help="This node's peers.yaml (see `dacflnode topology` to generate them).")
 @click.option("--log-level", default="INFO", show_default=True,
@@ -53,7 +54,7 @@ def _target(target: str | None, peers_file: str | None) -> str:
     return DEFAULT_CONTROL
 
 
-def _no_daemon(target: str) -> None:
+def _no_daemon(target: str) -> NoReturn:
     click.echo(f"error: no dacflnode daemon answers at {target} "
                "(is it running? pass --target HOST:PORT or --peers FILE)", err=True)
     sys.exit(1)
@@ -70,7 +71,7 @@ def _fmt(value: float | None, spec: str) -> str:
         format(value, spec)
 
 
-def _status_table(data: dict) -> Table:
+def _status_table(data: dict[str, Any]) -> Table:
     table = Table(title=f"{data['node_id']}  {data['algorithm']}  round {data['round']}/"
                         f"{data['rounds_total']}  {data['phase']}", title_justify="left")
     for col in ("neighbour", "address", "connected", "last round", "received", "sent",
@@ -88,7 +89,7 @@ def _status_table(data: dict) -> Table:
     return table
 
 
-@cli.command()
+@click.command()
 @target_option
 @peers_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
@@ -131,7 +132,7 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
         asyncio.run(show())
 
 
-@cli.command()
+@click.command()
 @target_option
 @peers_option
 @click.option("--format", "fmt", type=click.Choice(["json", "prometheus"]), default="json",
@@ -155,7 +156,7 @@ def metrics(target: str | None, peers_file: str | None, fmt: str) -> None:
         _no_daemon(addr)
 
 
-@cli.command()
+@click.command()
 @target_option
 @peers_option
 @config_errors

@@ -1,32 +1,22 @@
-"""The ``dacflnode`` command: a thin layer over the package; every command has ``--help``."""
+"""The ``dacflnode`` command: a thin layer over the package; every command has ``--help``.
+
+Commands are plain ``click.command`` functions in their own modules; this module is the only one
+that knows them all and adds them to the group. Dependencies run one way: ``main`` imports the
+commands, a command never imports ``main`` (an import contract in pyproject.toml checks it).
+"""
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
 from dacflnode import __version__
-from dacflnode.errors import ConfigError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def config_errors(func: F) -> F:
-    """Turn a :class:`ConfigError` into a one-line message naming the option, and exit code 2."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except ConfigError as exc:
-            click.echo(f"error: {exc.field}: {exc.message}", err=True)
-            sys.exit(2)
-
-    return wrapper  # type: ignore[return-value]
+from dacflnode.cli.consensus_demo import consensus_demo_cmd
+from dacflnode.cli.daemon_cmds import metrics, start, status, stop
+from dacflnode.cli.launch import launch
+from dacflnode.cli.simulate import simulate
+from dacflnode.cli.topology import topology_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -41,16 +31,12 @@ def cli() -> None:
     """
 
 
+for _command in (simulate, launch, topology_cmd, start, status, metrics, stop, consensus_demo_cmd):
+    cli.add_command(_command)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point. Usage errors print one line naming the option and exit with code 2."""
-    from dacflnode.cli import (  # noqa: F401  (importing registers the commands)
-        consensus_demo,
-        daemon_cmds,
-        launch,
-        simulate,
-        topology,
-    )
-
     try:
         code = cli.main(args=argv, prog_name="dacflnode", standalone_mode=False)
     except click.UsageError as exc:

@@ -1,8 +1,10 @@
 """The command line end to end (in-process through click's runner, and one real subprocess)."""
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -26,17 +28,6 @@ SMALL = [
 
 def run(args):
     return CliRunner().invoke(cli, args, catch_exceptions=False)
-
-
-@pytest.fixture(autouse=True)
-def _commands():
-    from dacflnode.cli import (  # noqa: F401
-        consensus_demo,
-        daemon_cmds,
-        launch,
-        simulate,
-        topology,
-    )
 
 
 def test_simulate_json_prints_the_summary(tmp_path):
@@ -121,6 +112,16 @@ def test_every_command_has_help_with_an_example():
                     "topology", "launch"):
         result = run([command, "--help"])
         assert result.exit_code == 0 and "Example" in result.output
+
+
+def test_example_files_named_in_help_texts_exist():
+    root = Path(__file__).resolve().parents[2]
+    named = set()
+    for name in cli.commands:
+        help_text = run([name, "--help"]).output
+        named.update(re.findall(r"examples/[\w./-]+\.\w+", help_text))
+    assert named, "no help text names an example file"
+    assert [f for f in sorted(named) if not (root / f).is_file()] == []
 
 
 def test_the_installed_entry_point_runs_as_a_subprocess():
