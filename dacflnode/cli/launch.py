@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -18,11 +19,14 @@ from dacflnode.cli.options import config_from_options, daemon_options, run_optio
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="DIR/<node-id>/ gets metrics.jsonl, final.safetensors, daemon.log.")
 @daemon_options
+@click.option("--tls", "tls_dir", type=click.Path(file_okay=False),
+              help="Mutual TLS between the nodes, with the certificates in TLS_DIR (created "
+                   "when missing, as `dacflnode certs` does).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
-def launch(out_dir: str, round_deadline: float, hello_timeout: float, as_json: bool,
-           quiet: bool, **options: Any) -> None:
+def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: str | None,
+           as_json: bool, quiet: bool, **options: Any) -> None:
     """Start a real local cluster: one `dacflnode start` process per node on 127.0.0.1.
 
     Takes the same run options as `simulate` (graph topologies only; ring when not given) and
@@ -32,6 +36,7 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, as_json: b
     Examples:
       dacflnode launch --nodes 4 --rounds 5 --out runs/cluster
       dacflnode launch --nodes 3 --dataset synthetic --rounds 3 --out runs/tiny --json
+      dacflnode launch --nodes 3 --rounds 3 --tls runs/certs --out runs/tls
     """
     from dacflnode.node.launcher import launch as run_launch
 
@@ -51,7 +56,8 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, as_json: b
 
         try:
             summary = run_launch(cfg, out_dir, progress, round_deadline=round_deadline,
-                                 hello_timeout=hello_timeout)
+                                 hello_timeout=hello_timeout,
+                                 tls_dir=Path(tls_dir) if tls_dir else None)
         except RuntimeError as exc:
             click.echo(f"error: {exc}", err=True)
             raise SystemExit(1) from exc

@@ -12,6 +12,7 @@ import sys
 import click
 
 from dacflnode import __version__
+from dacflnode.cli.certs import certs_cmd
 from dacflnode.cli.consensus_demo import consensus_demo_cmd
 from dacflnode.cli.daemon_cmds import metrics, start, status, stop
 from dacflnode.cli.launch import launch
@@ -31,7 +32,17 @@ def cli() -> None:
     """
 
 
-for _command in (simulate, launch, topology_cmd, start, status, metrics, stop, consensus_demo_cmd):
+for _command in (
+    simulate,
+    launch,
+    topology_cmd,
+    certs_cmd,
+    start,
+    status,
+    metrics,
+    stop,
+    consensus_demo_cmd,
+):
     cli.add_command(_command)
 
 

@@ -68,6 +68,19 @@ def _ports(value: str | None, field: str) -> list[int] | None:
     type=click.Path(file_okay=False),
     help="Node state goes in STATE_ROOT/<node-id>. [default: DIR/<node-id>]",
 )
+@click.option(
+    "--tls",
+    "tls_dir",
+    type=click.Path(file_okay=False),
+    help="Mutual TLS: create what is missing in TLS_DIR (CA, one certificate per node; see"
+    " `dacflnode certs`) and write node.tls into every file.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Write node.insecure: true, which lets a node listen on a non-loopback address"
+    " without TLS (anyone who reaches it can push or pull models).",
+)
 @daemon_options
 @click.option("--json", "as_json", is_flag=True, help="Print the nodes as a JSON list.")
 @run_options
@@ -82,6 +95,8 @@ def topology_cmd(
     control_ports: str | None,
     listen_host: str | None,
     state_root: str | None,
+    tls_dir: str | None,
+    insecure: bool,
     round_deadline: float,
     hello_timeout: float,
     as_json: bool,
@@ -95,12 +110,15 @@ def topology_cmd(
     data part i. The run options go into every file's run section (--algorithm: dacfl or
     cdsgd); --nodes is required unless --config sets it or KIND is edge-list.
 
+    A node that listens on an address other hosts can reach needs --tls DIR (mutual TLS; the
+    certificates are created in DIR when missing) or, knowingly, --insecure.
+
     \b
     Examples:
       dacflnode topology ring --nodes 4 --out cluster
       dacflnode topology random-regular --nodes 10 --degree 3 --seed 7 --out cluster
       dacflnode topology complete --nodes 6 --hosts 10.0.0.1,10.0.0.2 \\
-          --listen-host 0.0.0.0 --time-varying 10 --out cluster --json
+          --listen-host 0.0.0.0 --tls certs --time-varying 10 --out cluster --json
       dacflnode topology edge-list --edge-list graph.txt --algorithm cdsgd --out cluster
     """
     from dacflnode.algorithms.graphs import read_edge_list
@@ -133,6 +151,8 @@ def topology_cmd(
         state_root=Path(state_root) if state_root else None,
         round_deadline=round_deadline,
         hello_timeout=hello_timeout,
+        tls_dir=Path(tls_dir) if tls_dir else None,
+        insecure=insecure,
     )
     # generate_cluster checked every file; read them back without re-validating the run N times
     files = [parse_peers(yaml.safe_load(p.read_text()), p, check_run=False) for p in paths]
@@ -146,6 +166,7 @@ def topology_cmd(
                         "listen": pf.node.listen,
                         "control": pf.node.control,
                         "neighbours": pf.neighbour_ids(),
+                        "tls": str(pf.node.tls.cert) if pf.node.tls else None,
                     }
                     for pf in files
                 ]
@@ -164,3 +185,5 @@ def topology_cmd(
         f" {files[0].run_fingerprint()[:12]})",
         err=True,
     )
+    if tls_dir:
+        click.echo(f"TLS certificates in {Path(tls_dir).absolute()} (CA: ca.crt)", err=True)

@@ -1,4 +1,5 @@
-"""``host:port`` addresses of a peers file: parsing, printing and the control-port default.
+"""``host:port`` addresses of a peers file: parsing, printing, the control-port default, and
+whether an address is reachable from other hosts (:func:`is_loopback`).
 
 Errors are :class:`~dacflnode.errors.ConfigError` whose field is the dotted key the address came
 from and whose message names the file, like every peers-file error.
@@ -50,12 +51,25 @@ def parse_address(value: object, field: str, file: Path) -> tuple[str, int]:
                 field, file, f"put an IPv6 address in brackets, [{host}]:{port_text}: got {value!r}"
             )
         if not _HOST_RE.fullmatch(host):
-            raise file_error(
-                field, file, f"{host!r} is not a host name or address (in {value!r})"
-            )
+            raise file_error(field, file, f"{host!r} is not a host name or address (in {value!r})")
     if not _PORT_RE.fullmatch(port_text) or int(port_text) > 65535:
         raise file_error(field, file, f"port must be a number in 0..65535, got {port_text!r}")
     return host, int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this host only: 127.0.0.0/8, ``::1`` or ``localhost``.
+
+    Anything else — a name, another address, and the wildcards ``0.0.0.0`` and ``::``, which
+    bind every interface — counts as reachable from the network.
+    """
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback and not address.is_unspecified
 
 
 def format_address(host: str, port: int) -> str:

@@ -4,6 +4,11 @@ The graph is the one ``dacflnode simulate`` builds for the same kind, size and s
 (:meth:`MixingSchedule.base_edges`), node ``i`` is ``node-i`` and holds data part ``i``, and every
 file carries the whole member list and edge list, so a time-varying run drops the same edges on
 every node and in the simulator.
+
+With ``tls_dir`` every node gets a certificate from that folder's CA (created when missing, see
+:mod:`dacflnode.security.certs`) and ``node.tls`` naming it; ``insecure`` writes
+``node.insecure: true`` instead, which a cluster listening on other hosts' addresses without TLS
+needs.
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ from dacflnode.algorithms import graphs
 from dacflnode.algorithms.topology import GRAPH_KINDS, MATRIX_KINDS, MixingSchedule, TopologySpec
 from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 from dacflnode.errors import ConfigError
-from dacflnode.node.addresses import CONTROL_HOST, CONTROL_PORT_OFFSET, format_address
+from dacflnode.node.addresses import (
+    CONTROL_HOST,
+    CONTROL_PORT_OFFSET,
+    format_address,
+    is_loopback,
+)
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.peers import Neighbour, NodeSection, PeersFile, parse_peers
 from dacflnode.node.peers_yaml import dump_peers
+from dacflnode.security.certs import tls_files, write_certs
 
 
 def node_ids(n: int) -> list[str]:
@@ -107,6 +118,8 @@ def generate_cluster(
     seed: int | None = None,
     round_deadline: float = DAEMON_DEFAULTS.round_deadline,
     hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
+    tls_dir: Path | None = None,
+    insecure: bool = False,
 ) -> list[Path]:
     """Write ``out_dir/<node-id>.yaml`` for ``node-0 … node-{nodes-1}``; return their paths.
 
@@ -118,7 +131,8 @@ def generate_cluster(
     The graph is drawn with ``run.seed``, as the simulator draws it; ``seed``, when given,
     replaces ``run.seed`` (for the graph and in the files alike, so that they stay consistent).
     Relative paths in ``run`` are made absolute. Every file is checked as the daemon reads it
-    before any is written.
+    before any is written; the certificates missing from ``tls_dir`` are written just before the
+    peers files, whose ``node.tls`` names them by absolute path.
     """
     if seed is not None:
         run = dataclasses.replace(run, seed=int(seed))
@@ -130,6 +144,8 @@ def generate_cluster(
             "algorithm", f"a cluster runs one algorithm, got {', '.join(run.algorithm) or 'none'}"
         )
     check_algorithm(run.algorithm[0])
+    if tls_dir is not None and insecure:
+        raise ConfigError("insecure", "contradicts --tls (a TLS node refuses plaintext): give one")
     host_list = [h.strip() for h in hosts if h.strip()]
     if not host_list:
         raise ConfigError("hosts", "name at least one host")
@@ -158,7 +174,14 @@ def generate_cluster(
                     f"port {p} on {node_host[i]} is taken twice ({used[key]} and {node} {what})",
                 )
             used[key] = f"{node} {what}"
-        listen.append(format_address(listen_host or node_host[i], port))
+        bind = listen_host or node_host[i]
+        if tls_dir is None and not insecure and not is_loopback(bind):
+            raise ConfigError(
+                "tls",
+                f"{node} listens on {bind}, which other hosts can reach: give a certificate"
+                " folder (--tls DIR) for mutual TLS, or allow plaintext (--insecure)",
+            )
+        listen.append(format_address(bind, port))
         control.append(format_address(CONTROL_HOST, ctl))
 
     cfg = dataclasses.replace(
@@ -177,13 +200,22 @@ def generate_cluster(
     adjacency = graphs.neighbours(nodes, edges)
     out = Path(out_dir).expanduser().absolute()
     root = Path(state_root).expanduser().absolute() if state_root is not None else out
+    certs = Path(tls_dir).expanduser().absolute() if tls_dir is not None else None
     files: list[PeersFile] = []
     for i, node in enumerate(ids):
         path = out / f"{node}.yaml"
         files.append(
             PeersFile(
                 path=path,
-                node=NodeSection(node, listen[i], control[i], root / node, i),
+                node=NodeSection(
+                    node,
+                    listen[i],
+                    control[i],
+                    root / node,
+                    i,
+                    tls=tls_files(certs, node) if certs is not None else None,
+                    insecure=insecure,
+                ),
                 neighbours=tuple(
                     Neighbour(ids[j], format_address(node_host[j], listen_ports[j]))
                     for j in adjacency[i]
@@ -196,6 +228,8 @@ def generate_cluster(
     texts = [dump_peers(pf) for pf in files]
     for k, (pf, text) in enumerate(zip(files, texts, strict=True)):
         parse_peers(yaml.safe_load(text), pf.path, check_run=k == 0)
+    if certs is not None:
+        write_certs(certs, ids)
     out.mkdir(parents=True, exist_ok=True)
     for pf, text in zip(files, texts, strict=True):
         pf.path.write_text(text)

@@ -70,6 +70,7 @@ async def run_cluster(
     progress: LaunchProgress | None = None,
     round_deadline: float = DAEMON_DEFAULTS.round_deadline,
     hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
+    tls_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Start one daemon per node, wait for all of them; raise RuntimeError if one fails."""
     n = run.nodes
@@ -79,7 +80,7 @@ async def run_cluster(
     paths = generate_cluster(
         topology, n, cfg, peers_dir, ports=ports[:n], control_ports=ports[n:],
         state_root=out_dir, edge_list=run.edge_list, round_deadline=round_deadline,
-        hello_timeout=hello_timeout,
+        hello_timeout=hello_timeout, tls_dir=tls_dir,
     )
     node_dirs = [out_dir / p.stem for p in paths]
     for d in node_dirs:
@@ -125,8 +126,12 @@ def launch(
     run: RunConfig, out_dir: str | Path, progress: LaunchProgress | None = None,
     round_deadline: float = DAEMON_DEFAULTS.round_deadline,
     hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
+    tls_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run every algorithm of ``run`` as a real cluster; write and return the summary."""
+    """Run every algorithm of ``run`` as a real cluster; write and return the summary.
+
+    ``tls_dir``: the nodes talk mutual TLS with the certificates there (created when missing).
+    """
     topology = run.topology
     if topology not in GRAPH_KINDS:
         raise ConfigError(
@@ -143,7 +148,7 @@ def launch(
         folder = root / name if len(run.algorithm) > 1 else root
         results[name] = asyncio.run(run_cluster(
             run, folder, algorithm=name, topology=topology, progress=progress,
-            round_deadline=round_deadline, hello_timeout=hello_timeout))
+            round_deadline=round_deadline, hello_timeout=hello_timeout, tls_dir=tls_dir))
     summary = {"version": __version__, "config": run.to_json(), "algorithms": results,
                "wall_s": round(time.perf_counter() - started, 3)}
     root.mkdir(parents=True, exist_ok=True)

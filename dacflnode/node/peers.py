@@ -8,6 +8,10 @@
       control: 127.0.0.1:8000        # default: 127.0.0.1:<listen port + 1000>
       state_dir: ./node-0            # default: <folder of this file>/<node id>
       share: 0                       # data partition index; default: index of node.id in members
+      tls:                           # mutual TLS with the neighbours (see: dacflnode certs)
+        {ca: certs/ca.crt, cert: certs/node-0.crt, key: certs/node-0.key}
+      insecure: false                # true: allow plaintext on a non-loopback node.listen
+      control_token: ...             # required with a non-loopback node.control
     neighbours:                      # required, non-empty
       - {id: node-1, address: 127.0.0.1:7001}
     run:                             # optional: every RunConfig and DaemonSettings key
@@ -30,6 +34,11 @@ the members: node ``members[i]`` is node ``i`` of the simulator, so a time-varyi
 (``run.time_varying > 0``) drops the same edges in the same rounds as ``dacflnode simulate`` does
 (:func:`~dacflnode.algorithms.topology.active_edges`). ``run.topology`` and its parameters then
 only record how the edges were drawn.
+
+Exposure is checked at load (``docs/security.md``): a ``node.listen`` reachable from other hosts
+(anything but 127.0.0.0/8, ``::1`` and ``localhost``; ``0.0.0.0`` and ``::`` included) needs
+``node.tls`` or an explicit ``node.insecure: true``, and a ``node.control`` reachable from other
+hosts needs both ``node.tls`` and a ``node.control_token``.
 
 Addresses are parsed in :mod:`dacflnode.node.addresses`, the algorithm policy lives in
 :mod:`dacflnode.node.daemon_algorithms`, and :mod:`dacflnode.node.peers_yaml` writes the file.
@@ -60,9 +69,12 @@ from dacflnode.node.addresses import (
     CONTROL_PORT_OFFSET,
     file_error,
     format_address,
+    is_loopback,
     parse_address,
 )
 from dacflnode.node.daemon_algorithms import DAEMON_ALGORITHMS, check_algorithm
+from dacflnode.security.certs import NODE_ID_RE, check_node_id
+from dacflnode.security.tls import TlsFiles
 
 __all__ = [
     "DaemonSettings",
@@ -73,10 +85,9 @@ __all__ = [
     "parse_peers",
 ]
 
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
 _TOP_KEYS = ("node", "neighbours", "run")
-_NODE_KEYS = ("id", "listen", "control", "state_dir", "share")
+_NODE_KEYS = ("id", "listen", "control", "state_dir", "share", "tls", "insecure", "control_token")
+_TLS_KEYS = ("ca", "cert", "key")
 _NEIGHBOUR_KEYS = ("id", "address")
 _DAEMON_KEYS = schema.names_of(DaemonSettings)
 _RUN_KEYS = schema.names_of(RunConfig)
@@ -97,6 +108,12 @@ class NodeSection:
     control: str
     state_dir: Path
     share: int
+    #: mutual TLS with the neighbours (None: plaintext)
+    tls: TlsFiles | None = None
+    #: plaintext on a non-loopback ``listen`` was asked for explicitly
+    insecure: bool = False
+    #: the secret a control client must present; kept out of repr (and so out of logs)
+    control_token: str | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -214,7 +231,7 @@ class _Parser:
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise self.err(field, f"expected a node id, got {_kind(value)}")
         text = str(value).strip()
-        if not _ID_RE.fullmatch(text):
+        if not NODE_ID_RE.fullmatch(text):
             raise self.err(
                 field,
                 f"node ids are 1-128 letters, digits, '.', '_' or '-' (starting with a letter or"
@@ -252,6 +269,8 @@ class _Parser:
         neighbours = self.neighbours(top["neighbours"], node_id)
         run, daemon = self.run(top.get("run"), check_run)
         node = self.node(node_raw, node_id, run, daemon)
+        if node.tls is not None:
+            self.tls_ids(node_id, neighbours)
         self.cross_check(node, neighbours, run, daemon)
         return PeersFile(self.file, node, neighbours, run, daemon)
 
@@ -295,7 +314,86 @@ class _Parser:
             )
         if share >= run.nodes:
             raise self.err("node.share", f"must be < run.nodes = {run.nodes}, got {share}")
-        return NodeSection(node_id, listen, control, state_dir, share)
+        tls = self.tls(raw.get("tls"))
+        insecure = self.boolean(raw.get("insecure"), "node.insecure")
+        token = self.token(raw.get("control_token"))
+        self.exposure(host, control, tls, insecure, token)
+        return NodeSection(node_id, listen, control, state_dir, share, tls, insecure, token)
+
+    def tls(self, value: Any) -> TlsFiles | None:
+        if value is None:
+            return None
+        raw = self.mapping(value, "node.tls", _TLS_KEYS, "node.tls.")
+        for key in _TLS_KEYS:
+            if raw.get(key) is None:
+                raise self.err(f"node.tls.{key}", "required: node.tls names a ca, cert and key")
+        return TlsFiles(*(self.path(raw[key], f"node.tls.{key}") for key in _TLS_KEYS))
+
+    def tls_ids(self, node_id: str, neighbours: tuple[Neighbour, ...]) -> None:
+        """Every id must be a DNS name: TLS clients check the neighbour's certificate for it."""
+        wheres = ["node.id", *(f"neighbours[{k}].id" for k in range(len(neighbours)))]
+        for where, nid in zip(wheres, [node_id, *(n.id for n in neighbours)], strict=True):
+            try:
+                check_node_id(nid, where)
+            except ConfigError as exc:
+                raise self.err(where, exc.message) from None
+
+    def boolean(self, value: Any, field: str) -> bool:
+        """``value`` as a flag; an absent or empty key is false."""
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise self.err(field, f"expected true or false, got {value!r}")
+        return value
+
+    def token(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        # never echo the value: it is a secret
+        if not isinstance(value, str):
+            raise self.err("node.control_token", f"expected a string, got {_kind_of(value)}")
+        if not _TOKEN_RE.fullmatch(value):
+            raise self.err(
+                "node.control_token",
+                f"use at least {_TOKEN_MIN} printable ASCII characters without spaces"
+                f" (got {len(value)} characters)",
+            )
+        return value
+
+    def exposure(
+        self,
+        listen_host: str,
+        control: str,
+        tls: TlsFiles | None,
+        insecure: bool,
+        token: str | None,
+    ) -> None:
+        """Refuse a peer or control port that others can reach without the protection it needs."""
+        if tls is not None and insecure:
+            raise self.err(
+                "node.insecure", "contradicts node.tls (a TLS node refuses plaintext): drop one"
+            )
+        if tls is None and not insecure and not is_loopback(listen_host):
+            raise self.err(
+                "node.listen",
+                f"{listen_host} is reachable from other hosts, and without TLS anyone who reaches"
+                " it can push or pull models: set node.tls (see: dacflnode certs) or, to accept"
+                " that, node.insecure: true",
+            )
+        control_host = parse_address(control, "node.control", self.file)[0]
+        if is_loopback(control_host):
+            return
+        if tls is None:
+            raise self.err(
+                "node.control",
+                f"{control_host} is reachable from other hosts: an exposed control service needs"
+                " node.tls and node.control_token (or keep it on 127.0.0.1)",
+            )
+        if token is None:
+            raise self.err(
+                "node.control_token",
+                f"required: node.control {control} is reachable from other hosts",
+            )
 
     def neighbours(self, value: Any, node_id: str) -> tuple[Neighbour, ...]:
         items = self.listing(value, "neighbours")
@@ -468,6 +566,14 @@ class _Parser:
                     f" section lists [{', '.join(sorted(ids))}]",
                 )
 
+
+_TOKEN_MIN = 16
+_TOKEN_RE = re.compile(rf"[\x21-\x7e]{{{_TOKEN_MIN},4096}}")
+
+
+def _kind_of(value: Any) -> str:
+    """The type of ``value``, never the value itself (for secrets)."""
+    return "nothing" if value is None else type(value).__name__
 
 
 def _kind(value: Any) -> str:

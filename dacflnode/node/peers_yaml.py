@@ -60,17 +60,37 @@ def run_section(run: RunConfig, daemon: DaemonSettings) -> dict[str, Any]:
     return out
 
 
+def node_section(pf: PeersFile) -> dict[str, Any]:
+    """The ``node:`` mapping; the security keys only when set.
+
+    TLS paths are written absolute, so the file keeps naming the same certificates wherever it is
+    copied on this host; the token is written as is (the file is then a secret too).
+    """
+    node = pf.node
+    out: dict[str, Any] = {
+        "id": node.id,
+        "listen": node.listen,
+        "control": node.control,
+        "state_dir": _relative(node.state_dir, pf.path.parent),
+        "share": node.share,
+    }
+    if node.tls is not None:
+        out["tls"] = {
+            "ca": str(node.tls.ca.absolute()),
+            "cert": str(node.tls.cert.absolute()),
+            "key": str(node.tls.key.absolute()),
+        }
+    if node.insecure:
+        out["insecure"] = True
+    if node.control_token is not None:
+        out["control_token"] = node.control_token
+    return out
+
+
 def dump_peers(pf: PeersFile) -> str:
     """YAML text that :func:`load_peers` (at ``pf.path``) reads back to a PeersFile equal to pf."""
-    base = pf.path.parent
     data = {
-        "node": {
-            "id": pf.node.id,
-            "listen": pf.node.listen,
-            "control": pf.node.control,
-            "state_dir": _relative(pf.node.state_dir, base),
-            "share": pf.node.share,
-        },
+        "node": node_section(pf),
         "neighbours": [_FlowMap(id=n.id, address=n.address) for n in pf.neighbours],
         "run": run_section(pf.run, pf.daemon),
     }

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 from dacflnode.algorithms import graphs
 from dacflnode.cli.main import cli
 from dacflnode.node.peers import load_peers
+from dacflnode.security.certs import check_node_files
 
 
 def run(args):
@@ -64,6 +65,7 @@ def test_hosts_cycle_and_neighbours_are_reached_at_their_host(tmp_path):
             "h0,h1",
             "--listen-host",
             "0.0.0.0",
+            "--insecure",
             "--base-port",
             "7100",
             "--control-base-port",
@@ -77,6 +79,7 @@ def test_hosts_cycle_and_neighbours_are_reached_at_their_host(tmp_path):
     for i in range(5):
         pf = files[f"node-{i}"]
         assert pf.node.listen == f"0.0.0.0:{7100 + i}"
+        assert pf.node.insecure and pf.node.tls is None
         assert pf.node.control == f"127.0.0.1:{9100 + i}"
         for n in pf.neighbours:
             j = int(n.id.split("-")[1])
@@ -95,3 +98,59 @@ def test_simulation_only_algorithm_is_refused(tmp_path):
     args = ["topology", "ring", "--nodes", "4", "--algorithm", "fedavg", "--out", str(tmp_path)]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2 and "simulation-only" in result.stderr
+
+
+def test_tls_creates_the_certificates_and_names_them_in_every_file(tmp_path):
+    certs = tmp_path / "certs"
+    args = ["topology", "ring", "--nodes", "3", "--listen-host", "0.0.0.0", "--tls", str(certs)]
+    result = run([*args, "--out", str(tmp_path / "peers"), "--json"])
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert [n["tls"] for n in listing] == [str(certs / f"node-{i}.crt") for i in range(3)]
+    files, _ = neighbour_sets(tmp_path / "peers")
+    for node, pf in files.items():
+        tls = pf.node.tls
+        assert tls is not None and not pf.node.insecure
+        assert (tls.ca, tls.cert, tls.key) == (
+            certs / "ca.crt",
+            certs / f"{node}.crt",
+            certs / f"{node}.key",
+        )
+        check_node_files(tls, node)
+        text = (tmp_path / "peers" / f"{node}.yaml").read_text()
+        assert f"cert: {certs / node}.crt" in text  # absolute in the file
+
+
+def test_tls_with_an_existing_folder_keeps_its_ca_and_adds_the_missing_nodes(tmp_path):
+    certs = tmp_path / "certs"
+    assert run(["certs", "--out", str(certs), "node-0"]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+    args = ["topology", "complete", "--nodes", "3", "--tls", str(certs), "--out", str(tmp_path)]
+    result = run(args)
+    assert result.exit_code == 0, result.output
+    assert {n: (certs / n).read_bytes() for n in before} == before
+    assert sorted(p.name for p in certs.glob("*.crt")) == [
+        "ca.crt", "node-0.crt", "node-1.crt", "node-2.crt"
+    ]
+    for i in range(3):
+        tls = load_peers(tmp_path / f"node-{i}.yaml").node.tls
+        assert tls is not None
+        check_node_files(tls, f"node-{i}")
+
+
+def test_a_listen_others_can_reach_needs_tls_or_insecure(tmp_path):
+    args = ["topology", "ring", "--nodes", "3", "--hosts", "10.0.0.1,10.0.0.2,10.0.0.3"]
+    result = CliRunner().invoke(cli, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: tls: node-0 listens on 10.0.0.1")
+    assert "--tls DIR" in result.stderr and "--insecure" in result.stderr
+    assert not list(tmp_path.glob("*.yaml"))
+
+
+def test_tls_and_insecure_together_are_refused_before_anything_is_written(tmp_path):
+    certs = tmp_path / "certs"
+    args = ["topology", "ring", "--nodes", "3", "--tls", str(certs), "--insecure"]
+    result = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "peers")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: insecure: contradicts --tls")
+    assert not certs.exists() and not (tmp_path / "peers").exists()

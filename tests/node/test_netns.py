@@ -140,7 +140,7 @@ def cluster(lab: Lab, tmp_path_factory) -> Run:
     root = tmp_path_factory.mktemp("netns")
     paths = generate_cluster(KIND, NODES, CFG, root / "peers", hosts=lab.ips,
                              ports=[PORT] * NODES, control_ports=[CONTROL_PORT] * NODES,
-                             state_root=root, round_deadline=60, hello_timeout=90)
+                             state_root=root, round_deadline=60, hello_timeout=90, insecure=True)
     procs: list[subprocess.Popen[bytes]] = []
     started = time.monotonic()
     try:

@@ -23,6 +23,7 @@ node:
   control: 127.0.0.1:9001
   state_dir: state/node-1
   share: 1
+  insecure: true
 neighbours:
   - {id: node-0, address: 127.0.0.1:7000}
   - {id: node-2, address: "[::1]:7002"}
@@ -43,7 +44,7 @@ run:
 """
 
 MINIMAL = """\
-node: {id: a, listen: 10.0.0.1:7005}
+node: {id: a, listen: 10.0.0.1:7005, insecure: true}
 neighbours: [{id: b, address: 10.0.0.2:7005}]
 run: {members: [b, a, c], edges: [[a, b], [b, c]]}
 """
@@ -200,3 +201,117 @@ def test_the_daemon_runs_the_algorithms_that_need_no_god_node():
     for name in ALGORITHMS:
         assert (name in DAEMON_ALGORITHMS) == make_algorithm(name).decentralized
         assert make_algorithm(name).decentralized != make_algorithm(name).global_model
+
+
+# ---------------------------------------------------------------------------------- security
+TOKEN = "s3cret-token-0123456789"
+TLS = f"""\
+node:
+  id: a
+  listen: 0.0.0.0:7005
+  control: 10.0.0.1:8005
+  control_token: {TOKEN}
+  tls: {{ca: certs/ca.crt, cert: certs/a.crt, key: /etc/keys/a.key}}
+neighbours: [{{id: b, address: 10.0.0.2:7005}}]
+run: {{members: [b, a, c], edges: [[a, b], [b, c]]}}
+"""
+PLAIN_LOCAL = MINIMAL.replace(", insecure: true", "")
+
+
+def test_tls_paths_are_relative_to_the_file_and_round_trip(tmp_path):
+    pf = load_peers(write(tmp_path, TLS))
+    tls = pf.node.tls
+    assert tls is not None
+    assert (tls.ca, tls.cert, tls.key) == (
+        tmp_path / "certs" / "ca.crt",
+        tmp_path / "certs" / "a.crt",
+        Path("/etc/keys/a.key"),
+    )
+    assert pf.node.control_token == TOKEN and not pf.node.insecure
+    text = dump_peers(pf)
+    assert yaml.safe_load(text)["node"]["tls"]["ca"] == str(tmp_path / "certs" / "ca.crt")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert load_peers(write(tmp_path, text)) == pf
+    # written absolute: a copy in another folder names the same files
+    assert load_peers(write(elsewhere, text)).node.tls == tls
+
+
+def test_the_control_token_never_shows_in_repr(tmp_path):
+    pf = load_peers(write(tmp_path, TLS))
+    assert TOKEN not in repr(pf.node) and TOKEN not in repr(pf)
+
+
+def test_insecure_is_written_back_only_when_set(tmp_path):
+    insecure = load_peers(write(tmp_path, MINIMAL))
+    assert insecure.node.insecure and insecure.node.tls is None
+    assert yaml.safe_load(dump_peers(insecure))["node"]["insecure"] is True
+    local = load_peers(write(tmp_path, PLAIN_LOCAL.replace("10.0.0.1:7005", "127.0.0.1:7005")))
+    assert set(yaml.safe_load(dump_peers(local))["node"]) == {
+        "id", "listen", "control", "state_dir", "share"
+    }
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:7005", "127.3.2.1:7005", "'[::1]:7005'",
+                                    "localhost:7005"])
+def test_a_loopback_listen_needs_neither_tls_nor_insecure(tmp_path, listen):
+    pf = load_peers(write(tmp_path, PLAIN_LOCAL.replace("10.0.0.1:7005", listen)))
+    assert pf.node.tls is None and not pf.node.insecure
+
+
+@pytest.mark.parametrize("listen", ["10.0.0.1:7005", "0.0.0.0:7005", "'[::]:7005'",
+                                    "node-a.example:7005"])
+def test_a_listen_others_can_reach_needs_tls_or_insecure(tmp_path, listen):
+    path = write(tmp_path, PLAIN_LOCAL.replace("10.0.0.1:7005", listen))
+    pattern = r"reachable from other hosts.*node\.insecure: true"
+    with pytest.raises(ConfigError, match=pattern) as err:
+        load_peers(path)
+    assert err.value.field == "node.listen" and str(path) in err.value.message
+
+
+def test_an_exposed_control_with_tls_and_token_is_accepted(tmp_path):
+    pf = load_peers(write(tmp_path, TLS.replace("10.0.0.1:8005", "0.0.0.0:8005")))
+    assert pf.node.control == "0.0.0.0:8005"
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        (TLS.replace("  tls: {ca: certs/ca.crt,", "  x: {ca: certs/ca.crt,").replace(
+            "control_token", "colour"), "node.colour", "unknown key"),
+        (TLS.replace("ca: certs/ca.crt, ", ""), "node.tls.ca", "required"),
+        (TLS.replace("key: /etc/keys/a.key", "key: ''"), "node.tls.key", "expected a path"),
+        (TLS.replace("{ca:", "{crl: x, ca:"), "node.tls.crl", "unknown key"),
+        (TLS.replace("tls: {ca: certs/ca.crt, cert: certs/a.crt, key: /etc/keys/a.key}",
+                     "tls: [a]"), "node.tls", "expected a mapping"),
+        (MINIMAL.replace("insecure: true", "insecure: 'yes'"), "node.insecure",
+         "expected true or false"),
+        (TLS.replace("  tls:", "  insecure: true\n  tls:"), "node.insecure",
+         "contradicts node.tls"),
+        (TLS.replace("  tls: {ca: certs/ca.crt, cert: certs/a.crt, key: /etc/keys/a.key}\n",
+                     "  insecure: true\n"),
+         "node.control", "needs node.tls and node.control_token"),
+        (TLS.replace(f"  control_token: {TOKEN}\n", ""), "node.control_token",
+         "required: node.control 10.0.0.1:8005 is reachable"),
+        (TLS.replace(TOKEN, "short"), "node.control_token", "at least 16 printable"),
+        (TLS.replace(TOKEN, "'has a space in the middle'"), "node.control_token",
+         "without spaces"),
+        (TLS.replace(TOKEN, "12345"), "node.control_token", "expected a string, got int"),
+        (TLS.replace("{id: b,", "{id: 10.0.0.9,").replace("[b, a, c]", "['10.0.0.9', a, c]")
+         .replace("[[a, b], [b, c]]", "[[a, '10.0.0.9'], ['10.0.0.9', c]]"),
+         "neighbours[0].id", "is an IP address"),
+    ],
+)
+def test_each_security_error_names_its_dotted_key_and_the_file(tmp_path, text, field, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_peers(path)
+    assert err.value.field == field, err.value
+    assert str(path) in err.value.message
+
+
+def test_a_bad_token_is_never_echoed(tmp_path):
+    bad = "short\u00e9tok"
+    with pytest.raises(ConfigError) as err:
+        load_peers(write(tmp_path, TLS.replace(TOKEN, bad)))
+    assert err.value.field == "node.control_token" and bad not in str(err.value)

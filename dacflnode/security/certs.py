@@ -1,0 +1,325 @@
+"""A small certificate authority for a run: one CA, one certificate per node.
+
+Mutual TLS pins identities: a node's certificate carries its node id as a DNS
+subject-alternative name, clients connect with the target name overridden to the id they expect,
+and a server reads the id of whoever connects from the verified client certificate. So each node
+certificate is usable as a TLS server and a TLS client certificate (serverAuth and clientAuth
+extended key usages) and is signed by the run's CA, which every node trusts.
+
+Files in the output folder::
+
+    ca.crt  ca.key          the CA (self-signed; CA:true, keyCertSign)
+    <id>.crt  <id>.key      one pair per node
+
+Keys are EC P-256, PEM (PKCS#8, unencrypted), created with mode 0600 — their protection is the
+file mode, so a folder that already holds a CA reuses it to add nodes, and a node whose files
+exist keeps them (they are checked against the CA, never overwritten). Everything is built with
+the ``cryptography`` library; nothing shells out to openssl. A run that already has a PKI needs
+none of this: see ``docs/security.md`` for what its certificates must contain.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509 import verification
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from dacflnode.errors import ConfigError
+from dacflnode.security.tls import TlsFiles
+
+__all__ = [
+    "CA_CERT",
+    "CA_DAYS",
+    "CA_KEY",
+    "NODE_DAYS",
+    "NODE_ID_RE",
+    "check_node_files",
+    "check_node_id",
+    "node_ids_of",
+    "tls_files",
+    "write_certs",
+]
+
+#: A node id, as peers files accept it: 1-128 letters, digits, '.', '_' or '-', starting with a
+#: letter or digit (also a valid DNS subject-alternative name).
+NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+CA_CERT = "ca.crt"
+CA_KEY = "ca.key"
+#: Validity of a new CA and of a new node certificate, in days.
+CA_DAYS = 3650
+NODE_DAYS = 825
+
+_KEY_MODE = 0o600
+_CERT_MODE = 0o644
+# a certificate is valid from a little before it is made, so that a neighbour whose clock runs
+# a few minutes behind accepts it
+_BACKDATE = datetime.timedelta(hours=1)
+
+
+def check_node_id(node_id: str, field: str = "node_id") -> str:
+    """``node_id`` if it can name a node and its certificate, else a ConfigError for ``field``.
+
+    The rule is the peers file's (:data:`NODE_ID_RE`), and an id may not be an IP address: a
+    client that overrides the TLS target name with an IP literal matches IP, not DNS, names.
+    """
+    if not NODE_ID_RE.fullmatch(node_id):
+        raise ConfigError(
+            field,
+            "node ids are 1-128 letters, digits, '.', '_' or '-' (starting with a letter or"
+            f" digit), got {node_id!r}",
+        )
+    try:
+        ipaddress.ip_address(node_id)
+    except ValueError:
+        return node_id
+    raise ConfigError(
+        field, f"{node_id!r} is an IP address; a node id for TLS must be a name (e.g. node-0)"
+    )
+
+
+def tls_files(out_dir: Path, node_id: str) -> TlsFiles:
+    """The TLS files :func:`write_certs` makes for ``node_id`` in ``out_dir``."""
+    return TlsFiles(out_dir / CA_CERT, out_dir / f"{node_id}.crt", out_dir / f"{node_id}.key")
+
+
+def write_certs(
+    out_dir: Path, node_ids: Sequence[str], *, node_days: int = NODE_DAYS
+) -> list[Path]:
+    """Create what is missing in ``out_dir``: the CA, and a certificate and key per node id.
+
+    Returns the files written, in order (empty when everything existed). An existing CA is
+    reused; an existing node pair is kept after checking that the CA signed it for that id.
+    Raises ConfigError on a bad node id, on half a pair (a certificate without its key or the
+    reverse), on node files the CA did not issue — rather than overwrite anything — and on a
+    file it cannot write (field ``out``).
+    """
+    ids = [check_node_id(n, f"node_ids[{k}]") for k, n in enumerate(node_ids)]
+    for k, node_id in enumerate(ids):
+        if node_id in ids[:k]:
+            raise ConfigError(f"node_ids[{k}]", f"{node_id!r} is given twice")
+        if node_id == Path(CA_CERT).stem:
+            raise ConfigError(f"node_ids[{k}]", f"{node_id!r} would be the CA's file names")
+    if node_days < 1:
+        raise ConfigError("days", f"must be >= 1, got {node_days}")
+    written: list[Path] = []
+    try:
+        _fill(Path(out_dir), ids, node_days, written)
+    except OSError as exc:  # a folder we may not write, a file planted meanwhile (O_EXCL)
+        raise ConfigError(
+            "out", f"cannot write {exc.filename or out_dir}: {exc.strerror or exc}"
+        ) from None
+    return written
+
+
+def _fill(out_dir: Path, ids: list[str], node_days: int, written: list[Path]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ca = _load_or_create_ca(out_dir, written)
+    for node_id in ids:
+        files = tls_files(out_dir, node_id)
+        have = _existing_pair(files.cert, files.key)
+        if have:
+            check_node_files(files, node_id)
+            continue
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _node_certificate(ca, node_id, key, node_days)
+        _write(files.key, _key_pem(key), _KEY_MODE)
+        written.append(files.key)
+        _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), _CERT_MODE)
+        written.append(files.cert)
+
+
+def check_node_files(files: TlsFiles, node_id: str) -> None:
+    """Check that ``files`` make a usable identity for ``node_id``, or raise ConfigError.
+
+    The certificate must chain to the CA in ``files.ca`` for the DNS name ``node_id`` as a
+    server and as a client certificate, and the key must be the certificate's key.
+    """
+    try:
+        ca_certs = x509.load_pem_x509_certificates(files.ca.read_bytes())
+        cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+        key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+    except OSError as exc:
+        raise ConfigError("tls", f"cannot read {exc.filename}: {exc.strerror}") from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("tls", f"not a PEM certificate or unencrypted key: {exc}") from None
+    if key.public_key() != cert.public_key():
+        raise ConfigError("tls.key", f"{files.key} is not the key of {files.cert}")
+    if node_id not in node_ids_of(cert):
+        raise ConfigError(
+            "tls.cert",
+            f"{files.cert} names {node_ids_of(cert) or 'no DNS name'}, not {node_id!r}",
+        )
+    store = verification.Store(ca_certs)
+    now = datetime.datetime.now(datetime.UTC)
+    builder = verification.PolicyBuilder().store(store).time(now)
+    try:
+        builder.build_server_verifier(x509.DNSName(node_id)).verify(cert, [])
+        builder.build_client_verifier().verify(cert, [])
+    except verification.VerificationError as exc:
+        raise ConfigError(
+            "tls.cert",
+            f"{files.cert} is not a valid {node_id!r} certificate under {files.ca}: {exc}",
+        ) from None
+
+
+def node_ids_of(cert: x509.Certificate) -> list[str]:
+    """The DNS subject-alternative names of ``cert`` — the node ids it proves."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return san.get_values_for_type(x509.DNSName)
+
+
+# ---------------------------------------------------------------------------------------- CA
+@dataclass(frozen=True)
+class _Ca:
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+
+def _load_or_create_ca(out_dir: Path, written: list[Path]) -> _Ca:
+    cert_path, key_path = out_dir / CA_CERT, out_dir / CA_KEY
+    if _existing_pair(cert_path, key_path):
+        try:
+            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+            key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("ca", f"cannot reuse the CA in {out_dir}: {exc}") from None
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != cert.public_key():
+            raise ConfigError("ca", f"{key_path} is not an EC key of {cert_path}")
+        return _Ca(cert, key)
+    strays = sorted(p.name for p in out_dir.glob("*.crt"))
+    if strays:
+        raise ConfigError(
+            "ca",
+            f"{out_dir} has no CA but holds certificates ({', '.join(strays)}) a new CA would"
+            " not have signed: remove them or use another folder",
+        )
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dacflnode CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write(key_path, _key_pem(key), _KEY_MODE)
+    written.append(key_path)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), _CERT_MODE)
+    written.append(cert_path)
+    return _Ca(cert, key)
+
+
+def _node_certificate(
+    ca: _Ca, node_id: str, key: ec.EllipticCurvePrivateKey, days: int
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    public = key.public_key()
+    ca_ski = ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(min(now + datetime.timedelta(days=days), ca.cert.not_valid_after_utc))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(node_id)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+
+
+# ---------------------------------------------------------------------------------------- files
+def _existing_pair(cert: Path, key: Path) -> bool:
+    """Whether both files exist; ConfigError when only one does (never overwrite half a pair)."""
+    if cert.exists() and key.exists():
+        return True
+    if cert.exists() or key.exists():
+        present, missing = (cert, key) if cert.exists() else (key, cert)
+        raise ConfigError(
+            "tls", f"{present} exists but {missing} does not: restore it or remove {present}"
+        )
+    return False
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Create ``path`` with ``mode`` from the start (never a readable moment for a key).
+
+    ``O_EXCL`` refuses an existing file or a planted symlink; the mode is set again because the
+    process umask may have narrowed it (it can only narrow it).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
