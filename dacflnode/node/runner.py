@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,7 @@ from dacflnode.node.training import NodeTrainer
 from dacflnode.transport.base import HandshakeRefused, PeerUnavailable, Transport
 from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.state_guard import ABSURD_RATIO, DistanceGuard
 
 log = logging.getLogger("dacflnode.node")
 
@@ -88,6 +89,9 @@ class NodeSetup:
     checkpoints: bool = True
     executor: Executor | None = None
     run_info: dict[str, str] = field(default_factory=dict)
+    #: Refuse a neighbour's state farther than this many norms of the node's own (see
+    #: :mod:`dacflnode.wire.state_guard`); ``None`` turns the guard off.
+    absurd_ratio: float | None = ABSURD_RATIO
 
 
 @dataclass
@@ -129,6 +133,10 @@ class NodeRunner:
         self._used_prev: tuple[str, ...] = tuple(sorted(used_prev))
         self._peer_rounds: dict[str, int] = {}
         self.on_round: Callable[[RoundReport], None] | None = None
+        #: The node's latest outgoing state: what the guard measures neighbours' states against.
+        self._reference: Mapping[str, torch.Tensor] = setup.algorithm.outgoing(state)
+        if setup.absurd_ratio is not None:
+            transport.inbox.guard = DistanceGuard(lambda: self._reference, setup.absurd_ratio)
 
     # ------------------------------------------------------------------ control
     @property
@@ -228,6 +236,7 @@ class NodeRunner:
         active = self.active(t)
         message = RoundMessage(setup.node_id, t, len(active), alg.outgoing(self.state),
                                self._used_prev)
+        self._reference = message.tensors
         deadline = time.monotonic() + setup.round_deadline
         received = await self._until_stopped(self._exchange(t, active, message, deadline))
         missing = tuple(j for j in active if j not in received)
@@ -301,14 +310,18 @@ class NodeRunner:
             except PeerUnavailable:
                 pass
             except WireError as exc:
-                if exc.reason is Reason.ROUND_PASSED:
-                    return  # the neighbour moved on; it has what it needs from us
+                if exc.reason in (Reason.ROUND_PASSED, Reason.DUPLICATE):
+                    return  # the neighbour moved on, or already has this state (it pulled it)
                 log.warning("%s: %s refused round %d: %s (%s): %s", self.setup.node_id, peer,
                             message.round, exc.code, exc.reason, exc.message)
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 1.0)
 
     async def _pull(self, peer: str, t: int, deadline: float) -> None:
+        """Pull ``peer``'s round-``t`` state, only called when ``peer`` is past round ``t``: it
+        no longer pushes that round, so the pull cannot race a push of it (if one did land,
+        the inbox keeps the first and refuses the second as a duplicate: no harm). The pulled
+        state passes the inbox's guard like a pushed one."""
         try:
             message = await self.transport.pull(
                 peer, t, timeout=max(0.0, min(deadline - time.monotonic(), 30.0)))

@@ -12,7 +12,9 @@ chosen engine (:mod:`dacflnode.sim.engine`):
 * FedAvg: every node mixes all nodes with data-size weights (the server average);
 * D-PSGD and FedAvg are evaluated, and save, the network average (the god node).
 
-No round has a deadline (a simulation has no faults) and no checkpoint is written per round.
+No round has a deadline (a simulation has no faults), no checkpoint is written per round, and
+the absurd-state guard is off (every node is this process's own; the guard protects a daemon from
+the network, see docs/security.md).
 Mixing, completion and training run on the event loop's thread
 (:class:`~dacflnode.sim.engine.OnLoopThread`): there is no network to serve meanwhile, and
 PyTorch's CPU kernels run measurably slower on other threads once several threads use them.
@@ -223,7 +225,7 @@ class Simulation:
                 eval_every=cfg.eval_every, round_deadline=float("inf"),
                 active_neighbours=None if active is None else active(node), mixing=mixing,
                 view=self._view(node), state_dir=self._state_dir(node), checkpoints=False,
-                executor=OnLoopThread(),
+                executor=OnLoopThread(), absurd_ratio=None,
             )
             inbox = Inbox(senders=neighbours[node],
                           current_round=_round_of(by_id, node))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage
 from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.state_guard import StateGuard
 
 #: How long a :meth:`Transport.pull` waits by default, in seconds.
 DEFAULT_PULL_TIMEOUT = 30.0
@@ -30,7 +31,8 @@ class HandshakeRefused(ConnectionError):
 
     ``reason`` says why: :attr:`~dacflnode.wire.errors.Reason.MISMATCH` (model, run settings or
     protocol differ), :attr:`~dacflnode.wire.errors.Reason.NOT_NEIGHBOUR` (it does not list this
-    node), or :attr:`~dacflnode.wire.errors.Reason.OTHER`.
+    node), :attr:`~dacflnode.wire.errors.Reason.NOT_AUTHENTICATED` (this node's certificate does
+    not carry the id it claimed), or :attr:`~dacflnode.wire.errors.Reason.OTHER`.
     """
 
     def __init__(self, message: str, reason: Reason = Reason.OTHER) -> None:
@@ -99,11 +101,18 @@ class Inbox:
     before this node and push the next); anything older or further ahead is refused.
     The messages may hold the very tensors their sender pushed (the in-memory transport's
     no-copy mode): whoever reads them treats them as read-only.
+
+    Each sender has at most one message per round: a second one is refused
+    (``ALREADY_EXISTS``, :attr:`~Reason.DUPLICATE`) and the first is kept, so a replayed or
+    forged second push cannot replace a state. ``guard``, when set (the node runner sets a
+    :class:`~dacflnode.wire.state_guard.DistanceGuard`), judges every message in a worker
+    thread before it is buffered; its refusal is raised as a :class:`WireError`.
     """
 
     senders: Collection[str]
     current_round: Callable[[], int]
     window: int = 1
+    guard: StateGuard | None = None
     _messages: dict[int, dict[str, RoundMessage]] = field(default_factory=dict)
     _changed: asyncio.Condition | None = None
 
@@ -126,14 +135,32 @@ class Inbox:
             return Refusal(Reason.ROUND_AHEAD, f"this node is only in round {current}")
         return None
 
-    async def put(self, message: RoundMessage) -> None:
-        """Buffer ``message``; raises :class:`~dacflnode.wire.errors.WireError`
-        (``FAILED_PRECONDITION``, with the :meth:`refusal` reason) if its round is not accepted."""
+    def has(self, round_: int, sender: str) -> bool:
+        """Whether ``sender``'s message for ``round_`` is buffered."""
+        return sender in self._messages.get(round_, {})
+
+    def _admissible(self, message: RoundMessage) -> None:
         refused = self.refusal(message.round)
         if refused is not None:
             raise WireError(refused.code,
                             f"round {message.round} refused: {refused.detail}", refused.reason)
+        if self.has(message.round, message.sender):
+            raise WireError("ALREADY_EXISTS",
+                            f"the state of {message.sender} for round {message.round} was "
+                            "received already", Reason.DUPLICATE)
+
+    async def put(self, message: RoundMessage) -> None:
+        """Buffer ``message``; raises :class:`~dacflnode.wire.errors.WireError`
+        (``FAILED_PRECONDITION``, with the :meth:`refusal` reason) if its round is not accepted,
+        (``ALREADY_EXISTS``, :attr:`~Reason.DUPLICATE`) if its sender's message for that round
+        is here already, or the :attr:`guard`'s refusal."""
+        self._admissible(message)
+        if self.guard is not None:
+            refused = await asyncio.to_thread(self.guard, message)
+            if refused is not None:
+                raise WireError(refused.code, refused.detail, refused.reason)
         async with self._condition():
+            self._admissible(message)  # the round, or a concurrent push, may have moved on
             self._messages.setdefault(message.round, {})[message.sender] = message
             self._condition().notify_all()
 

@@ -118,6 +118,9 @@ class MemoryTransport(Transport):
         self.tensors = dict(tensors)
         self.stats = {p: PeerStats() for p in sorted(self.peers)}
         self.receiver = Receiver(identity, inbox, self.tensors, self.stats)
+        #: Who this node is to the peers it calls: the in-memory network knows its callers,
+        #: as mutual TLS does on the network.
+        self._me = frozenset({identity.node_id})
         self.running = False
         self.closed = False
         self._outgoing = HeaderCache(self.receiver)
@@ -155,7 +158,8 @@ class MemoryTransport(Transport):
         target = self._reach(peer)
         started = time.perf_counter()
         try:
-            reply = target.receiver.hello(hello_request(self.identity))
+            reply = target.receiver.hello(hello_request(self.identity), self.address,
+                                          peer_ids=self._me)
         except WireError as exc:
             if exc.code in HANDSHAKE_REFUSALS:
                 raise HandshakeRefused(exc.message, exc.reason) from exc
@@ -176,7 +180,8 @@ class MemoryTransport(Transport):
                     await self._push_stream(target, message, stats)
                 else:
                     self.receiver.publish(message, None)
-                    stats.bytes_sent += await target.receiver.accept(message, self.address)
+                    stats.bytes_sent += await target.receiver.accept(message, self.address,
+                                                                     peer_ids=self._me)
         except TimeoutError as exc:
             stats.connected = False
             raise PeerUnavailable(f"push of round {message.round} to {peer} timed out after "
@@ -194,7 +199,7 @@ class MemoryTransport(Transport):
                 yield chunk
 
         try:
-            await target.receiver.push(chunks(), peer=self.address)
+            await target.receiver.push(chunks(), peer=self.address, peer_ids=self._me)
         finally:
             stats.bytes_sent += stream.sent
 
@@ -214,12 +219,13 @@ class MemoryTransport(Transport):
         try:
             async with asyncio.timeout(timeout):
                 if not self.network.copy:
-                    message = target.receiver.published(request)
+                    message = target.receiver.published(request, self.address,
+                                                        peer_ids=self._me)
                     check_message(pull_expectation(peer, round_, tensors), message)
                     self.stats[peer].bytes_received += message.payload_bytes
                     return message
                 decoder = pull_decoder(peer, round_, tensors)
-                for chunk in target.receiver.pull(request):
+                for chunk in target.receiver.pull(request, self.address, peer_ids=self._me):
                     decoder.take(chunk)
                     await asyncio.sleep(0)
                 message = await asyncio.to_thread(decoder.finish)

@@ -5,8 +5,35 @@ Both transports hand incoming calls to a :class:`Receiver`: the gRPC servicer wr
 :class:`~dacflnode.wire.errors.Reason` in the trailing metadata); the in-memory transport calls it
 directly. So validation, logging and inbox handling are the same code on both.
 
-Every refusal is logged with the peer, the round and the reason, and leaves the node's state
-untouched: nothing reaches the inbox before the whole stream has been validated.
+Every refusal is logged with the peer, the round and the reason (values a peer chose are
+written with ``%r``, so they cannot forge a log line), counted in :attr:`Receiver.refusals`, and
+leaves the node's state untouched: nothing reaches the inbox before the whole stream has been
+validated. The checks, in order:
+
+1. Identity. ``peer_ids`` are the identities the transport authenticated (the DNS names of a
+   verified client certificate; the in-memory transport knows its caller). When given, the
+   ``sender`` of a push, the ``requester`` of a pull and the ``node_id`` of a Hello must be one
+   of them (else :attr:`~Reason.NOT_AUTHENTICATED`), and must be a configured neighbour (else
+   :attr:`~Reason.UNKNOWN_SENDER` or :attr:`~Reason.NOT_NEIGHBOUR`). ``None`` means an
+   unauthenticated transport: only the neighbour check applies. A stranger gets one short,
+   uniform answer, ``PERMISSION_DENIED`` "refused", before anything else is looked at: no
+   member names, rounds or shapes. Its reason names only what the caller got wrong about
+   itself (it claimed an id it did not authenticate as, or it is not a neighbour), so it says
+   nothing about who the members are. Only the log keeps the details.
+2. One stream per sender and round: a second stream while the first is still arriving is
+   refused at its header (``ABORTED``, :attr:`~Reason.IN_PROGRESS`: retry later), a state the
+   inbox already holds (``ALREADY_EXISTS``, :attr:`~Reason.DUPLICATE`: nothing to retry). So a
+   node holds at most one receive buffer per neighbour and accepted round, however many
+   streams are opened.
+3. The header (round, degree, names, dtypes, shapes, size) before any allocation, then size,
+   checksum and finiteness (``INVALID_ARGUMENT``, :attr:`~Reason.NON_FINITE`) off the event
+   loop, then the inbox's guard against absurd states (:mod:`dacflnode.wire.state_guard`).
+4. Deadlines. A push stream that sends no chunk for ``idle_timeout`` seconds
+   (:data:`IDLE_TIMEOUT`) or has not ended after ``stream_timeout`` seconds
+   (:data:`STREAM_TIMEOUT`) is cut with ``RESOURCE_EXHAUSTED`` and reason
+   :attr:`~Reason.IDLE` or :attr:`~Reason.TOO_SLOW`, and its buffer is released. The code is
+   deliberately not ``DEADLINE_EXCEEDED`` or ``UNAVAILABLE``: a sender reads those as "the peer
+   is unreachable", and this peer is reachable, it refused a stream that used up its time.
 
 The in-memory transport's no-copy mode hands over whole messages instead of streams
 (:meth:`Receiver.accept` and :meth:`Receiver.published`): the same checks, in the same order,
@@ -17,37 +44,58 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
+from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.wire.codec import (
     Decoder,
     Expectation,
     RoundMessage,
     check_fields,
+    check_finite,
     dtype_name,
     encode,
     make_header,
 )
-from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, WireError
 
 log = logging.getLogger("dacflnode.transport")
 
+#: Seconds a push stream may send nothing before it is cut (a healthy sender writes a 1 MiB
+#: chunk far more often; a stalled one holds a receive buffer as long as this). Declared with
+#: the node's settings (``run.stream_idle_timeout`` of a peers file).
+IDLE_TIMEOUT = DAEMON_DEFAULTS.stream_idle_timeout
+#: Seconds a whole push stream may take, header to end (bounds how long a stream that trickles
+#: a byte now and then can hold its buffer; generous for a large model on a slow link).
+#: ``run.stream_timeout`` of a peers file.
+STREAM_TIMEOUT = DAEMON_DEFAULTS.stream_timeout
+
 
 def check_message(expect: Expectation, message: RoundMessage) -> None:
-    """Refuse ``message`` exactly as a :class:`Decoder` refuses a header announcing it: sender,
-    round, degree, tensor names, dtypes and shapes (a whole message has no size or checksum to
-    get wrong)."""
+    """Refuse ``message`` exactly as a :class:`Decoder` refuses a stream carrying it: sender,
+    round, degree, tensor names, dtypes and shapes, then finiteness (a whole message has no
+    size or checksum to get wrong)."""
     if message.sender not in expect.senders:
-        raise WireError("PERMISSION_DENIED", f"unknown sender {message.sender!r}",
-                        Reason.UNKNOWN_SENDER)
+        raise WireError("PERMISSION_DENIED", STRANGER_MESSAGE, Reason.UNKNOWN_SENDER,
+                        detail=f"unknown sender {message.sender!r}")
     check_fields(expect, message.round, message.degree,
                  [(n, dtype_name(t), tuple(t.shape)) for n, t in message.tensors.items()])
+    check_finite(message.tensors)
+
+
+def _stranger(reason: Reason, detail: str) -> WireError:
+    return WireError("PERMISSION_DENIED", STRANGER_MESSAGE, reason, detail=detail)
 
 
 class Receiver:
-    """Answers Hello, PushState and PullState for one node."""
+    """Answers Hello, PushState and PullState for one node.
+
+    ``refusals`` counts every refusal by reason (status and metrics read it); ``idle_timeout``
+    and ``stream_timeout`` are the push-stream deadlines (see the module docstring).
+    """
 
     def __init__(
         self,
@@ -55,30 +103,54 @@ class Receiver:
         inbox: Inbox,
         tensors: Mapping[str, tuple[int, ...]],
         stats: dict[str, PeerStats],
+        *,
+        idle_timeout: float = IDLE_TIMEOUT,
+        stream_timeout: float = STREAM_TIMEOUT,
     ) -> None:
         self.identity = identity
         self.inbox = inbox
         self.tensors = dict(tensors)
         self.stats = stats
+        self.idle_timeout = idle_timeout
+        self.stream_timeout = stream_timeout
+        self.refusals: Counter[Reason] = Counter()
         #: What this node sent per round, for pulls; the header is ``None`` for a message
         #: published by the no-copy in-memory path (made when a stream is first asked for).
         self.outbox: dict[int, tuple[RoundMessage, pb.StateHeader | None]] = {}
+        #: ``(sender, round)`` of the push streams being received now.
+        self._receiving: set[tuple[str, int]] = set()
+
+    # ------------------------------------------------------------------ checks
+    def _admit(self, claimed: str, peer_ids: frozenset[str] | None, stranger: Reason) -> None:
+        """Refuse a caller who is not the neighbour ``claimed`` (see the module docstring)."""
+        if peer_ids is not None and claimed not in peer_ids:
+            shown = sorted(peer_ids)[:4]
+            raise _stranger(Reason.NOT_AUTHENTICATED,
+                            f"claims to be {claimed!r} but authenticated as {shown!r}")
+        if claimed not in self.inbox.senders:
+            raise _stranger(stranger, f"{claimed!r} is not a neighbour")
+
+    def _refused(self, call: str, who: str, peer: str, round_: int, exc: WireError) -> None:
+        self.refusals[exc.reason] += 1
+        log.warning("%s from %r (peer %r, round %d) refused: %s: %s (%s)", call, who, peer,
+                    round_, exc.code, exc.detail, exc.reason)
 
     # ------------------------------------------------------------------ Hello
-    def hello(self, request: pb.HelloRequest) -> pb.HelloReply:
+    def hello(
+        self, request: pb.HelloRequest, peer: str = "?", *,
+        peer_ids: frozenset[str] | None = None,
+    ) -> pb.HelloReply:
         other = Identity(request.node_id, request.model_fingerprint, request.run_fingerprint,
                          request.protocol_version)
-        if request.node_id not in self.inbox.senders:
-            log.warning("hello refused: %r is not a neighbour of %s", request.node_id,
-                        self.identity.node_id)
-            raise WireError("PERMISSION_DENIED",
-                            f"{request.node_id!r} is not a neighbour of {self.identity.node_id}",
-                            Reason.NOT_NEIGHBOUR)
-        why = self.identity.mismatch(other)
-        if why is not None:
-            log.error("hello from %s refused: it runs %s", request.node_id, why)
-            raise WireError("FAILED_PRECONDITION", f"{self.identity.node_id} refuses: {why}",
-                            Reason.MISMATCH)
+        try:
+            self._admit(request.node_id, peer_ids, Reason.NOT_NEIGHBOUR)
+            why = self.identity.mismatch(other)
+            if why is not None:
+                raise WireError("FAILED_PRECONDITION", f"{self.identity.node_id} refuses: {why}",
+                                Reason.MISMATCH)
+        except WireError as exc:
+            self._refused("hello", request.node_id, peer, -1, exc)
+            raise
         self.stats.setdefault(request.node_id, PeerStats()).connected = True
         return pb.HelloReply(
             node_id=self.identity.node_id,
@@ -93,40 +165,90 @@ class Receiver:
         return Expectation(senders=self.inbox.senders, tensors=self.tensors,
                            accept_round=self.inbox.refusal)
 
-    async def push(self, stream: AsyncIterator[pb.StateChunk], peer: str = "?") -> pb.PushReply:
+    def _reserve(self, sender: str, round_: int) -> tuple[str, int]:
+        """Claim ``(sender, round_)`` for one stream; refuses a duplicate or a concurrent one."""
+        key = (sender, round_)
+        if self.inbox.has(round_, sender):
+            raise WireError("ALREADY_EXISTS", f"the state of {sender} for round {round_} was "
+                            "received already", Reason.DUPLICATE)
+        if key in self._receiving:
+            raise WireError("ABORTED", f"a state of {sender} for round {round_} is being "
+                            "received on another stream", Reason.IN_PROGRESS)
+        self._receiving.add(key)
+        return key
+
+    async def _chunks(
+        self, stream: AsyncIterator[pb.StateChunk]
+    ) -> AsyncGenerator[pb.StateChunk, None]:
+        """The chunks of ``stream``, cut with ``RESOURCE_EXHAUSTED`` (:attr:`~Reason.IDLE`,
+        :attr:`~Reason.TOO_SLOW`) at the idle or the total deadline."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.stream_timeout
+        chunks = aiter(stream)
+        while True:
+            left = end - loop.time()
+            wait = min(self.idle_timeout, left)
+            try:
+                async with asyncio.timeout(max(wait, 0.0)):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if wait >= left:
+                    raise WireError("RESOURCE_EXHAUSTED", "the stream did not complete within "
+                                    f"{self.stream_timeout:.3g}s", Reason.TOO_SLOW) from None
+                raise WireError("RESOURCE_EXHAUSTED", "the stream sent nothing for "
+                                f"{self.idle_timeout:.3g}s", Reason.IDLE) from None
+            yield chunk
+
+    async def push(
+        self, stream: AsyncIterator[pb.StateChunk], peer: str = "?", *,
+        peer_ids: frozenset[str] | None = None,
+    ) -> pb.PushReply:
         """Validate and assemble one pushed stream, then put it into the inbox."""
         decoder = Decoder(self._expectation())
         sender = "?"
         round_ = -1
+        key: tuple[str, int] | None = None
+        chunks = self._chunks(stream)
         try:
-            async for chunk in stream:
-                if chunk.HasField("header"):
+            async for chunk in chunks:
+                if key is None and chunk.HasField("header"):
                     sender, round_ = chunk.header.sender, int(chunk.header.round)
+                    self._admit(sender, peer_ids, Reason.UNKNOWN_SENDER)
+                    key = self._reserve(sender, round_)
+                    decoder.take(chunk)  # validates the header, then allocates
+                    continue
                 decoder.take(chunk)
             message = await asyncio.to_thread(decoder.finish)  # checksum: off the event loop
-            await self.inbox.put(message)  # refuses if the inbox moved on meanwhile
+            await self.inbox.put(message)  # guard, duplicate, and the round moving on
         except WireError as exc:
-            self._log_refusal(sender, peer, round_, exc)
+            decoder.release()
+            self._refused("push", sender, peer, round_, exc)
             raise
+        finally:
+            await chunks.aclose()
+            if key is not None:
+                self._receiving.discard(key)
         self._received(message, decoder.received)
         return pb.PushReply(round=message.round, received_bytes=decoder.received)
 
-    async def accept(self, message: RoundMessage, peer: str = "?") -> int:
+    async def accept(
+        self, message: RoundMessage, peer: str = "?", *,
+        peer_ids: frozenset[str] | None = None,
+    ) -> int:
         """Validate a whole ``message`` and put it into the inbox as it is (its tensors are
         not copied: the receiving node must treat them as read-only); returns its size."""
         try:
+            self._admit(message.sender, peer_ids, Reason.UNKNOWN_SENDER)
             check_message(self._expectation(), message)
             await self.inbox.put(message)
         except WireError as exc:
-            self._log_refusal(message.sender, peer, message.round, exc)
+            self._refused("push", message.sender, peer, message.round, exc)
             raise
         size = message.payload_bytes
         self._received(message, size)
         return size
-
-    def _log_refusal(self, sender: str, peer: str, round_: int, exc: WireError) -> None:
-        log.warning("push from %s (peer %s, round %d) refused: %s: %s (%s)", sender, peer,
-                    round_, exc.code, exc.message, exc.reason)
 
     def _received(self, message: RoundMessage, size: int) -> None:
         stats = self.stats.setdefault(message.sender, PeerStats())
@@ -143,25 +265,29 @@ class Receiver:
         for r in sorted(self.outbox)[:-keep]:
             del self.outbox[r]
 
-    def published(self, request: pb.PullRequest) -> RoundMessage:
+    def published(
+        self, request: pb.PullRequest, peer: str = "?", *,
+        peer_ids: frozenset[str] | None = None,
+    ) -> RoundMessage:
         """The message kept for the requested round; raises :class:`WireError`
-        (``PERMISSION_DENIED``/``NOT_NEIGHBOUR``, ``NOT_FOUND``/``NOT_KEPT``)."""
-        if request.requester not in self.inbox.senders:
-            log.warning("pull from %r (round %d) refused: not a neighbour of %s",
-                        request.requester, request.round, self.identity.node_id)
-            raise WireError("PERMISSION_DENIED", f"{request.requester!r} is not a neighbour",
-                            Reason.NOT_NEIGHBOUR)
-        found = self.outbox.get(int(request.round))
-        if found is None:
-            log.warning("pull from %s refused: no state kept for round %d (kept: %s)",
-                        request.requester, request.round, sorted(self.outbox))
-            raise WireError("NOT_FOUND", f"no state kept for round {request.round}",
-                            Reason.NOT_KEPT)
+        (``PERMISSION_DENIED`` to a stranger, ``NOT_FOUND``/``NOT_KEPT``)."""
+        try:
+            self._admit(request.requester, peer_ids, Reason.NOT_NEIGHBOUR)
+            found = self.outbox.get(int(request.round))
+            if found is None:
+                raise WireError("NOT_FOUND", f"no state kept for round {request.round} "
+                                f"(kept: {sorted(self.outbox)})", Reason.NOT_KEPT)
+        except WireError as exc:
+            self._refused("pull", request.requester, peer, int(request.round), exc)
+            raise
         return found[0]
 
-    def pull(self, request: pb.PullRequest) -> Iterator[pb.StateChunk]:
+    def pull(
+        self, request: pb.PullRequest, peer: str = "?", *,
+        peer_ids: frozenset[str] | None = None,
+    ) -> Iterator[pb.StateChunk]:
         """The stream of the message kept for the requested round (see :meth:`published`)."""
-        message = self.published(request)
+        message = self.published(request, peer, peer_ids=peer_ids)
         header = self.outbox[message.round][1]
         if header is None:
             header = make_header(message)

@@ -4,9 +4,12 @@ Sending reads the tensors through ``memoryview`` slices, one chunk at a time. Re
 the header completely (sender, round, degree, tensor names, dtypes, shapes and the total size)
 *before* it allocates anything, then writes every chunk straight into one preallocated buffer,
 hashing each chunk as it arrives, and checks size and XXH3-128 checksum at the end. The checksum
-guards against corruption and truncation (gRPC over TLS is what guards against tampering); XXH3
-runs at memory speed, so it costs a few percent of a transfer instead of doubling it. Nothing is
-ever unpickled: the payload is raw little-endian float32 bytes.
+guards against corruption and truncation, not tampering: anyone can compute it for a forged
+payload. Only mutual TLS between neighbours (``node.tls``) guards a connection against tampering
+and spoofing; without it nothing does. XXH3 runs at memory speed, so it costs a few percent of a
+transfer instead of doubling it. Nothing is ever unpickled: the payload is raw little-endian
+float32 bytes, and a payload that holds NaN or an infinity is refused (:func:`check_finite`)
+before anyone can mix it.
 
 Receiving a state of ``B`` bytes costs ``B`` bytes plus one chunk; sending costs one chunk.
 """
@@ -23,12 +26,12 @@ import torch
 import xxhash
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
-from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, Refusal, WireError
 
 __all__ = [
     "CHECKSUM_BYTES", "CHUNK_BYTES", "DTYPES", "PROTOCOL_VERSION", "Decoder", "Expectation",
-    "Reason", "Refusal", "RoundMessage", "WireError", "check_fields", "checksum", "chunks",
-    "decode", "dtype_name", "encode", "make_header",
+    "Reason", "Refusal", "RoundMessage", "WireError", "check_fields", "check_finite", "checksum",
+    "chunks", "decode", "dtype_name", "encode", "make_header",
 ]
 
 PROTOCOL_VERSION = 1
@@ -169,6 +172,19 @@ def check_fields(
     return shapes
 
 
+def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
+    """Refuse a state that holds NaN or an infinity (``INVALID_ARGUMENT``,
+    :attr:`~Reason.NON_FINITE`): one such value poisons every model it is mixed into, and the
+    poison spreads to the whole network within a few rounds. A pass over the payload at
+    memory speed: run it off the event loop for large models."""
+    for name, tensor in tensors.items():
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise WireError("INVALID_ARGUMENT",
+                            f"tensor {name} holds {bad} NaN or infinite values",
+                            Reason.NON_FINITE)
+
+
 def dtype_name(tensor: torch.Tensor) -> str:
     """The wire name of ``tensor``'s dtype (its torch name when the wire does not carry it)."""
     return _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
@@ -197,8 +213,8 @@ class Decoder:
                             Reason.BAD_HEADER)
         exp = self.expect
         if h.sender not in exp.senders:
-            raise WireError("PERMISSION_DENIED", f"unknown sender {h.sender!r}",
-                            Reason.UNKNOWN_SENDER)
+            raise WireError("PERMISSION_DENIED", STRANGER_MESSAGE, Reason.UNKNOWN_SENDER,
+                            detail=f"unknown sender {h.sender!r}")
         shapes = check_fields(
             exp, int(h.round), int(h.degree),
             [(t.name, t.dtype, tuple(int(s) for s in t.shape)) for t in h.tensors],
@@ -233,6 +249,12 @@ class Decoder:
         self._digest.update(data)
         self._filled = end
 
+    def release(self) -> None:
+        """Drop the receive buffer of a refused stream now, not when the last reference to
+        this decoder (a traceback, say) goes."""
+        self._buffer = None
+        self._bytes = None
+
     def take(self, chunk: pb.StateChunk) -> None:
         """Hand over one chunk of the stream, header or data."""
         kind = chunk.WhichOneof("part")
@@ -244,6 +266,8 @@ class Decoder:
             raise WireError("INVALID_ARGUMENT", "empty chunk", Reason.BAD_HEADER)
 
     def finish(self) -> RoundMessage:
+        """The assembled message, once size, checksum and finiteness check out (a pass over
+        the payload: call it off the event loop)."""
         if self._header is None or self._buffer is None or self._bytes is None:
             raise WireError("INVALID_ARGUMENT", "stream ended without a header",
                             Reason.BAD_HEADER)
@@ -260,6 +284,7 @@ class Decoder:
         for name, shape, numel in self._shapes:
             tensors[name] = self._buffer[offset : offset + numel].view(shape)
             offset += numel
+        check_finite(tensors)
         h = self._header
         return RoundMessage(h.sender, int(h.round), int(h.degree), tensors, tuple(h.used))
 

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 #: The trailing-metadata key that carries a refusal's :class:`Reason` over gRPC.
 REASON_METADATA_KEY = "dacfl-reason"
 
+#: All a stranger is told (with ``PERMISSION_DENIED``): nothing about members, rounds or shapes.
+STRANGER_MESSAGE = "refused"
+
 
 class Reason(enum.StrEnum):
     """Why a message or a handshake was refused."""
@@ -32,6 +35,13 @@ class Reason(enum.StrEnum):
     NOT_KEPT = "not-kept"  # a pull asked for a round the peer no longer (or never) kept
     NOT_NEIGHBOUR = "not-neighbour"  # a handshake or pull from a node that is not a neighbour
     MISMATCH = "mismatch"  # handshake: model, run settings or protocol differ
+    NOT_AUTHENTICATED = "not-authenticated"  # the claimed id is not the one the transport verified
+    NON_FINITE = "non-finite"  # the state holds NaN or infinite values
+    ABSURD_STATE = "absurd-state"  # the state is implausibly far from the receiver's own
+    DUPLICATE = "duplicate"  # this sender's state for this round was received already
+    IN_PROGRESS = "in-progress"  # a stream of this sender's state for this round is still arriving
+    IDLE = "idle"  # the stream sent nothing for longer than the idle deadline
+    TOO_SLOW = "too-slow"  # the stream did not complete within the total deadline
     OTHER = "other"  # anything else, and any reason this version does not know
 
     @classmethod
@@ -51,14 +61,19 @@ class WireError(Exception):
     """A message broke the wire contract or was refused.
 
     ``code`` is the gRPC status name the receiver answers with, ``reason`` why, as a type the
-    sender can branch on, ``message`` the human-readable detail.
+    sender can branch on, ``message`` the human-readable text the sender gets. ``detail``, when
+    set, is what only the receiver's log may say: a refusal of a stranger sends the short
+    :data:`STRANGER_MESSAGE` and keeps who claimed what, and why it failed, for the log.
     """
 
-    def __init__(self, code: str, message: str, reason: Reason = Reason.OTHER) -> None:
+    def __init__(
+        self, code: str, message: str, reason: Reason = Reason.OTHER, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.reason = reason
+        self.detail = detail if detail is not None else message
 
     def __repr__(self) -> str:
         return f"WireError({self.code!r}, {self.message!r}, {self.reason!r})"

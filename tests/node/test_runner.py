@@ -20,6 +20,7 @@ from dacflnode.node.training import ThreadedTrainer
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.errors import Reason, WireError
 
 
 def make_runner(
@@ -158,5 +159,52 @@ def test_a_resumed_node_announces_the_neighbours_its_checkpoint_says_it_used():
         a.transport.push = recording_push  # type: ignore[method-assign]
         assert list(await asyncio.gather(a.run(), b.run())) == [True, True]
         assert [(m.round, m.used) for m in sent] == [(1, ("b",))]
+
+    asyncio.run(scenario())
+
+
+def test_a_push_refused_as_a_duplicate_counts_as_delivered():
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"], rounds=1, deadline=0.5)
+        b = make_runner(network, "b", ["a"])
+        await a.transport.start()
+        await b.transport.start()
+        # b already holds a's round-0 state (it pulled it, say)
+        own = a.setup.algorithm.outgoing(a.state)
+        await b.transport.inbox.put(RoundMessage("a", 0, 1, own))
+        calls: list[int] = []
+        push = a.transport.push
+
+        async def counting_push(peer: str, message: RoundMessage, timeout: float) -> None:
+            calls.append(message.round)
+            await push(peer, message, timeout)
+
+        a.transport.push = counting_push  # type: ignore[method-assign]
+        assert await a.run() is True
+        assert calls == [0]  # refused as DUPLICATE: no retry until the deadline
+        assert others() == set()
+
+    asyncio.run(scenario())
+
+
+def test_the_runner_guards_its_inbox_and_an_honest_run_is_never_refused():
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"])
+        b = make_runner(network, "b", ["a"])
+        await a.transport.start()
+        await b.transport.start()
+        assert a.transport.inbox.guard is not None
+        assert list(await asyncio.gather(a.run(), b.run())) == [True, True]
+        for runner in (a, b):
+            assert isinstance(runner.transport, MemoryTransport)
+            assert runner.transport.receiver.refusals == {}
+        forged = RoundMessage("b", 3, 1, {n: torch.full_like(t, 1e6) for n, t in
+                                          a.setup.algorithm.outgoing(a.state).items()})
+        with pytest.raises(WireError) as err:
+            await a.transport.inbox.put(forged)
+        assert err.value.reason is Reason.ABSURD_STATE
+        assert a.transport.inbox.get(3) == {}
 
     asyncio.run(scenario())

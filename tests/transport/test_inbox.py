@@ -7,7 +7,7 @@ import torch
 
 from dacflnode.transport.base import Inbox
 from dacflnode.wire.codec import RoundMessage, WireError
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.errors import Reason, Refusal
 
 
 def inbox_in_round(current: int) -> Inbox:
@@ -29,3 +29,54 @@ async def test_a_put_outside_the_window_raises_a_typed_wire_error() -> None:
         await inbox.put(RoundMessage("a", 2, 1, {"x": torch.zeros(1)}))
     assert (err.value.code, err.value.reason) == ("FAILED_PRECONDITION", Reason.ROUND_PASSED)
     assert inbox.get(2) == {}
+
+
+def msg(sender: str, round_: int, value: float) -> RoundMessage:
+    return RoundMessage(sender, round_, 1, {"x": torch.full((3,), value)})
+
+
+async def test_a_second_message_of_a_sender_for_a_round_is_refused_and_the_first_kept() -> None:
+    inbox = inbox_in_round(4)
+    first = msg("a", 4, 1.0)
+    await inbox.put(first)
+    with pytest.raises(WireError) as err:
+        await inbox.put(msg("a", 4, 2.0))
+    assert (err.value.code, err.value.reason) == ("ALREADY_EXISTS", Reason.DUPLICATE)
+    assert inbox.get(4) == {"a": first}
+    assert inbox.has(4, "a") and not inbox.has(5, "a")
+    await inbox.put(msg("a", 5, 2.0))  # the next round is another message
+
+
+async def test_a_guard_refusal_is_raised_and_nothing_is_buffered() -> None:
+    inbox = inbox_in_round(4)
+    seen: list[int] = []
+
+    def guard(message: RoundMessage) -> Refusal | None:
+        seen.append(message.round)
+        if float(message.tensors["x"].abs().max()) > 10:
+            return Refusal(Reason.ABSURD_STATE, "too far", "INVALID_ARGUMENT")
+        return None
+
+    inbox.guard = guard
+    with pytest.raises(WireError) as err:
+        await inbox.put(msg("a", 4, 1e6))
+    assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", Reason.ABSURD_STATE)
+    assert inbox.get(4) == {}
+    await inbox.put(ok := msg("a", 4, 1.0))
+    assert inbox.get(4) == {"a": ok} and seen == [4, 4]
+
+
+async def test_a_round_that_moved_on_while_the_guard_ran_is_refused() -> None:
+    current = 4
+    inbox = Inbox(senders={"a"}, current_round=lambda: current)
+
+    def slow_guard(message: RoundMessage) -> Refusal | None:
+        nonlocal current
+        current = 5  # the node finished round 4 meanwhile
+        return None
+
+    inbox.guard = slow_guard
+    with pytest.raises(WireError) as err:
+        await inbox.put(msg("a", 4, 1.0))
+    assert err.value.reason is Reason.ROUND_PASSED
+    assert inbox.get(4) == {}

@@ -22,9 +22,11 @@ from dacflnode.transport.base import (
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.handshake import PeerIdentity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
+from dacflnode.transport.receiver import Receiver
 from dacflnode.wire import codec
 from dacflnode.wire.codec import CHUNK_BYTES, PROTOCOL_VERSION, RoundMessage, WireError
 from dacflnode.wire.errors import Reason
+from dacflnode.wire.state_guard import DistanceGuard
 
 P = 64
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
@@ -39,8 +41,8 @@ def message(sender: str, round_: int, p: int = P, seed: int = 0, degree: int = 2
     g = torch.Generator().manual_seed(1000 * round_ + seed + sum(map(ord, sender)))
     omega = torch.randn(p, generator=g)
     x = torch.randn(p, generator=g)
-    # values whose bits a lossy path would change
-    omega[:4] = torch.tensor([-0.0, math.inf, math.nan, 1e-45])
+    # finite values whose bits a lossy path would change (NaN and infinities are refused)
+    omega[:4] = torch.tensor([-0.0, 3.4028235e38, -1.1754944e-38, 1e-45])
     return RoundMessage(sender, round_, degree, {"omega": omega, "x": x}, used=("b", "c"))
 
 
@@ -157,15 +159,20 @@ async def test_handshake_with_a_different_identity_is_refused(cluster, other, re
 
 async def test_a_node_that_is_not_a_neighbour_is_refused(cluster):
     nodes = await cluster.build({"a": ["b"], "b": ["a"], "z": ["b"]})
-    with pytest.raises(HandshakeRefused, match="not a neighbour") as refused:
+    nodes["b"].round = 3
+    with pytest.raises(HandshakeRefused) as refused:
         await nodes["z"].transport.hello("b")
-    assert refused.value.reason is Reason.NOT_NEIGHBOUR
+    assert (str(refused.value), refused.value.reason) == ("refused", Reason.NOT_NEIGHBOUR)
     with pytest.raises(WireError) as err:
-        await nodes["z"].transport.push("b", message("z", 0), timeout=5)
-    assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", Reason.UNKNOWN_SENDER)
+        await nodes["z"].transport.push("b", message("z", 3), timeout=5)
+    assert (err.value.code, err.value.message, err.value.reason) == (
+        "PERMISSION_DENIED", "refused", Reason.UNKNOWN_SENDER)
     with pytest.raises(WireError) as err:
-        await nodes["z"].transport.pull("b", 0)
-    assert (err.value.code, err.value.reason) == ("PERMISSION_DENIED", Reason.NOT_NEIGHBOUR)
+        await nodes["z"].transport.pull("b", 3)
+    assert (err.value.code, err.value.message, err.value.reason) == (
+        "PERMISSION_DENIED", "refused", Reason.NOT_NEIGHBOUR)
+    assert receiver_of(nodes["b"]).refusals == {Reason.NOT_NEIGHBOUR: 2,
+                                                Reason.UNKNOWN_SENDER: 1}
     assert nodes["b"].inbox.get(0) == {}
     with pytest.raises(ValueError, match="not a neighbour"):
         await nodes["a"].transport.push("z", message("a", 0), timeout=5)
@@ -293,7 +300,9 @@ async def test_the_header_is_hashed_once_per_message(cluster, monkeypatch):
     a = nodes["a"].transport
     sent = message("a", 0)
     await asyncio.gather(a.push("b", sent, timeout=5), a.push("c", sent, timeout=5))
-    await a.push("b", sent, timeout=5)  # a retry
+    with pytest.raises(WireError) as err:  # a retry: refused, b has it already
+        await a.push("b", sent, timeout=5)
+    assert (err.value.code, err.value.reason) == ("ALREADY_EXISTS", Reason.DUPLICATE)
     hashed = [] if cluster.kind == "memory-nocopy" else [0]  # no copy: nothing is encoded
     assert calls == hashed
     await a.push("b", message("a", 1), timeout=5)
@@ -406,3 +415,73 @@ async def test_a_push_cut_off_by_stop_while_its_state_is_prepared_raises_transpo
     with pytest.raises(TransportClosed):
         await asyncio.wait_for(push, 5)
     assert nodes["b"].inbox.get(0) == {}
+
+
+def receiver_of(node: Node) -> Receiver:
+    receiver = getattr(node.transport, "receiver", None)
+    assert isinstance(receiver, Receiver)
+    return receiver
+
+
+async def test_a_non_finite_state_from_a_member_is_refused_and_counted(cluster):
+    nodes = await cluster.build(FULL)
+    kept = message("c", 0)
+    await nodes["c"].transport.push("b", kept, timeout=5)
+    for i, bad in enumerate((math.nan, math.inf, -math.inf)):
+        poisoned = message("a", 0, seed=i)
+        poisoned.tensors["x"][7] = bad
+        with pytest.raises(WireError) as err:
+            await nodes["a"].transport.push("b", poisoned, timeout=5)
+        assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", Reason.NON_FINITE)
+    assert set(nodes["b"].inbox.get(0)) == {"c"}
+    assert_bit_exact(nodes["b"].inbox.get(0)["c"], kept)
+    assert receiver_of(nodes["b"]).refusals == {Reason.NON_FINITE: 3}
+    assert nodes["b"].transport.stats["a"].bytes_received == 0
+    await nodes["a"].transport.push("b", ok := message("a", 0), timeout=5)  # still served
+    assert_bit_exact(nodes["b"].inbox.get(0)["a"], ok)
+
+
+async def test_a_forged_huge_state_with_a_valid_checksum_is_refused_by_the_guard(cluster):
+    nodes = await cluster.build(FULL)
+    g = torch.Generator().manual_seed(3)
+    own = RoundMessage("b", 0, 2, {n: torch.randn(P, generator=g) for n in ("omega", "x")})
+    nodes["b"].inbox.guard = DistanceGuard(lambda: own.tensors)
+    forged = RoundMessage("a", 0, 2, {n: torch.full((P,), 1e6) for n in ("omega", "x")})
+    with pytest.raises(WireError) as err:
+        await nodes["a"].transport.push("b", forged, timeout=5)
+    assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", Reason.ABSURD_STATE)
+    assert nodes["b"].inbox.get(0) == {}
+    assert receiver_of(nodes["b"]).refusals == {Reason.ABSURD_STATE: 1}
+    honest = RoundMessage("a", 0, 2, {n: t + 0.01 for n, t in own.tensors.items()})
+    await nodes["a"].transport.push("b", honest, timeout=5)
+    assert_bit_exact(nodes["b"].inbox.get(0)["a"], honest)
+
+
+async def test_one_push_per_sender_and_round_a_duplicate_changes_nothing(cluster):
+    nodes = await cluster.build(FULL)
+    first = message("a", 0)
+    await nodes["a"].transport.push("b", first, timeout=5)
+    received = nodes["b"].transport.stats["a"].bytes_received
+    with pytest.raises(WireError) as err:
+        await nodes["a"].transport.push("b", message("a", 0, seed=5), timeout=5)
+    assert (err.value.code, err.value.reason) == ("ALREADY_EXISTS", Reason.DUPLICATE)
+    assert_bit_exact(nodes["b"].inbox.get(0)["a"], first)
+    assert nodes["b"].transport.stats["a"].bytes_received == received
+    assert receiver_of(nodes["b"]).refusals == {Reason.DUPLICATE: 1}
+
+
+async def test_strangers_get_one_uniform_answer_that_leaks_nothing(cluster):
+    nodes = await cluster.build({"a": ["b"], "b": ["a"], "z": ["b"]})
+    nodes["b"].round = 5
+    z = nodes["z"].transport
+    answers = []
+    with pytest.raises(HandshakeRefused) as refused:
+        await z.hello("b")
+    answers.append(str(refused.value))
+    for attempt in (z.push("b", message("z", 5, p=P + 3), timeout=5), z.pull("b", 5)):
+        with pytest.raises(WireError) as err:
+            await attempt
+        assert err.value.code == "PERMISSION_DENIED"
+        answers.append(err.value.message)
+    assert answers == ["refused"] * 3  # no round 5, no shape, no name of a member
+    assert nodes["b"].inbox.get(5) == {}

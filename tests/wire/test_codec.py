@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from dacflnode.wire.codec import (
     Expectation,
     RoundMessage,
     WireError,
+    check_finite,
     decode,
     encode,
 )
@@ -49,7 +52,7 @@ def test_payload_travels_in_chunks_of_at_most_one_mebibyte():
     ("mutate", "code", "reason", "text"),
     [
         (lambda h: setattr(h, "sender", "mallory"), "PERMISSION_DENIED", Reason.UNKNOWN_SENDER,
-         "unknown sender"),
+         "^refused$"),
         (lambda h: setattr(h, "round", 9), "FAILED_PRECONDITION", Reason.ROUND_AHEAD,
          "round 9 refused: not now"),
         (lambda h: setattr(h, "degree", 0), "INVALID_ARGUMENT", Reason.BAD_HEADER, "degree"),
@@ -76,6 +79,27 @@ def test_bad_headers_are_refused_before_anything_is_allocated(mutate, code, reas
     assert err.value.code == code
     assert err.value.reason is reason
     assert decoder._buffer is None
+
+
+def test_a_stranger_is_told_refused_and_only_the_log_detail_names_it():
+    header = next(encode(message(sender="mallory"))).header
+    with pytest.raises(WireError) as err:
+        Decoder(expect()).header(header)
+    assert err.value.message == "refused"
+    assert "mallory" in err.value.detail
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_payload_with_a_valid_checksum_is_refused(bad):
+    msg = message()
+    msg.tensors["x"][17] = bad
+    with pytest.raises(WireError, match="NaN or infinite") as err:
+        decode(encode(msg, chunk_bytes=1000), expect())
+    assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", Reason.NON_FINITE)
+
+
+def test_check_finite_accepts_extreme_finite_values():
+    check_finite({"x": torch.tensor([-0.0, 3.4028235e38, -3.4028235e38, 1e-45])})
 
 
 def test_truncated_stream_is_data_loss():

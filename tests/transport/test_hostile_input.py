@@ -1,0 +1,213 @@
+"""Hostile input to the serving side: impersonation, strangers, stalled and trickling streams,
+concurrent duplicates, forged log lines. None of it crashes the node or changes its state, and
+every refusal is counted by reason."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+import pytest
+import torch
+
+from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
+from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
+from dacflnode.transport import grpc_transport
+from dacflnode.transport.base import Identity, Inbox, PeerStats
+from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
+from dacflnode.transport.receiver import IDLE_TIMEOUT, STREAM_TIMEOUT, Receiver
+from dacflnode.wire.codec import RoundMessage, WireError, encode
+from dacflnode.wire.errors import Reason
+
+P = 32
+TENSORS = {"omega": (P,), "x": (P,)}
+MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
+LOGGER = "dacflnode.transport"
+
+
+def message(sender: str, round_: int = 0, seed: int = 0) -> RoundMessage:
+    g = torch.Generator().manual_seed(seed)
+    return RoundMessage(sender, round_, 2, {"omega": torch.randn(P, generator=g),
+                                            "x": torch.randn(P, generator=g)})
+
+
+def bob(idle: float = IDLE_TIMEOUT, total: float = STREAM_TIMEOUT) -> Receiver:
+    inbox = Inbox(senders=frozenset({"alice", "carol"}), current_round=lambda: 0)
+    return Receiver(Identity("bob", MODEL, RUN), inbox, TENSORS, {},
+                    idle_timeout=idle, stream_timeout=total)
+
+
+async def stream_of(chunks: Iterable[pb.StateChunk], pause: float = 0.0,
+                    stall_after: int | None = None) -> AsyncIterator[pb.StateChunk]:
+    for i, chunk in enumerate(chunks):
+        if stall_after is not None and i == stall_after:
+            await asyncio.Event().wait()  # never set: the sender stalls
+        if pause:
+            await asyncio.sleep(pause)
+        yield chunk
+
+
+def hello(node_id: str) -> pb.HelloRequest:
+    return pb.HelloRequest(node_id=node_id, protocol_version=1, model_fingerprint=MODEL,
+                           run_fingerprint=RUN)
+
+
+# ---------------------------------------------------------------- identities
+async def test_a_member_pushing_as_another_member_is_refused_as_a_stranger():
+    r = bob()
+    with pytest.raises(WireError) as err:
+        await r.push(stream_of(encode(message("carol"))), peer_ids=frozenset({"alice"}))
+    assert (err.value.code, err.value.message, err.value.reason) == (
+        "PERMISSION_DENIED", "refused", Reason.NOT_AUTHENTICATED)
+    assert r.inbox.get(0) == {}
+    await r.push(stream_of(encode(message("alice"))), peer_ids=frozenset({"alice"}))
+    assert set(r.inbox.get(0)) == {"alice"}
+    assert r.refusals == {Reason.NOT_AUTHENTICATED: 1}
+
+
+async def test_a_member_pulling_as_another_member_is_refused():
+    r = bob()
+    r.publish(message("bob"), None)
+    with pytest.raises(WireError) as err:
+        r.pull(pb.PullRequest(requester="carol", round=0), peer_ids=frozenset({"alice"}))
+    assert (err.value.code, err.value.message, err.value.reason) == (
+        "PERMISSION_DENIED", "refused", Reason.NOT_AUTHENTICATED)
+    chunks = list(r.pull(pb.PullRequest(requester="alice", round=0),
+                         peer_ids=frozenset({"alice"})))
+    assert chunks[0].header.sender == "bob"
+
+
+@pytest.mark.parametrize("claimed", ["alice", "carol", "mallory"])
+def test_a_stranger_learns_nothing_about_membership_from_its_refusal(claimed):
+    # authenticated as mallory (or as no one): the answer is the same whoever it claims to be
+    r = bob()
+    for peer_ids in (frozenset({"mallory"}), frozenset()):
+        with pytest.raises(WireError) as err:
+            r.hello(hello(claimed + "-not-me"), peer_ids=peer_ids)
+        assert (err.value.code, err.value.message, err.value.reason) == (
+            "PERMISSION_DENIED", "refused", Reason.NOT_AUTHENTICATED)
+    assert r.refusals == {Reason.NOT_AUTHENTICATED: 2}
+
+
+def test_an_authenticated_node_that_is_not_a_neighbour_is_refused():
+    r = bob()
+    with pytest.raises(WireError) as err:
+        r.hello(hello("mallory"), peer_ids=frozenset({"mallory"}))
+    assert (err.value.message, err.value.reason) == ("refused", Reason.NOT_NEIGHBOUR)
+    assert r.hello(hello("alice"), peer_ids=frozenset({"alice"})).node_id == "bob"
+
+
+async def test_a_newline_in_a_claimed_id_cannot_forge_a_log_line(caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    r = bob()
+    forged = "x\nWARNING dacflnode.node: all rounds done"
+    with pytest.raises(WireError):
+        await r.push(stream_of(encode(message(forged))))
+    with pytest.raises(WireError):
+        r.hello(hello(forged))
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == LOGGER]
+    assert len(lines) == 2 and not any("\n" in line for line in lines)
+    assert all(repr(forged) in line for line in lines)
+
+
+# ---------------------------------------------------------------- one stream per round
+async def test_a_second_stream_while_the_first_arrives_is_refused_in_progress():
+    r = bob()
+    first = asyncio.create_task(r.push(stream_of(encode(message("alice"), chunk_bytes=32),
+                                                 pause=0.05)))
+    await asyncio.sleep(0.08)  # the first stream's header is in, its data is not
+    with pytest.raises(WireError) as err:
+        await r.push(stream_of(encode(message("alice", seed=1))))
+    assert (err.value.code, err.value.reason) == ("ABORTED", Reason.IN_PROGRESS)
+    await first
+    assert torch.equal(r.inbox.get(0)["alice"].tensors["x"], message("alice").tensors["x"])
+    with pytest.raises(WireError) as err:  # done now: a duplicate
+        await r.push(stream_of(encode(message("alice", seed=1))))
+    assert (err.value.code, err.value.reason) == ("ALREADY_EXISTS", Reason.DUPLICATE)
+    assert r.refusals == {Reason.IN_PROGRESS: 1, Reason.DUPLICATE: 1}
+
+
+# ---------------------------------------------------------------- deadlines
+async def test_a_stalled_stream_is_cut_at_the_idle_deadline_and_released():
+    r = bob(idle=0.2)
+    started = time.monotonic()
+    with pytest.raises(WireError) as err:
+        await r.push(stream_of(encode(message("alice"), chunk_bytes=32), stall_after=2))
+    assert 0.2 <= time.monotonic() - started < 2.0
+    assert (err.value.code, err.value.reason) == ("RESOURCE_EXHAUSTED", Reason.IDLE)
+    assert r.inbox.get(0) == {} and r.refusals == {Reason.IDLE: 1}
+    await r.push(stream_of(encode(message("alice"))))  # its round is free again
+    assert set(r.inbox.get(0)) == {"alice"}
+
+
+async def test_a_trickling_stream_is_cut_at_the_total_deadline():
+    r = bob(idle=1.0, total=0.4)
+    started = time.monotonic()
+    with pytest.raises(WireError) as err:  # a chunk every 0.1 s: never idle, never done
+        await r.push(stream_of(encode(message("alice"), chunk_bytes=4), pause=0.1))
+    assert 0.4 <= time.monotonic() - started < 2.0
+    assert (err.value.code, err.value.reason) == ("RESOURCE_EXHAUSTED", Reason.TOO_SLOW)
+    assert r.inbox.get(0) == {} and r.refusals == {Reason.TOO_SLOW: 1}
+
+
+def test_the_default_deadlines_are_generous_but_finite():
+    assert (IDLE_TIMEOUT, STREAM_TIMEOUT) == (30.0, 300.0)
+    r = Receiver(Identity("bob", MODEL, RUN), Inbox(senders={"a"}, current_round=lambda: 0),
+                 TENSORS, {"a": PeerStats()})
+    assert (r.idle_timeout, r.stream_timeout) == (IDLE_TIMEOUT, STREAM_TIMEOUT)
+
+
+async def grpc_bob(idle: float) -> tuple[GrpcTransport, grpc.aio.Channel]:
+    inbox = Inbox(senders={"alice"}, current_round=lambda: 0)
+    server = GrpcTransport(Identity("bob", MODEL, RUN), "127.0.0.1:0", {"alice": ""}, inbox,
+                           TENSORS)
+    server.receiver.idle_timeout = idle
+    await server.start()
+    return server, grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+
+
+async def test_over_grpc_a_stalled_stream_is_cut_at_once_not_drained():
+    server, channel = await grpc_bob(idle=0.3)
+    stub = neighbor_pb2_grpc.NeighborStub(channel)
+    try:
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.PushState(stream_of(encode(message("alice"), chunk_bytes=32),
+                                           stall_after=2), timeout=20)
+        assert (err.value.code(), reason_of(err.value)) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.IDLE)
+        assert time.monotonic() - started < 0.3 + grpc_transport.DRAIN_SECONDS / 2
+    finally:
+        await channel.close()
+        await server.stop(grace=0)
+
+
+async def test_over_grpc_stalled_streams_hold_one_buffer_and_are_cut(monkeypatch):
+    monkeypatch.setattr(grpc_transport, "DRAIN_SECONDS", 0.5)  # refused stalled streams
+    server, channel = await grpc_bob(idle=0.3)
+    inbox = server.inbox
+    stub = neighbor_pb2_grpc.NeighborStub(channel)
+    try:
+        started = time.monotonic()
+        calls = [stub.PushState(stream_of(encode(message("alice"), chunk_bytes=32),
+                                          stall_after=1), timeout=20) for _ in range(5)]
+        codes = []
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            codes.append((err.value.code(), reason_of(err.value)))
+        elapsed = time.monotonic() - started
+        # one stream holds alice's round-0 buffer until it is cut; the others are refused
+        assert codes.count((grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.IDLE)) == 1, codes
+        assert codes.count((grpc.StatusCode.ABORTED, Reason.IN_PROGRESS)) == 4, codes
+        assert elapsed < 5.0
+        assert inbox.get(0) == {} and server.receiver._receiving == set()
+        assert server.receiver.refusals == {Reason.IDLE: 1, Reason.IN_PROGRESS: 4}
+        await stub.PushState(stream_of(encode(message("alice"))), timeout=5)
+        assert set(inbox.get(0)) == {"alice"}
+    finally:
+        await channel.close()
+        await server.stop(grace=0)
