@@ -1,4 +1,10 @@
-"""``dacflnode start|status|metrics|stop``: run a node and query it."""
+"""``dacflnode start|status|metrics|stop``: run a node and query it.
+
+The query commands reach the node's Control service. Its token comes from ``--token``, else the
+environment variable ``DACFLNODE_CONTROL_TOKEN``, else ``node.control_token`` of ``--peers``;
+a control address that is not loopback is reached over TLS, verified against the CA of the
+peers file's ``node.tls`` and the node id (or ``--ca`` and ``--server-name``).
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,28 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import yaml
 from rich.console import Console
 from rich.table import Table
 
 from dacflnode.cli.errors import config_errors
 
+if TYPE_CHECKING:
+    from dacflnode.node.peers import PeersFile
+    from dacflnode.transport.control_types import ControlAuth
+
 DEFAULT_CONTROL = "127.0.0.1:8000"
+#: The environment variable the query commands read the control token from.
+TOKEN_ENV = "DACFLNODE_CONTROL_TOKEN"
+
+T = TypeVar("T")
 
 
 @click.command()
@@ -23,8 +41,11 @@ DEFAULT_CONTROL = "127.0.0.1:8000"
               help="This node's peers.yaml (see `dacflnode topology` to generate them).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option("--insecure", is_flag=True,
+              help="Allow a non-loopback node.listen without node.tls (the same as "
+                   "node.insecure: true): neighbours are then not authenticated.")
 @config_errors
-def start(peers_file: str, log_level: str) -> None:
+def start(peers_file: str, log_level: str, insecure: bool) -> None:
     """Run this node until its rounds are done (SIGTERM/SIGINT: checkpoint and exit 0).
 
     It serves its neighbours, waits for them (they may start in any order), runs synchronized
@@ -36,34 +57,123 @@ def start(peers_file: str, log_level: str) -> None:
       dacflnode start --peers cluster/node-0.yaml
     """
     from dacflnode.node.daemon import Daemon, setup_logging
-    from dacflnode.node.peers import load_peers
 
-    pf = load_peers(peers_file)
+    pf = load_for_start(peers_file, insecure)
     setup_logging(pf.node.state_dir, log_level)
     code = asyncio.run(Daemon(pf).run())
     sys.exit(code)
 
 
-def _target(target: str | None, peers_file: str | None) -> str:
-    if target:
-        return target
+def load_for_start(peers_file: str, insecure: bool) -> PeersFile:
+    """The peers file, with ``node.insecure: true`` when ``--insecure`` is given (the check of
+    exposed addresses at load then allows a plaintext non-loopback ``node.listen``)."""
+    from dacflnode.node.peers import load_peers, parse_peers
+
+    if not insecure:
+        return load_peers(peers_file)
+    try:
+        data = yaml.safe_load(Path(peers_file).read_text())
+    except (OSError, yaml.YAMLError):
+        return load_peers(peers_file)  # reports what is wrong with the file
+    node = data.get("node") if isinstance(data, dict) else None
+    if isinstance(node, dict):
+        if node.get("tls") is not None:
+            raise click.UsageError(f"--insecure contradicts node.tls of {peers_file} (a TLS "
+                                   "node refuses plaintext): drop one")
+        node["insecure"] = True
+    return parse_peers(data, peers_file)
+
+
+def _is_loopback(address: str) -> bool:
+    from dacflnode.node.addresses import is_loopback
+
+    host = address.rpartition(":")[0].strip("[]")
+    return is_loopback(host)
+
+
+def _endpoint(target: str | None, peers_file: str | None, token: str | None, ca: str | None,
+              server_name: str | None) -> tuple[str, ControlAuth]:
+    """The control address and how to authenticate to it (see the module docstring)."""
+    from dacflnode.transport.control_types import ControlAuth
+
+    address = target or DEFAULT_CONTROL
+    token = token or os.environ.get(TOKEN_ENV) or None
+    ca_bytes: bytes | None = None
     if peers_file:
         from dacflnode.node.peers import load_peers
 
-        return load_peers(peers_file).node.control
-    return DEFAULT_CONTROL
+        node = load_peers(peers_file).node
+        address = target or node.control
+        token = token or node.control_token
+        if node.tls is not None and not _is_loopback(address) and ca is None:
+            ca_bytes = _read(node.tls.ca, "node.tls.ca")
+            server_name = server_name or node.id
+    if ca is not None:
+        ca_bytes = _read(Path(ca), "--ca")
+    return address, ControlAuth(token=token, ca=ca_bytes, server_name=server_name)
 
 
-def _no_daemon(target: str) -> NoReturn:
-    click.echo(f"error: no dacflnode daemon answers at {target} "
-               "(is it running? pass --target HOST:PORT or --peers FILE)", err=True)
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise click.UsageError(f"{what}: cannot read {path}: {exc.strerror}") from exc
+
+
+def _no_daemon(target: str, auth: ControlAuth, exc: Exception) -> NoReturn:
+    hint = "is it running? pass --target HOST:PORT or --peers FILE"
+    if auth.ca is not None:
+        hint += "; with TLS, check that it serves TLS and that its certificate names " + \
+            repr(auth.server_name or target)
+    elif not _is_loopback(target):
+        hint += ("; an exposed control port speaks TLS: pass --peers FILE, or --ca FILE and "
+                 "--server-name NODE_ID")
+    click.echo(f"error: no dacflnode daemon answers at {target} ({hint})", err=True)
+    click.echo(f"  {exc}", err=True)
     sys.exit(1)
+
+
+def _call(address: str, auth: ControlAuth,
+          make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run one Control call; a missing daemon or a refused token is one clear line, exit 1."""
+    from dacflnode.transport.base import PeerUnavailable
+    from dacflnode.transport.grpc_control import ControlUnauthenticated
+
+    try:
+        return asyncio.run(make())
+    except PeerUnavailable as exc:
+        _no_daemon(address, auth, exc)
+    except ControlUnauthenticated as exc:
+        if exc.token_sent:
+            click.echo(f"error: {exc}: check --token, {TOKEN_ENV} or node.control_token of "
+                       "the peers file", err=True)
+        else:
+            click.echo(f"error: {exc}: pass --token or set {TOKEN_ENV} (or --peers FILE with "
+                       "node.control_token)", err=True)
+        sys.exit(1)
 
 
 target_option = click.option("--target", help=f"Control address of the node [default: "
                              f"{DEFAULT_CONTROL}, or node.control of --peers].")
 peers_option = click.option("--peers", "peers_file", type=click.Path(dir_okay=False),
-                            help="Read the control address from this peers.yaml.")
+                            help="Read the control address, token and CA from this peers.yaml.")
+
+
+def auth_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--token``, ``--ca`` and ``--server-name`` of the query commands."""
+    for option in reversed((
+        click.option("--token", default=None,
+                     help=f"Control token [default: ${TOKEN_ENV}, or node.control_token of "
+                          "--peers]."),
+        click.option("--ca", type=click.Path(dir_okay=False), default=None,
+                     help="CA certificate (PEM): reach the control address over TLS and verify "
+                          "the node's certificate against it."),
+        click.option("--server-name", default=None,
+                     help="With --ca: the node id its certificate must carry [default: the "
+                          "host of --target]."),
+    )):
+        func = option(func)
+    return func
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -85,7 +195,13 @@ def _status_table(data: dict[str, Any]) -> Table:
     table.caption = (f"accuracy {_fmt(None if acc is None else 100 * acc, '.2f')}%  "
                      f"loss {_fmt(data['last_loss'], '.4f')}  "
                      f"residual ‖x−ω‖ {_fmt(data['consensus_residual'], '.4g')}  "
-                     f"device {data['device']}  up {data['uptime_s']:.0f}s")
+                     f"device {data['device']}  up {data['uptime_s']:.0f}s  "
+                     + ("neighbours authenticated by mutual TLS" if data.get("tls") else
+                        "neighbours NOT authenticated (no TLS)"))
+    refusals = data.get("refusals") or {}
+    if refusals:
+        table.caption += "\nrefused: " + ", ".join(
+            f"{reason} {count}" for reason, count in sorted(refusals.items()))
     return table
 
 
@@ -95,9 +211,10 @@ def _status_table(data: dict[str, Any]) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="--watch period.")
+@auth_options
 @config_errors
 def status(target: str | None, peers_file: str | None, as_json: bool, watch: bool,
-           interval: float) -> None:
+           interval: float, token: str | None, ca: str | None, server_name: str | None) -> None:
     """Show a running node: round, phase, neighbours, last accuracy and loss.
 
     \b
@@ -106,18 +223,14 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
       dacflnode status --peers cluster/node-0.yaml --watch
       dacflnode status --json
     """
-    from dacflnode.transport.base import PeerUnavailable
     from dacflnode.transport.grpc_control import fetch_status
 
-    addr = _target(target, peers_file)
+    addr, auth = _endpoint(target, peers_file, token, ca, server_name)
     console = Console()
 
     async def show() -> None:
         while True:
-            try:
-                data = (await fetch_status(addr)).to_json()
-            except PeerUnavailable:
-                _no_daemon(addr)
+            data = (await fetch_status(addr, auth=auth)).to_json()
             if as_json:
                 click.echo(json.dumps(data))
             else:
@@ -129,7 +242,7 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
             await asyncio.sleep(interval)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(show())
+        _call(addr, auth, show)
 
 
 @click.command()
@@ -137,8 +250,10 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
 @peers_option
 @click.option("--format", "fmt", type=click.Choice(["json", "prometheus"]), default="json",
               show_default=True)
+@auth_options
 @config_errors
-def metrics(target: str | None, peers_file: str | None, fmt: str) -> None:
+def metrics(target: str | None, peers_file: str | None, fmt: str, token: str | None,
+            ca: str | None, server_name: str | None) -> None:
     """Print a running node's metrics (JSON, or Prometheus text exposition).
 
     \b
@@ -146,33 +261,27 @@ def metrics(target: str | None, peers_file: str | None, fmt: str) -> None:
       dacflnode metrics --target 127.0.0.1:8000
       dacflnode metrics --peers cluster/node-0.yaml --format prometheus
     """
-    from dacflnode.transport.base import PeerUnavailable
     from dacflnode.transport.grpc_control import fetch_metrics
 
-    addr = _target(target, peers_file)
-    try:
-        click.echo(asyncio.run(fetch_metrics(addr, fmt)).rstrip("\n"))
-    except PeerUnavailable:
-        _no_daemon(addr)
+    addr, auth = _endpoint(target, peers_file, token, ca, server_name)
+    click.echo(_call(addr, auth, lambda: fetch_metrics(addr, fmt, auth=auth)).rstrip("\n"))
 
 
 @click.command()
 @target_option
 @peers_option
+@auth_options
 @config_errors
-def stop(target: str | None, peers_file: str | None) -> None:
+def stop(target: str | None, peers_file: str | None, token: str | None, ca: str | None,
+         server_name: str | None) -> None:
     """Ask a running node to stop gracefully (checkpoint, exit 0).
 
     \b
     Example:
       dacflnode stop --peers cluster/node-0.yaml
     """
-    from dacflnode.transport.base import PeerUnavailable
     from dacflnode.transport.grpc_control import request_stop
 
-    addr = _target(target, peers_file)
-    try:
-        asyncio.run(request_stop(addr))
-    except PeerUnavailable:
-        _no_daemon(addr)
+    addr, auth = _endpoint(target, peers_file, token, ca, server_name)
+    _call(addr, auth, lambda: request_stop(addr, auth=auth))
     click.echo(f"stop requested at {addr}")

@@ -33,6 +33,22 @@ class DaemonSettings:
         scope=Scope.NODE,
         above=0.0,
     )
+    stream_idle_timeout: float = setting(
+        30.0,
+        help="Seconds a neighbour's push stream may send nothing before this node cuts it and"
+        " frees its buffer (a stalled sender cannot hold memory).",
+        scope=Scope.NODE,
+        above=0.0,
+        cli=False,
+    )
+    stream_timeout: float = setting(
+        300.0,
+        help="Seconds a whole push stream may take before this node cuts it; raise it for big"
+        " models on slow links.",
+        scope=Scope.NODE,
+        above=0.0,
+        cli=False,
+    )
     members: tuple[str, ...] = setting(
         (),
         help="Every node id of the run, in partition order (members[i] is node i of the"

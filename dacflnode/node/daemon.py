@@ -6,6 +6,12 @@ service on ``node.listen`` and the Control service on ``node.control``, handshak
 neighbour, run the rounds, write ``final.safetensors``. SIGTERM/SIGINT abandon the round being
 exchanged (or let the training in flight finish and complete it), checkpoint, and exit 0.
 
+Security (docs/security.md): with ``node.tls`` the Neighbor service speaks mutual TLS only and
+every call is checked against the id in the caller's certificate; without it the daemon logs one
+warning at start and ``status`` shows ``tls: false``. The Control service requires
+``node.control_token`` when one is set, and is served over TLS (the node's certificate, no client
+certificate) when its address is not loopback.
+
 Shutdown order: the runner stops (a signal or the Control service's Stop) → the transport stops:
 it refuses new calls, reports ``NOT_SERVING``, stops its server with a grace period and closes its
 channels → the Control server stops (see docs/architecture.md).
@@ -18,22 +24,26 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
+from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import eval_subset, load_dataset
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.partition import partition
 from dacflnode.learning.train import LocalTrainer, pick_device
+from dacflnode.node.addresses import is_loopback, parse_address
 from dacflnode.node.checkpoint import load_checkpoint
 from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
+from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport.base import Identity, Inbox
 
 log = logging.getLogger("dacflnode.daemon")
@@ -102,6 +112,8 @@ class Daemon:
         self.metrics = NodeMetrics(pf.node.id)
         self.started = time.time()
         self.device = ""
+        #: what was refused so far, by reason (filled in by :meth:`run` once the servers exist)
+        self.refusal_counts: Callable[[], dict[str, int]] = dict
 
     # ---------------------------------------------------------------- ControlProvider
     def status(self) -> NodeStatus:
@@ -123,7 +135,8 @@ class Daemon:
             last_loss=runner.last_loss if runner else math.nan,
             consensus_residual=runner.residual() if runner else math.nan,
             device=self.device, uptime_s=time.time() - self.started,
-            listen_address=pf.node.listen,
+            listen_address=pf.node.listen, tls=pf.node.tls is not None,
+            refusals=self.refusal_counts(),
         )
         self.metrics.update(status)
         return status
@@ -150,10 +163,31 @@ class Daemon:
 
     _stop_early = False
 
+    def tls_material(self) -> TlsMaterial | None:
+        """The node's TLS files, read once at start (``None``, after one warning, without)."""
+        files = self.pf.node.tls
+        if files is not None:
+            try:
+                return files.load()
+            except OSError as exc:
+                raise ConfigError("node.tls", f"in {self.pf.path}: cannot read {exc.filename}: "
+                                  f"{exc.strerror}") from exc
+        log.warning(
+            "%s: neighbours are not authenticated (no node.tls): anyone who reaches %s can push"
+            " states in a neighbour's name or pull this node's model; set node.tls (see"
+            " `dacflnode certs` and docs/security.md)", self.pf.node.id, self.pf.node.listen)
+        return None
+
+    def control_exposed(self) -> bool:
+        """Whether the control address is reachable from other hosts (then it is served over
+        TLS; loading the peers file made sure it has TLS and a token)."""
+        pf = self.pf
+        return not is_loopback(parse_address(pf.node.control, "node.control", pf.path)[0])
+
     # ---------------------------------------------------------------- lifecycle
     async def run(self) -> int:
         from dacflnode.transport import channels
-        from dacflnode.transport.grpc_control import add_control_service
+        from dacflnode.transport.grpc_control import add_control_service, control_interceptors
         from dacflnode.transport.grpc_transport import GrpcTransport
 
         pf = self.pf
@@ -161,11 +195,16 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
 
-        control = channels.create_server()
+        tls = self.tls_material()
+        control_tls = tls if tls is not None and self.control_exposed() else None
+        interceptors = control_interceptors(pf.node.control_token)
+        control = channels.create_server(interceptors=interceptors)
         add_control_service(control, _Provider(self))
-        channels.bind(control, pf.node.control)
+        channels.bind(control, pf.node.control, control_tls, require_client_auth=False)
         await control.start()
-        log.info("%s: control service on %s", pf.node.id, pf.node.control)
+        log.info("%s: control service on %s (%s, %s)", pf.node.id, pf.node.control,
+                 "TLS" if control_tls else "plaintext",
+                 "token required" if pf.node.control_token else "no token")
 
         built = await asyncio.to_thread(build_node, pf)
         self.device = built.device
@@ -175,8 +214,19 @@ class Daemon:
         tensors = {name: (built.setup.layout.numel,)
                    for name in built.setup.algorithm.exchanged}
         transport = GrpcTransport(built.identity, pf.node.listen,
-                                  {nb.id: nb.address for nb in pf.neighbours}, inbox, tensors)
+                                  {nb.id: nb.address for nb in pf.neighbours}, inbox, tensors,
+                                  tls=tls, idle_timeout=pf.daemon.stream_idle_timeout,
+                                  stream_timeout=pf.daemon.stream_timeout)
         runner = NodeRunner(built.setup, transport, built.state, built.used_prev)
+
+        def refusal_counts() -> dict[str, int]:
+            counts = {reason.value: n for reason, n in transport.receiver.refusals.items()}
+            token_refused = sum(i.refused for i in interceptors)
+            if token_refused:
+                counts["control-token"] = token_refused
+            return counts
+
+        self.refusal_counts = refusal_counts
         holder["runner"] = runner
         self.runner = runner
         runner.on_round = lambda r: self.metrics.observe_round(
@@ -184,8 +234,9 @@ class Daemon:
         if self._stop_early:
             runner.request_stop()
         await transport.start()
-        log.info("%s: serving neighbours on %s (round %d of %d, %s on %s)", pf.node.id,
-                 pf.node.listen, runner.round, pf.run.rounds, pf.run.algorithm[0], self.device)
+        log.info("%s: serving neighbours on %s with %s (round %d of %d, %s on %s)", pf.node.id,
+                 pf.node.listen, "mutual TLS" if tls else "no authentication", runner.round,
+                 pf.run.rounds, pf.run.algorithm[0], self.device)
         code = 0
         try:
             await runner.run()
@@ -215,11 +266,34 @@ class _Provider:
         self.daemon.stop()
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; returns (before, after).
+
+    Every connection a peer opens costs a file descriptor. The servers cap their connections
+    (see :mod:`dacflnode.transport.channels`, which sizes the cap from this limit), and that cap,
+    not the descriptor limit, must be what a flood of connections runs into: a process out of
+    descriptors can no longer open its checkpoint or its log, nor accept its neighbours.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a hard limit the kernel refuses (RLIM_INFINITY on macOS)
+            return soft, soft
+    return soft, hard
+
+
 def setup_logging(state_dir: Path, level: str = "INFO") -> None:
+    """The daemon's process setup, before any server exists: logging of the ``dacflnode`` tree to
+    stderr and to the rotating ``STATE_DIR/daemon.log``, every value escaped, truncated and
+    rate-limited (see :mod:`dacflnode.logs`); then the open-files limit is raised, and logged."""
+    from dacflnode import logs
+
     state_dir.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger("dacflnode")
     root.setLevel(level)
-    for handler in (logging.StreamHandler(), logging.FileHandler(state_dir / "daemon.log")):
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
+    logs.install(root, state_dir)
+    before, after = raise_open_files_limit()
+    log.info("open-files limit %d (was %d)", after, before)

@@ -3,11 +3,35 @@ transport that serialises it (:mod:`dacflnode.transport.control_types`), re-expo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
 
 __all__ = ["NeighbourInfo", "NodeMetrics", "NodeStatus"]
+
+
+class _RefusalCounter(Collector):
+    """``dacfl_refusals_total{node, reason}``: the node's refusal counts, read when scraped.
+
+    The counts live where the refusals happen (the transport's receiver, the Control service's
+    token check); the status copies them, so the exposition is a counter whatever the node
+    does between scrapes.
+    """
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.counts: dict[str, int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("dacfl_refusals", "Calls refused, by reason",
+                                     labels=["node", "reason"])
+        for reason, count in sorted(self.counts.items()):
+            family.add_metric([self.node_id, reason], count)
+        yield family
 
 
 class NodeMetrics:
@@ -43,9 +67,12 @@ class NodeMetrics:
                                     registry=self.registry)
         self.peer_last_round = Gauge("dacfl_peer_last_round", "Last round received", peer,
                                      registry=self.registry)
+        self.refusals = _RefusalCounter(node_id)
+        self.registry.register(self.refusals)
 
     def update(self, status: NodeStatus) -> None:
         n = self.node_id
+        self.refusals.counts = dict(status.refusals)
         self.round.labels(n).set(status.round)
         self.accuracy.labels(n).set(status.last_accuracy)
         self.test_loss.labels(n).set(status.last_loss)

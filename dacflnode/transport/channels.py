@@ -43,12 +43,70 @@ Only this module and ``grpc_*.py`` import grpc. The options, and why:
     and the caller retries, so a short maximum backoff is what makes a late neighbour usable
     within seconds.
 
+Resource limits of every server (each measured against this grpcio: the option is honoured as
+described; ``tests/node/test_attacks.py`` and ``benchmarks/attacks.py`` rerun the attacks):
+
+``grpc.max_allowed_incoming_connections`` (:func:`connection_cap`: 256, fewer under a low
+``RLIMIT_NOFILE``, server)
+    gRPC core's connection quota, per server: a connection beyond it is closed right after
+    ``accept`` (300 connects to a server capped at 100: 100 open, 200 closed at once). Each
+    connection is a file descriptor and an HTTP/2 session, so the cap is what a flood of
+    connections runs into, never the descriptor limit: a process out of descriptors cannot
+    write its checkpoint or log, and Python code that opens a file raises. The daemon raises its
+    soft ``RLIMIT_NOFILE`` to the hard limit at start; the cap is then ``(limit - 128) // 2``
+    (128 descriptors for the process's own files, threads and channels; halved because a node
+    runs two servers, each with its own quota), at least 16 and at most 256 — a neighbour needs
+    one connection, so 256 leaves room for large neighbourhoods and reconnects. The cap keeps
+    the process alive; it does not keep a flood from crowding out neighbours while it lasts
+    (there is no per-address quota in gRPC): that is a firewall's job.
+
+``grpc.server_handshake_timeout_ms`` (10 s, server)
+    A connection must finish its HTTP/2 (and TLS) handshake within 10 s. Without it (default
+    120 s) a raw TCP connect that sends nothing holds a slot of the quota for two minutes, and
+    one that the client closed before the handshake kept its slot too: a server capped at 20
+    stayed ``UNAVAILABLE`` for 6 s after 30 such sockets were closed, and recovered within a
+    second with this option (idle raw sockets were cut after the timeout).
+
+``grpc.max_connection_idle_ms`` (5 min, server)
+    A connection with no call in flight for 5 minutes gets ``GOAWAY``, which frees its slot
+    (measured: idle HTTP/2 connections closed after the set time). A neighbour's channel simply
+    reconnects on its next call; keepalive pings do not count as activity.
+
+``grpc.max_concurrent_streams`` (16, server)
+    Calls in flight on one connection; further calls wait on the client, except that a client
+    opening many at once on a fresh connection, before it has read the server's settings, has
+    some refused with ``UNAVAILABLE`` (measured: 2 of 30, and 29 of 301 with 50 at a time). A
+    neighbour has at most a Hello, a push and a pull in flight, so only a flood meets either.
+
+``maximum_concurrent_rpcs`` (:data:`MAX_CONCURRENT_RPCS` = 64, ``grpc.aio.server`` argument)
+    Calls in flight on the whole server, over all connections; a call beyond it fails at once
+    with ``RESOURCE_EXHAUSTED`` (measured: 10 served, 20 refused of 30). This is what bounds
+    memory: a push holds at most one state (its decoder's buffer), so stalled pushes cost at
+    most 64 states, and the Receiver's per-stream deadlines free them. A node with more than
+    ~20 neighbours needs a larger value.
+
+Not set: ``grpc.max_connection_age_ms`` (honoured too: connections closed after the set age
+plus ``grpc.max_connection_age_grace_ms``) would cut a long push of a large model at the end of
+its grace period, while the per-stream deadlines already bound a busy connection's calls. The
+clients' ``grpc.http2.max_pings_without_data`` is set above; ping floods are refused by the
+server's ``max_ping_strikes``.
+
 Every call made on these channels carries its own deadline (see ``grpc_transport``).
+
+Mutual TLS (``node.tls``): a node's certificate carries its node id as a DNS
+subject-alternative name, so a channel to a neighbour sets ``grpc.ssl_target_name_override`` to
+that neighbour's id, whatever host name or address it is reached at: the handshake then fails
+unless the server proves it is that node. The server side requires a client certificate from
+the same CA; the servicer reads the client's id from the verified certificate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
+
+from dacflnode.security.tls import TlsMaterial
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
@@ -68,7 +126,31 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.so_reuseport", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 2),
+    ("grpc.server_handshake_timeout_ms", 10_000),
+    ("grpc.max_connection_idle_ms", 300_000),
+    ("grpc.max_concurrent_streams", 16),
 ]
+
+#: Calls in flight on one server, over all its connections (see the module docstring).
+MAX_CONCURRENT_RPCS = 64
+#: Most connections one server accepts, and the descriptors kept for everything else.
+MAX_CONNECTIONS = 256
+FD_RESERVE = 128
+
+
+def connection_cap() -> int:
+    """Connections one server accepts, from the process's current ``RLIMIT_NOFILE``."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(16, min(MAX_CONNECTIONS, (soft - FD_RESERVE) // 2))
+
+
+def server_options() -> list[tuple[str, int]]:
+    """:data:`SERVER_OPTIONS` plus the connection cap for the current descriptor limit."""
+    return [*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", connection_cap())]
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     *_COMMON_OPTIONS,
@@ -82,23 +164,77 @@ class BindError(OSError):
     """The server could not listen on the address (taken, not local, or malformed)."""
 
 
-def create_server() -> grpc.aio.Server:
-    """A new, not yet started asyncio gRPC server (call from a running event loop)."""
-    return grpc.aio.server(options=SERVER_OPTIONS)
+def create_server(
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> grpc.aio.Server:
+    """A new, not yet started asyncio gRPC server (call from a running event loop);
+    ``interceptors`` run before every call (the Control service checks its token there)."""
+    return grpc.aio.server(options=server_options(), interceptors=list(interceptors) or None,
+                           maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
 
 
-def create_channel(address: str) -> grpc.aio.Channel:
-    """An insecure asyncio channel to ``address`` (``host:port``); connects lazily."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def create_channel(
+    address: str,
+    tls: TlsMaterial | None = None,
+    target_name: str | None = None,
+    *,
+    ca: bytes | None = None,
+) -> grpc.aio.Channel:
+    """An asyncio channel to ``address`` (``host:port``); connects lazily.
+
+    With ``tls``, the channel presents this node's certificate and verifies the server's
+    against ``tls.ca``; with only ``ca`` (a Control client, which authenticates by token), it
+    verifies the server but presents no certificate. Either way the server's certificate must
+    carry ``target_name`` (a node id) as a subject-alternative name; without one, gRPC checks
+    the host of ``address`` instead. With neither, the channel is plaintext.
+    """
+    if tls is None and ca is None:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    if tls is not None:
+        credentials = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
+    else:
+        credentials = grpc.ssl_channel_credentials(ca)
+    options: list[tuple[str, int | str]] = [*CHANNEL_OPTIONS]
+    if target_name is not None:
+        options.append(("grpc.ssl_target_name_override", target_name))
+    return grpc.aio.secure_channel(address, credentials, options=options)
 
 
-def bind(server: grpc.aio.Server, address: str) -> int:
+def server_credentials(tls: TlsMaterial, *, require_client_auth: bool = True
+                       ) -> grpc.ServerCredentials:
+    """This node's certificate as server credentials.
+
+    ``require_client_auth`` (the Neighbor service): the handshake fails unless the client
+    presents a certificate signed by ``tls.ca``, so every call has an authenticated identity.
+    Without it (an exposed Control service) any client may connect and the token decides.
+    """
+    return grpc.ssl_server_credentials(
+        [(tls.key, tls.cert)],
+        root_certificates=tls.ca if require_client_auth else None,
+        require_client_auth=require_client_auth,
+    )
+
+
+def bind(
+    server: grpc.aio.Server,
+    address: str,
+    tls: TlsMaterial | None = None,
+    *,
+    require_client_auth: bool = True,
+) -> int:
     """Listen on ``address`` (``host:port``; port 0 picks a free one) and return the bound port.
 
-    Raises :class:`BindError` (an :class:`OSError`) naming the address when it cannot be bound.
+    With ``tls`` the port speaks TLS only (a plaintext client fails the handshake), requiring
+    a client certificate from ``tls.ca`` unless ``require_client_auth`` is false (see
+    :func:`server_credentials`). Raises :class:`BindError` (an :class:`OSError`) naming the
+    address when it cannot be bound.
     """
     try:
-        port = int(server.add_insecure_port(address))
+        if tls is None:
+            port = int(server.add_insecure_port(address))
+        else:
+            port = int(server.add_secure_port(
+                address, server_credentials(tls, require_client_auth=require_client_auth)))
     except RuntimeError as exc:  # grpc >= 1.47 raises; older versions returned 0
         raise BindError(f"cannot listen on {address}: {exc} (port taken, or not a local "
                         "host:port?)") from exc

@@ -41,6 +41,13 @@ class NodeStatus:
     device: str = ""
     uptime_s: float = 0.0
     listen_address: str = ""
+    #: Whether neighbours are authenticated by mutual TLS (``node.tls``); False: anyone who
+    #: reaches the listen address can speak for any neighbour.
+    tls: bool = False
+    #: Calls refused since the node started, by reason (the wire's reason names, e.g.
+    #: ``non-finite`` or ``absurd-state``; ``control-token`` for Control calls without their
+    #: token).
+    refusals: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""
@@ -55,3 +62,22 @@ class NodeStatus:
             return v
 
         return dict(clean(asdict(self)))
+
+
+@dataclass(frozen=True)
+class ControlAuth:
+    """How a client reaches a Control service that is not plain loopback.
+
+    ``token``: sent as ``authorization: Bearer <token>`` on every call (``node.control_token``).
+    ``ca``: PEM of the CA that signed the node's certificate; given, the call goes over TLS and
+    the server's certificate must carry ``server_name`` (the node id; None: the host of the
+    address). The client presents no certificate: the token is its credential.
+    """
+
+    token: str | None = None
+    ca: bytes | None = None
+    server_name: str | None = None
+
+    def __repr__(self) -> str:  # never print a token
+        return (f"ControlAuth(token={'<hidden>' if self.token else None}, "
+                f"ca={'...' if self.ca else None}, server_name={self.server_name!r})")

@@ -2,12 +2,25 @@
 
 The node side provides a :class:`ControlProvider` (plain Python, no grpc); this module turns it into
 the gRPC service and offers the client functions the CLI uses.
+
+Authentication: the service listens on loopback by default, where whoever can connect already
+runs on the node's host. A node with ``node.control_token`` serves it behind a
+:class:`TokenInterceptor`: every call must carry metadata ``authorization: Bearer <token>``
+(compared in constant time); any other call ends ``UNAUTHENTICATED`` before a method runs, and
+is logged (at most one line per second, with a count of those not logged). An exposed
+(non-loopback) control address is served over TLS with the node's certificate, so the token
+does not travel in the clear; the client verifies that certificate against the run's CA
+(:class:`~dacflnode.transport.control_types.ControlAuth`).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 import math
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
@@ -16,9 +29,26 @@ from dacflnode._proto.dacfl.v1 import control_pb2 as pb
 from dacflnode._proto.dacfl.v1 import control_pb2_grpc as pb_grpc
 from dacflnode.transport.base import PeerUnavailable
 from dacflnode.transport.channels import create_channel
-from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
+from dacflnode.transport.control_types import ControlAuth, NeighbourInfo, NodeStatus
 
 CALL_TIMEOUT = 5.0
+#: The metadata key that carries the control token, as ``Bearer <token>``.
+AUTH_METADATA_KEY = "authorization"
+#: At most one "refused" log line per this many seconds (a flood of bad calls cannot fill the
+#: log); the next line says how many were not logged.
+REFUSAL_LOG_INTERVAL = 1.0
+
+log = logging.getLogger("dacflnode.control")
+
+
+class ControlUnauthenticated(Exception):
+    """The daemon refused the call's token (``token_sent``: a wrong one; else it wants one)."""
+
+    def __init__(self, target: str, token_sent: bool) -> None:
+        self.target = target
+        self.token_sent = token_sent
+        what = "refused the control token" if token_sent else "wants a control token"
+        super().__init__(f"the daemon at {target} {what}")
 
 
 class ControlProvider(Protocol):
@@ -53,6 +83,60 @@ def add_control_service(server: grpc.aio.Server, provider: ControlProvider) -> N
     pb_grpc.add_ControlServicer_to_server(ControlServicer(provider), server)
 
 
+def token_matches(metadata: Any, token: str) -> bool:
+    """Whether call ``metadata`` (pairs of key and value) carries ``Bearer <token>``."""
+    expected = f"Bearer {token}".encode()
+    for key, value in metadata or ():
+        if key == AUTH_METADATA_KEY:
+            given = value if isinstance(value, bytes) else str(value).encode()
+            return hmac.compare_digest(given, expected)
+    return False
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Lets a call through only with ``authorization: Bearer <token>``; ends any other
+    ``UNAUTHENTICATED`` (every Control method is unary-unary, so one refusing handler fits
+    all) and logs it, rate-limited."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("a control token must not be empty")
+        self._token = token
+        self._last_log = -math.inf
+        self._unlogged = 0
+        self.refused = 0
+        self._refuse: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
+            self._refuse_call)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails],
+                               Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        if token_matches(handler_call_details.invocation_metadata, self._token):
+            return await continuation(handler_call_details)
+        return self._refuse
+
+    async def _refuse_call(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                           ) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._last_log >= REFUSAL_LOG_INTERVAL:
+            log.warning("control call from %.100r refused: missing or wrong token%s",
+                        context.peer(), f" ({self._unlogged} more not logged)"
+                        if self._unlogged else "")
+            self._last_log, self._unlogged = now, 0
+        else:
+            self._unlogged += 1
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid control token is required")
+
+
+def control_interceptors(token: str | None) -> list[TokenInterceptor]:
+    """The interceptors of a Control server: a :class:`TokenInterceptor` if ``token`` is set."""
+    return [TokenInterceptor(token)] if token else []
+
+
 def status_to_proto(s: NodeStatus) -> pb.StatusReply:
     return pb.StatusReply(
         node_id=s.node_id, algorithm=s.algorithm, round=s.round, rounds_total=s.rounds_total,
@@ -63,7 +147,7 @@ def status_to_proto(s: NodeStatus) -> pb.StatusReply:
             bytes_sent=n.bytes_sent, latency_ms=n.latency_ms) for n in s.neighbours],
         last_accuracy=s.last_accuracy, last_loss=s.last_loss,
         consensus_residual=s.consensus_residual, device=s.device, uptime_s=s.uptime_s,
-        listen_address=s.listen_address,
+        listen_address=s.listen_address, tls=s.tls, refusals=s.refusals,
     )
 
 
@@ -76,34 +160,45 @@ def status_from_proto(r: pb.StatusReply) -> NodeStatus:
                     for n in r.neighbours],
         last_accuracy=r.last_accuracy, last_loss=r.last_loss,
         consensus_residual=r.consensus_residual, device=r.device, uptime_s=r.uptime_s,
-        listen_address=r.listen_address,
+        listen_address=r.listen_address, tls=r.tls, refusals=dict(r.refusals),
     )
 
 
-async def _call(target: str, method: str, request: Any, timeout: float) -> Any:
-    channel = create_channel(target)
+async def _call(target: str, method: str, request: Any, timeout: float,
+                auth: ControlAuth | None) -> Any:
+    """One Control call; raises :class:`PeerUnavailable` (nothing answers, or the TLS
+    handshake failed: the details say which) or :class:`ControlUnauthenticated`."""
+    auth = auth or ControlAuth()
+    channel = create_channel(target, ca=auth.ca, target_name=auth.server_name)
+    metadata = ((AUTH_METADATA_KEY, f"Bearer {auth.token}"),) if auth.token else None
     try:
         stub = pb_grpc.ControlStub(channel)
-        return await getattr(stub, method)(request, timeout=timeout)
+        return await getattr(stub, method)(request, timeout=timeout, metadata=metadata)
     except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise ControlUnauthenticated(target, auth.token is not None) from exc
         if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            raise PeerUnavailable(f"no dacflnode daemon answers at {target}") from exc
+            raise PeerUnavailable(f"no dacflnode daemon answers at {target} "
+                                  f"({exc.code().name}: {exc.details()})") from exc
         raise
     finally:
         await channel.close()
 
 
-async def fetch_status(target: str, timeout: float = CALL_TIMEOUT) -> NodeStatus:
-    return status_from_proto(await _call(target, "Status", pb.StatusRequest(), timeout))
+async def fetch_status(target: str, timeout: float = CALL_TIMEOUT,
+                       auth: ControlAuth | None = None) -> NodeStatus:
+    return status_from_proto(await _call(target, "Status", pb.StatusRequest(), timeout, auth))
 
 
-async def fetch_metrics(target: str, fmt: str = "json", timeout: float = CALL_TIMEOUT) -> str:
-    reply = await _call(target, "Metrics", pb.MetricsRequest(format=fmt), timeout)
+async def fetch_metrics(target: str, fmt: str = "json", timeout: float = CALL_TIMEOUT,
+                        auth: ControlAuth | None = None) -> str:
+    reply = await _call(target, "Metrics", pb.MetricsRequest(format=fmt), timeout, auth)
     return str(reply.body)
 
 
-async def request_stop(target: str, timeout: float = CALL_TIMEOUT) -> bool:
-    reply = await _call(target, "Stop", pb.StopRequest(), timeout)
+async def request_stop(target: str, timeout: float = CALL_TIMEOUT,
+                       auth: ControlAuth | None = None) -> bool:
+    reply = await _call(target, "Stop", pb.StopRequest(), timeout, auth)
     return bool(reply.accepted)
 
 

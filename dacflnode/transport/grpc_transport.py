@@ -7,6 +7,12 @@ refusal's :class:`~dacflnode.wire.errors.Reason` in the trailing metadata ``dacf
 server also answers the standard ``grpc.health.v1.Health`` service: ``SERVING`` once started,
 ``NOT_SERVING`` from the moment :meth:`GrpcTransport.stop` begins.
 
+Identities: with ``tls`` the server accepts only clients whose certificate the run's CA signed,
+and the servicer passes the node ids that certificate names (:func:`authenticated_ids`) to the
+Receiver, which refuses a Hello, push or pull made in any other node's name. A client that
+fails the TLS handshake (plaintext, another CA) never reaches the servicer: it sees
+``UNAVAILABLE``, as if nothing listened.
+
 Calling side: one channel per neighbour (made by :mod:`dacflnode.transport.channels`, on first
 contact), and every call carries a deadline. Status codes map to the transport's errors:
 
@@ -46,6 +52,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
+from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport import channels
 from dacflnode.transport.base import (
     DEFAULT_PULL_TIMEOUT,
@@ -66,7 +73,7 @@ from dacflnode.transport.handshake import (
 )
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.pulling import pull_decoder
-from dacflnode.transport.receiver import Receiver
+from dacflnode.transport.receiver import IDLE_TIMEOUT, STREAM_TIMEOUT, Receiver
 from dacflnode.wire.codec import CHUNK_BYTES, RoundMessage
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
 
@@ -79,6 +86,10 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Neighbor"].full_name
 #: :meth:`NeighborServicer._drain`).
 DRAIN_SECONDS = 10.0
 DRAIN_SLACK_BYTES = 4 * CHUNK_BYTES
+
+#: The auth-context key under which gRPC lists the client certificate's subject-alternative
+#: names (a node's certificate carries its id as a DNS name).
+SAN_KEY = "x509_subject_alternative_name"
 
 _UNREACHABLE = frozenset({
     grpc.StatusCode.UNAVAILABLE,
@@ -95,6 +106,20 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], err: WireError) ->
     raise AssertionError("context.abort() returned")  # pragma: no cover - abort always raises
 
 
+def unreachable(err: grpc.aio.AioRpcError) -> bool:
+    """Whether ``err`` means "try again later" rather than "the peer refused this".
+
+    Besides the transport's own failures, a ``RESOURCE_EXHAUSTED`` without a refusal reason is
+    gRPC's server-wide call limit (``maximum_concurrent_rpcs``, see
+    :mod:`~dacflnode.transport.channels`): the peer is busy, perhaps flooded, and a neighbour's
+    push must be retried, not given up. The receiver's own ``RESOURCE_EXHAUSTED`` refusals
+    (a stream cut at its idle or total deadline) carry a reason.
+    """
+    if err.code() in _UNREACHABLE:
+        return True
+    return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and reason_of(err) is Reason.OTHER
+
+
 def reason_of(err: grpc.aio.AioRpcError) -> Reason:
     """The refusal reason a peer sent with ``err`` (:attr:`Reason.OTHER` if none or unknown)."""
     metadata = err.trailing_metadata()
@@ -106,21 +131,36 @@ def wire_error(err: grpc.aio.AioRpcError) -> WireError:
     return WireError(err.code().name, err.details() or "", reason_of(err))
 
 
+def authenticated_ids(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[str]:
+    """The DNS subject-alternative names of the client certificate that the TLS handshake
+    verified (empty when the client presented none: it is then no one)."""
+    names = context.auth_context().get(SAN_KEY, ())
+    return frozenset(name.decode("utf-8", "replace") for name in names)
 
 
 class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
-    """``dacfl.v1.Neighbor`` over a :class:`Receiver` (which validates and logs)."""
+    """``dacfl.v1.Neighbor`` over a :class:`Receiver` (which validates and logs).
 
-    def __init__(self, receiver: Receiver) -> None:
+    ``authenticated`` (a server that requires client certificates): every call passes the
+    identities of the verified client certificate to the receiver as ``peer_ids``, and the
+    receiver refuses a Hello, push or pull made in another node's name. Without it,
+    ``peer_ids`` is None: the ids in the messages are taken on trust.
+    """
+
+    def __init__(self, receiver: Receiver, *, authenticated: bool = False) -> None:
         self.receiver = receiver
+        self.authenticated = authenticated
         self._payload_bytes = 4 * sum(math.prod(shape) for shape in receiver.tensors.values())
+
+    def _peer_ids(self, context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[str] | None:
+        return authenticated_ids(context) if self.authenticated else None
 
     async def Hello(
         self, request: pb.HelloRequest,
         context: grpc.aio.ServicerContext[pb.HelloRequest, pb.HelloReply],
     ) -> pb.HelloReply:
         try:
-            return self.receiver.hello(request)
+            return self.receiver.hello(request, peer_ids=self._peer_ids(context))
         except WireError as err:
             await _abort(context, err)
 
@@ -129,9 +169,11 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
         context: grpc.aio.ServicerContext[pb.StateChunk, pb.PushReply],
     ) -> pb.PushReply:
         try:
-            return await self.receiver.push(request_iterator, context.peer())
+            return await self.receiver.push(request_iterator, context.peer(),
+                                            peer_ids=self._peer_ids(context))
         except WireError as err:
-            await self._drain(request_iterator)
+            if err.reason not in (Reason.IDLE, Reason.TOO_SLOW):  # a stalled stream: cut it now
+                await self._drain(request_iterator)
             await _abort(context, err)
 
     async def _drain(self, stream: AsyncIterator[pb.StateChunk]) -> None:
@@ -161,7 +203,7 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
     ) -> AsyncIterator[pb.StateChunk]:
         stream: Iterator[pb.StateChunk]
         try:
-            stream = self.receiver.pull(request)
+            stream = self.receiver.pull(request, peer_ids=self._peer_ids(context))
         except WireError as err:
             await _abort(context, err)
         for chunk in stream:
@@ -177,6 +219,10 @@ class GrpcTransport(Transport):
     yet and must not already serve ``grpc.health.v1.Health``: the transport adds its services,
     binds ``listen``, starts it, and stops it in :meth:`stop`. A stopped transport cannot be
     started again (make a new one).
+
+    ``tls``: serve on a TLS-only port that requires a client certificate from ``tls.ca``, and
+    connect to each neighbour with this node's certificate, requiring the neighbour's to carry
+    the neighbour's id (see :mod:`~dacflnode.transport.channels`).
     """
 
     def __init__(
@@ -189,14 +235,19 @@ class GrpcTransport(Transport):
         *,
         server: grpc.aio.Server | None = None,
         hello_timeout: float = HELLO_TIMEOUT,
+        tls: TlsMaterial | None = None,
+        idle_timeout: float = IDLE_TIMEOUT,
+        stream_timeout: float = STREAM_TIMEOUT,
     ) -> None:
         self.identity = identity
+        self.tls = tls
         self.listen = listen
         self.peers: dict[str, str] = dict(peers)
         self.inbox = inbox
         self.tensors = dict(tensors)
         self.stats: dict[str, PeerStats] = {p: PeerStats() for p in self.peers}
-        self.receiver = Receiver(identity, inbox, self.tensors, self.stats)
+        self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
+                                 idle_timeout=idle_timeout, stream_timeout=stream_timeout)
         self.hello_timeout = hello_timeout
         self.port: int | None = None
         self._server = server
@@ -211,13 +262,14 @@ class GrpcTransport(Transport):
         if self._state != "new":
             raise RuntimeError(f"transport of {self.identity.node_id} is {self._state}")
         server = self._server if self._server is not None else channels.create_server()
-        neighbor_pb2_grpc.add_NeighborServicer_to_server(NeighborServicer(self.receiver), server)
+        neighbor_pb2_grpc.add_NeighborServicer_to_server(
+            NeighborServicer(self.receiver, authenticated=self.tls is not None), server)
         self._health = health.aio.HealthServicer()
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         try:
-            self.port = channels.bind(server, self.listen)
+            self.port = channels.bind(server, self.listen, self.tls)
         except OSError:
             self._state = "stopped"
             raise
@@ -255,7 +307,8 @@ class GrpcTransport(Transport):
             address = self.peers.get(peer)
             if address is None:
                 raise ValueError(f"{peer!r} is not a neighbour of {self.identity.node_id}")
-            channel = channels.create_channel(address)
+            channel = channels.create_channel(
+                address, self.tls, target_name=peer if self.tls is not None else None)
             self._channels[peer] = channel
             stub = self._stubs[peer] = neighbor_pb2_grpc.NeighborStub(channel)
         return stub
@@ -328,7 +381,7 @@ class GrpcTransport(Transport):
                 raise
             raise self._interrupted(peer, what) from None
         except grpc.aio.AioRpcError as err:
-            if err.code() in _UNREACHABLE:
+            if unreachable(err):
                 raise self._unavailable(peer, what, err) from err
             raise wire_error(err) from err
         finally:
@@ -361,7 +414,7 @@ class GrpcTransport(Transport):
                 raise
             raise self._interrupted(peer, what) from None
         except grpc.aio.AioRpcError as err:
-            if err.code() in _UNREACHABLE:
+            if unreachable(err):
                 raise self._unavailable(peer, what, err) from err
             raise wire_error(err) from err
         except WireError:

@@ -19,6 +19,7 @@ from dacflnode.transport.grpc_transport import (
     SERVICE_NAME,
     GrpcTransport,
     reason_of,
+    unreachable,
     wire_error,
 )
 from dacflnode.wire.codec import RoundMessage, WireError, encode
@@ -107,7 +108,7 @@ def flip_a_bit(msg: RoundMessage) -> list[pb.StateChunk]:
 CASES = {
     "unknown sender": (with_header(lambda h: setattr(h, "sender", "mallory")),
                        grpc.StatusCode.PERMISSION_DENIED, Reason.UNKNOWN_SENDER,
-                       "unknown sender"),
+                       "refused"),
     "round too far": (with_header(lambda h: setattr(h, "round", 7)),
                       grpc.StatusCode.FAILED_PRECONDITION, Reason.ROUND_AHEAD,
                       "round 7 refused"),
@@ -144,8 +145,8 @@ async def test_a_bad_push_gets_its_status_a_log_line_and_changes_nothing(server,
     caplog.set_level(logging.WARNING, logger=LOGGER)
     caplog.clear()
 
-    # the bad stream claims to be alice's round-0 state again: accepted, it would replace `kept`
-    bad = build(message("alice", 0, seed=1))
+    # the bad stream claims to be carol's round-0 state: accepted, it would join `kept`
+    bad = build(message("carol", 0, seed=1))
 
     async def stream():
         for chunk in bad:
@@ -318,6 +319,19 @@ def test_the_client_rebuilds_the_refusal_with_a_known_reason_or_other(trailing, 
     assert isinstance(rebuilt, WireError)
     assert (rebuilt.code, rebuilt.message, rebuilt.reason) == (
         "FAILED_PRECONDITION", "round 1 refused", reason)
+
+
+@pytest.mark.parametrize(
+    ("code", "trailing", "retry"),
+    [(grpc.StatusCode.UNAVAILABLE, (), True),
+     (grpc.StatusCode.RESOURCE_EXHAUSTED, (), True),  # the server's call limit: busy
+     (grpc.StatusCode.RESOURCE_EXHAUSTED, ((REASON_METADATA_KEY, "idle"),), False),
+     (grpc.StatusCode.FAILED_PRECONDITION, ((REASON_METADATA_KEY, "round-passed"),), False)],
+    ids=["unavailable", "call-limit", "cut-idle", "refused"],
+)
+def test_a_busy_server_is_retried_and_a_refusal_is_not(code, trailing, retry):
+    err = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing))
+    assert unreachable(err) is retry
 
 
 async def test_a_refused_push_reaches_the_caller_as_a_typed_wire_error(server):

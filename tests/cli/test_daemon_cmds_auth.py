@@ -1,0 +1,135 @@
+"""``dacflnode status|stop`` against a live daemon whose Control service wants a token, and what
+``status`` says about how neighbours are authenticated.
+
+Each test starts node-0 of a two-node cluster alone: it serves its Control service while it
+waits for node-1, which never comes, until ``stop`` ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dacflnode.cli.daemon_cmds import load_for_start
+from dacflnode.config import RunConfig
+from dacflnode.errors import ConfigError
+from dacflnode.node.cluster import generate_cluster
+from dacflnode.node.launcher import free_ports
+from dacflnode.node.peers import load_peers
+
+TINY = RunConfig(dataset="synthetic", model="tiny-cnn", synthetic_train=200, synthetic_test=50,
+                 device="cpu", nodes=2, rounds=2)
+TOKEN = "control-token-for-tests-0123456789"
+ENV = {k: v for k, v in os.environ.items() if k != "DACFLNODE_CONTROL_TOKEN"}
+ENV["OMP_NUM_THREADS"] = "1"
+WARNING = "neighbours are not authenticated"
+
+
+def start_alone(tmp_path: Path, token: str | None = None, tls_dir: Path | None = None
+                ) -> tuple[Path, subprocess.Popen[bytes]]:
+    ports = free_ports(4)
+    path = generate_cluster("complete", 2, TINY, tmp_path / "peers", ports=ports[:2],
+                            control_ports=ports[2:], state_root=tmp_path, hello_timeout=120,
+                            tls_dir=tls_dir)[0]
+    if token is not None:
+        data = yaml.safe_load(path.read_text())
+        data["node"]["control_token"] = token
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    proc = subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    return path, proc
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dacflnode", *args], capture_output=True,
+                          text=True, timeout=60, env=env or ENV)
+
+
+def wait_for_status(*args: str, timeout: float = 60) -> dict[str, object]:
+    end = time.monotonic() + timeout
+    while True:
+        result = cli("status", "--json", *args)
+        if result.returncode == 0:
+            data: dict[str, object] = json.loads(result.stdout)
+            return data
+        assert time.monotonic() < end, result.stderr
+        time.sleep(0.5)
+
+
+def stop(path: Path, proc: subprocess.Popen[bytes]) -> int:
+    cli("stop", "--peers", str(path))
+    return proc.wait(timeout=60)
+
+
+def test_a_control_token_is_required_and_read_from_the_peers_file_or_the_environment(tmp_path):
+    path, proc = start_alone(tmp_path, token=TOKEN)
+    try:
+        status = wait_for_status("--peers", str(path))  # the token of the peers file
+        assert status["node_id"] == "node-0" and status["tls"] is False
+        address = load_peers(path).node.control
+        missing = cli("status", "--target", address)
+        assert missing.returncode == 1
+        assert f"the daemon at {address} wants a control token" in missing.stderr
+        assert "--token" in missing.stderr and "DACFLNODE_CONTROL_TOKEN" in missing.stderr
+        wrong = cli("stop", "--target", address, "--token", TOKEN + "-wrong")
+        assert wrong.returncode == 1 and "refused the control token" in wrong.stderr
+        from_env = cli("status", "--json", "--target", address,
+                       env={**ENV, "DACFLNODE_CONTROL_TOKEN": TOKEN})
+        assert from_env.returncode == 0, from_env.stderr
+        assert proc.poll() is None  # the refused stop stopped nothing
+        table = cli("status", "--peers", str(path))
+        assert "NOT authenticated (no TLS)" in " ".join(table.stdout.split())
+    finally:
+        code = stop(path, proc)
+    assert code == 0
+    log = (tmp_path / "node-0" / "daemon.log").read_text()
+    assert log.count(WARNING) == 1
+    assert "refused: missing or wrong token" in log
+
+
+def test_status_shows_a_tls_node_and_it_logs_no_warning(tmp_path):
+    path, proc = start_alone(tmp_path, tls_dir=tmp_path / "certs")
+    try:
+        status = wait_for_status("--peers", str(path))
+        assert status["tls"] is True
+        table = cli("status", "--peers", str(path))
+        assert table.returncode == 0
+        assert "authenticated by mutual TLS" in " ".join(table.stdout.split())  # caption wraps
+    finally:
+        code = stop(path, proc)
+    assert code == 0
+    assert WARNING not in (tmp_path / "node-0" / "daemon.log").read_text()
+
+
+def exposed_peers_file(tmp_path: Path, tls_dir: Path | None = None) -> Path:
+    """node-0's peers file, listening on every interface (nothing is started)."""
+    path = generate_cluster("complete", 2, TINY, tmp_path / "peers", state_root=tmp_path,
+                            tls_dir=tls_dir)[0]
+    data = yaml.safe_load(path.read_text())
+    data["node"]["listen"] = "0.0.0.0:7000"
+    data["node"]["control"] = "127.0.0.1:8000"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_start_insecure_allows_a_plaintext_listen_address_that_others_can_reach(tmp_path):
+    path = exposed_peers_file(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        load_for_start(str(path), insecure=False)
+    assert refused.value.field == "node.listen"
+    node = load_for_start(str(path), insecure=True).node
+    assert node.insecure and node.listen == "0.0.0.0:7000"
+
+
+def test_start_insecure_contradicts_tls(tmp_path):
+    path = exposed_peers_file(tmp_path, tls_dir=tmp_path / "certs")
+    result = cli("start", "--insecure", "--peers", str(path))
+    assert result.returncode == 2
+    assert "--insecure contradicts node.tls" in result.stderr

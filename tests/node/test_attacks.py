@@ -1,0 +1,119 @@
+"""Resource attacks on a live daemon, scaled down for CI: forged and huge log values, floods of
+refusals, stalled push streams, and more connections than the daemon has descriptors for.
+
+The daemon and the outside client are those of ``benchmarks/attacks.py`` (a real ``dacflnode
+start`` on 127.0.0.1 whose only neighbour never comes; a client built from the generated stubs);
+the benchmark reports the full-size figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dacflnode import logs
+from dacflnode.transport.channels import FD_RESERVE
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import attacks  # type: ignore[import-not-found]
+
+MIB = 1 << 20
+#: Idle deadline of the daemon's push streams here (its default is 30 s).
+IDLE = 1.5
+#: MiB per exchanged tensor: one buffered state (x and omega) is twice this.
+STATE_MIB = 4.0
+STALLED = 40
+#: Allowed RSS growth under STALLED stalled streams: the daemon buffers at most one state per
+#: neighbour and accepted round (2 here) and frees each at the idle deadline; the rest is the
+#: transient cost of reading and discarding the refused streams. Without those limits 40
+#: streams of 8 MiB held 320 MiB.
+RSS_BOUND = 2 * 2 * STATE_MIB * MIB + 96 * MIB
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[attacks.Target]:
+    t = attacks.Target(tmp_path_factory.mktemp("attacked"), state_mib=STATE_MIB,
+                       idle_timeout=IDLE)
+    t.start()
+    yield t
+    assert t.stop() == 0
+
+
+def log_lines(t: attacks.Target, offset: int = 0) -> list[str]:
+    with Path(t.log_path).open(encoding="utf-8") as f:
+        f.seek(offset)
+        return f.read().splitlines()
+
+
+def test_a_newline_in_a_hellos_node_id_cannot_forge_a_log_line(target):
+    result = asyncio.run(attacks.big_hellos(target, 1, 1))
+    assert result["alive"] and not result["forged_line_in_log"]
+    lines = log_lines(target)
+    assert any("'evil\\n2099-01-01 00:00:00,000 INFO" in line for line in lines)
+    assert not any(line.startswith("2099") for line in lines)
+
+
+def test_a_100_kb_node_id_is_truncated_and_repeated_refusals_are_rate_limited(target):
+    before = target.log_path.stat().st_size
+    result = asyncio.run(attacks.big_hellos(target, 300, 100))
+    assert result["codes"].get("PERMISSION_DENIED", 0) >= 299
+    grown = result["log_bytes_after"] - before
+    refusals = [line for line in log_lines(target, before) if "'AAAA" in line]
+    # one hello line per refused id within the budget: a 10 s window holds them all
+    assert 1 <= len(refusals) <= logs.RATE_LIMIT_COUNT
+    assert all(len(line) < 2 * logs.MAX_VALUE_CHARS + 300 for line in refusals)
+    assert all("…[+" in line for line in refusals)
+    assert grown < 20 * 1024, f"300 refused 100 KB hellos grew daemon.log by {grown} bytes"
+
+
+def dacflnode(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "dacflnode", *args], capture_output=True,
+                          text=True, timeout=60, check=True)
+    return proc.stdout
+
+
+def test_refused_calls_are_counted_by_reason_in_status_and_metrics(target):
+    before = json.loads(dacflnode("status", "--target", target.control, "--json"))
+    result = asyncio.run(attacks.big_hellos(target, 25, 1))
+    refused = result["codes"].get("PERMISSION_DENIED", 0)
+    assert refused >= 25 and set(result["codes"]) == {"PERMISSION_DENIED"}
+    after = json.loads(dacflnode("status", "--target", target.control, "--json"))
+    counted = after["refusals"].get("not-neighbour", 0)
+    assert counted - before["refusals"].get("not-neighbour", 0) == refused
+    exposition = dacflnode("metrics", "--target", target.control, "--format", "prometheus")
+    assert (f'dacfl_refusals_total{{node="node-0",reason="not-neighbour"}} {float(counted)}'
+            in exposition)
+
+
+def test_stalled_push_streams_are_cut_at_the_idle_deadline_with_bounded_rss(target):
+    r = asyncio.run(attacks.stalled_streams(target, STALLED, channels=4, wait=20.0))
+    assert r["alive"] and r["still_open_after_wait"] == 0, r
+    idle = r["outcomes"].get("RESOURCE_EXHAUSTED/idle")
+    assert idle is not None and idle["count"] >= 1, r["outcomes"]
+    # the buffered streams finished writing within a few seconds and were cut IDLE s later
+    assert idle["last_s"] <= 15.0, r["outcomes"]
+    assert r["rss_growth"] < RSS_BOUND, (r["rss_growth"] / MIB, r)
+    assert target.status_answers()
+
+
+def test_more_connections_than_descriptors_leave_the_daemon_answering(tmp_path):
+    limited = attacks.Target(tmp_path, state_mib=0.01, fd_limit=256, soft_fd_limit=128)
+    limited.start()
+    try:
+        # the daemon raised its soft limit to the hard one, so the connection cap binds first
+        assert attacks.open_files_limit(limited.pid) == (256, 256)
+        assert "open-files limit 256 (was 128)" in limited.log_path.read_text()
+        r = attacks.idle_connections(limited, 300, hold=1.0)
+        assert r["alive"] and r["status_answers_while_held"], r
+        cap = (256 - FD_RESERVE) // 2
+        assert r["kept_open"] <= cap and r["closed_by_daemon"] >= 300 - cap, r
+        assert r["daemon_fds_held"] < 256 - 32, r
+        assert "Too many open files" not in limited.log_path.read_text()
+    finally:
+        assert limited.stop() == 0

@@ -1,0 +1,252 @@
+"""Mutual TLS between neighbours and the token of the Control service, on real servers on
+127.0.0.1 with certificates from :func:`dacflnode.security.certs.write_certs`.
+
+bob serves with TLS; alice and carol are his neighbours. Every refusal must leave bob's inbox
+as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from dacflnode._proto.dacfl.v1 import control_pb2, control_pb2_grpc, neighbor_pb2_grpc
+from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
+from dacflnode.security.certs import tls_files, write_certs
+from dacflnode.security.tls import TlsMaterial
+from dacflnode.transport import channels
+from dacflnode.transport.base import HandshakeRefused, Identity, Inbox, PeerUnavailable
+from dacflnode.transport.control_types import ControlAuth, NodeStatus
+from dacflnode.transport.grpc_control import (
+    ControlUnauthenticated,
+    add_control_service,
+    control_interceptors,
+    fetch_status,
+    request_stop,
+    status_from_proto,
+    status_to_proto,
+)
+from dacflnode.transport.grpc_transport import GrpcTransport
+from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.errors import WireError
+
+P = 16
+TENSORS = {"omega": (P,), "x": (P,)}
+MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
+TOKEN = "s3cret-control-token-0123456789"
+
+
+def message(sender: str, round_: int = 0) -> RoundMessage:
+    g = torch.Generator().manual_seed(round_)
+    return RoundMessage(sender, round_, 1, {"omega": torch.randn(P, generator=g),
+                                            "x": torch.randn(P, generator=g)})
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The run's CA with alice, bob and carol; and another CA that also made an "alice"."""
+    run, other = tmp_path_factory.mktemp("pki"), tmp_path_factory.mktemp("other-pki")
+    write_certs(run, ["alice", "bob", "carol"])
+    write_certs(other, ["alice"])
+    return {"run": run, "other": other}
+
+
+def material(pki: dict[str, Path], node_id: str, ca: str = "run") -> TlsMaterial:
+    return tls_files(pki[ca], node_id).load()
+
+
+@dataclass
+class Bob:
+    transport: GrpcTransport
+    inbox: Inbox
+    address: str
+
+
+@pytest.fixture
+async def bob(pki: dict[str, Path]):
+    inbox = Inbox(senders={"alice", "carol"}, current_round=lambda: 0)
+    transport = GrpcTransport(Identity("bob", MODEL, RUN), "127.0.0.1:0",
+                              {"alice": "", "carol": ""}, inbox, TENSORS,
+                              tls=material(pki, "bob"))
+    await transport.start()
+    yield Bob(transport, inbox, f"127.0.0.1:{transport.port}")
+    await transport.stop(grace=0)
+
+
+def client(name: str, bob: Bob, tls: TlsMaterial | None) -> GrpcTransport:
+    """A node called ``name`` with bob as its neighbour, presenting ``tls``."""
+    return GrpcTransport(Identity(name, MODEL, RUN), "127.0.0.1:0", {"bob": bob.address},
+                         Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS,
+                         hello_timeout=3.0, tls=tls)
+
+
+async def test_a_tls_neighbour_handshakes_and_its_push_reaches_the_inbox(pki, bob):
+    alice = client("alice", bob, material(pki, "alice"))
+    try:
+        assert (await alice.hello("bob")).node_id == "bob"
+        sent = message("alice")
+        await alice.push("bob", sent, timeout=5.0)
+    finally:
+        await alice.stop(grace=0)
+    got = bob.inbox.get(0)["alice"]
+    assert torch.equal(got.tensors["x"], sent.tensors["x"])
+
+
+async def test_a_plaintext_client_is_refused(bob):
+    async with grpc.aio.insecure_channel(bob.address) as channel:
+        stub = neighbor_pb2_grpc.NeighborStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Hello(pb.HelloRequest(node_id="alice"), timeout=3.0)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    plain = client("alice", bob, None)
+    try:
+        with pytest.raises(PeerUnavailable):
+            await plain.push("bob", message("alice"), timeout=3.0)
+    finally:
+        await plain.stop(grace=0)
+    assert bob.inbox.get(0) == {}
+
+
+async def test_a_certificate_from_another_ca_is_refused(pki, bob):
+    # it trusts bob's CA, so only bob's check of the client certificate can fail the handshake
+    forged = material(pki, "alice", ca="other")
+    mallory = client("alice", bob, TlsMaterial(material(pki, "bob").ca, forged.cert, forged.key))
+    try:
+        with pytest.raises(PeerUnavailable):
+            await mallory.hello("bob")
+        with pytest.raises(PeerUnavailable):
+            await mallory.push("bob", message("alice"), timeout=3.0)
+    finally:
+        await mallory.stop(grace=0)
+    assert bob.inbox.get(0) == {}
+
+
+async def test_a_server_without_the_expected_id_in_its_certificate_is_refused(pki, bob):
+    # alice thinks bob's address is carol's: bob's certificate does not name carol
+    alice = GrpcTransport(Identity("alice", MODEL, RUN), "127.0.0.1:0", {"carol": bob.address},
+                          Inbox(senders={"carol"}, current_round=lambda: 0), TENSORS,
+                          hello_timeout=3.0, tls=material(pki, "alice"))
+    try:
+        with pytest.raises(PeerUnavailable):
+            await alice.push("carol", message("alice"), timeout=3.0)
+    finally:
+        await alice.stop(grace=0)
+    assert bob.inbox.get(0) == {}
+
+
+async def test_a_valid_certificate_of_one_member_cannot_speak_as_another(pki, bob, caplog):
+    # carol's own certificate, but every message says it comes from alice
+    spoof = client("alice", bob, material(pki, "carol"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="dacflnode.transport"):
+            with pytest.raises(HandshakeRefused):
+                await spoof.hello("bob")
+            with pytest.raises(WireError) as err:
+                await spoof.push("bob", message("alice"), timeout=5.0)
+    finally:
+        await spoof.stop(grace=0)
+    assert err.value.code == "PERMISSION_DENIED"
+    assert bob.inbox.get(0) == {}
+    assert "refused" in caplog.text
+    honest = client("carol", bob, material(pki, "carol"))  # the same certificate as itself
+    try:
+        await honest.push("bob", message("carol"), timeout=5.0)
+    finally:
+        await honest.stop(grace=0)
+    assert set(bob.inbox.get(0)) == {"carol"}
+
+
+async def test_a_member_cannot_pull_as_another_node(pki, bob):
+    mine = message("bob")
+    bob.transport.receiver.publish(mine, None)
+    thief = client("alice", bob, material(pki, "carol"))  # carol asking for alice's copy
+    try:
+        with pytest.raises(WireError) as err:
+            await thief.pull("bob", 0, timeout=5.0)
+    finally:
+        await thief.stop(grace=0)
+    assert err.value.code == "PERMISSION_DENIED"
+    carol = client("carol", bob, material(pki, "carol"))
+    try:
+        got = await carol.pull("bob", 0, timeout=5.0)
+    finally:
+        await carol.stop(grace=0)
+    assert torch.equal(got.tensors["omega"], mine.tensors["omega"])
+
+
+class Provider:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def status(self) -> NodeStatus:
+        return NodeStatus("bob", "dacfl", 3, 10, "training", tls=True)
+
+    def metrics(self, fmt: str) -> tuple[str, str]:
+        return "application/json", "{}"
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+async def serve_control(tls: TlsMaterial | None, token: str | None
+                        ) -> tuple[grpc.aio.Server, Provider, str]:
+    provider = Provider()
+    server = channels.create_server(interceptors=control_interceptors(token))
+    add_control_service(server, provider)
+    port = channels.bind(server, "127.0.0.1:0", tls, require_client_auth=False)
+    await server.start()
+    return server, provider, f"127.0.0.1:{port}"
+
+
+async def test_a_control_call_without_its_token_is_unauthenticated(caplog):
+    server, provider, address = await serve_control(None, TOKEN)
+    try:
+        with caplog.at_level(logging.WARNING, logger="dacflnode.control"):
+            with pytest.raises(ControlUnauthenticated) as missing:
+                await request_stop(address)
+            with pytest.raises(ControlUnauthenticated) as wrong:
+                await request_stop(address, auth=ControlAuth(token=TOKEN + "x"))
+        assert not missing.value.token_sent and wrong.value.token_sent
+        assert "wants a control token" in str(missing.value)
+        assert not provider.stopped
+        assert "refused: missing or wrong token" in caplog.text
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = control_pb2_grpc.ControlStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as raw:
+                await stub.Status(control_pb2.StatusRequest(), timeout=3.0,
+                                  metadata=(("authorization", f"Basic {TOKEN}"),))
+        assert raw.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert await request_stop(address, auth=ControlAuth(token=TOKEN))
+        assert provider.stopped
+    finally:
+        await server.stop(0)
+
+
+async def test_an_exposed_control_service_speaks_tls_and_wants_no_client_certificate(pki):
+    bob_tls = material(pki, "bob")
+    server, _, address = await serve_control(bob_tls, TOKEN)
+    try:
+        auth = ControlAuth(token=TOKEN, ca=bob_tls.ca, server_name="bob")
+        status = await fetch_status(address, auth=auth)
+        assert status.node_id == "bob" and status.tls
+        with pytest.raises(PeerUnavailable):  # plaintext on a TLS port
+            await fetch_status(address, timeout=3.0, auth=ControlAuth(token=TOKEN))
+        with pytest.raises(PeerUnavailable):  # a certificate that does not name "carol"
+            await fetch_status(address, timeout=3.0,
+                               auth=ControlAuth(token=TOKEN, ca=bob_tls.ca, server_name="carol"))
+        with pytest.raises(ControlUnauthenticated):  # TLS is no substitute for the token
+            await fetch_status(address, auth=ControlAuth(ca=bob_tls.ca, server_name="bob"))
+    finally:
+        await server.stop(0)
+
+
+def test_status_carries_whether_neighbours_are_authenticated():
+    for tls in (True, False):
+        status = NodeStatus("n", "dacfl", 1, 2, "done", tls=tls)
+        assert status_from_proto(status_to_proto(status)).tls is tls
+        assert status.to_json()["tls"] is tls
