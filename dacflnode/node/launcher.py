@@ -61,6 +61,31 @@ async def _follow(
         await asyncio.sleep(0.5)
 
 
+async def _terminate(procs: list[asyncio.subprocess.Process]) -> None:
+    """SIGTERM every daemon still running (each checkpoints and exits 0) and wait for them."""
+    for p in procs:
+        if p.returncode is None:
+            p.send_signal(signal.SIGTERM)
+    await asyncio.gather(*(p.wait() for p in procs))
+
+
+async def _wait_all_or_first_failure(procs: list[asyncio.subprocess.Process]) -> list[int]:
+    """The exit codes of all daemons; when one fails, the others are stopped at once instead of
+    waiting for it until their hello timeout or round deadline runs out."""
+    waits = {asyncio.ensure_future(p.wait()): p for p in procs}
+    pending = set(waits)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if any(task.result() != 0 for task in done):
+                await _terminate(procs)
+                break
+    finally:
+        for task in pending:
+            task.cancel()
+    return [p.returncode if p.returncode is not None else -1 for p in procs]
+
+
 async def run_cluster(
     run: RunConfig,
     out_dir: Path,
@@ -101,12 +126,9 @@ async def run_cluster(
         log.close()
     follower = asyncio.ensure_future(_follow(algorithm, node_dirs, run.rounds, procs, progress))
     try:
-        codes = await asyncio.gather(*(p.wait() for p in procs))
+        codes = await _wait_all_or_first_failure(procs)
     except asyncio.CancelledError:
-        for p in procs:
-            if p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-        await asyncio.gather(*(p.wait() for p in procs))
+        await _terminate(procs)
         raise
     finally:
         follower.cancel()
