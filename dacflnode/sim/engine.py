@@ -42,9 +42,9 @@ class NodeData:
 class OnLoopThread(Executor):
     """Runs each job at once, on the calling thread: the event loop's.
 
-    Simulated nodes have no neighbours on the network to serve while one trains, and PyTorch's
-    CPU kernels run measurably slower (a third, for ``fmnist-cnn`` on two cores) on a thread
-    other than the one that first used them, so the engines train where the loop runs.
+    Simulated nodes have no neighbours on the network to serve while one trains, so the
+    engines train where the loop runs; a worker thread would only add a hand-off per call
+    (``benchmarks/bench_train_thread.py`` measures what the thread itself costs training).
     """
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:

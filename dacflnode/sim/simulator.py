@@ -16,8 +16,8 @@ No round has a deadline (a simulation has no faults), no checkpoint is written p
 the absurd-state guard is off (every node is this process's own; the guard protects a daemon from
 the network, see docs/security.md).
 Mixing, completion and training run on the event loop's thread
-(:class:`~dacflnode.sim.engine.OnLoopThread`): there is no network to serve meanwhile, and
-PyTorch's CPU kernels run measurably slower on other threads once several threads use them.
+(:class:`~dacflnode.sim.engine.OnLoopThread`): there is no network to serve meanwhile, so a
+thread hop per call would buy nothing (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""How far apart honest neighbours' states are, against the absurd-state guard's limit.
+
+The guard (``dacflnode/wire/state_guard.py``, docs/security.md) refuses a state ``m_j`` with
+``‖m_j − m_i‖ > 100 · max(‖m_i‖, 1)``. This script runs an honest ring of daemons' node runners
+over the in-memory transport, with the guard on, records ``‖m_j − m_i‖ / max(‖m_i‖, 1)`` for every
+state a node receives, and prints the largest ratio seen: the margin an honest run leaves below
+the limit. Non-i.i.d. data (each node sees mostly its own two classes) and a high learning rate
+make neighbours drift apart as much as a healthy run can.
+
+    python benchmarks/guard_margin.py --rounds 100 --algorithm dacfl --lr 0.05
+    python benchmarks/guard_margin.py --quick --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+
+import torch
+
+from dacflnode.algorithms.rounds import NodeState, make_algorithm
+from dacflnode.learning.layout import StateLayout
+from dacflnode.learning.models import build_model
+from dacflnode.learning.train import LocalTrainer, TrainConfig
+from dacflnode.node.runner import NodeRunner, NodeSetup
+from dacflnode.node.training import ThreadedTrainer
+from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
+from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.errors import Refusal
+from dacflnode.wire.state_guard import ABSURD_RATIO, distance
+
+
+def ring(n: int) -> dict[str, list[str]]:
+    ids = [f"node-{i}" for i in range(n)]
+    return {node: sorted({ids[(i - 1) % n], ids[(i + 1) % n]}) for i, node in enumerate(ids)}
+
+
+def make_runner(network: MemoryNetwork, graph: dict[str, list[str]], node: str, index: int,
+                args: argparse.Namespace, ratios: list[float]) -> NodeRunner:
+    torch.manual_seed(0)  # the same initial model everywhere, as in a run
+    model = build_model("tiny-cnn", (1, 8, 8), 2 * len(graph))
+    layout = StateLayout.from_module(model)
+    gen = torch.Generator().manual_seed(100 + index)
+    y = torch.randint(0, 2, (args.samples,), generator=gen) + 2 * index  # two classes per node
+    x = torch.randn(args.samples, 1, 8, 8, generator=gen) + y.view(-1, 1, 1, 1).float() * 0.3
+    local = LocalTrainer(model, x, y, TrainConfig(lr=args.lr), seed=0, node_index=index)
+    algorithm = make_algorithm(args.algorithm)
+    runners: dict[str, NodeRunner] = {}
+    inbox = Inbox(senders=graph[node], current_round=lambda: runners[node].round)
+    transport = MemoryTransport(network, Identity(node, layout.fingerprint(), "margin"),
+                                graph[node], inbox,
+                                {name: (layout.numel,) for name in algorithm.exchanged})
+    setup = NodeSetup(node_id=node, neighbours=graph[node], algorithm=algorithm,
+                      trainer=ThreadedTrainer(local, x, y), layout=layout, rounds=args.rounds,
+                      round_deadline=math.inf)
+    runner = runners[node] = NodeRunner(setup, transport,
+                                        NodeState.initial(layout.flatten_module(model)))
+    guard = inbox.guard
+    assert guard is not None, "the runner installs the guard by default"
+
+    def recording(message: RoundMessage) -> Refusal | None:
+        dist, norm = distance(algorithm.outgoing(runner.state), message.tensors)
+        ratios.append(dist / max(norm, 1.0))
+        return guard(message)
+
+    inbox.guard = recording
+    return runner
+
+
+async def measure(args: argparse.Namespace) -> dict[str, object]:
+    graph = ring(args.nodes)
+    network = MemoryNetwork(copy=False)
+    ratios: list[float] = []
+    runners = [make_runner(network, graph, node, i, args, ratios)
+               for i, node in enumerate(graph)]
+    for r in runners:
+        await r.transport.start()
+    done = await asyncio.gather(*(r.run() for r in runners))
+    transports = [r.transport for r in runners]
+    refused = sum(sum(t.receiver.refusals.values())
+                  for t in transports if isinstance(t, MemoryTransport))
+    largest = max(ratios)
+    return {
+        "name": "guard_margin", "algorithm": args.algorithm, "lr": args.lr,
+        "nodes": args.nodes, "rounds": args.rounds, "all_rounds_done": all(done),
+        "states_checked": len(ratios), "refused": refused,
+        "largest_ratio": round(largest, 4), "limit": ABSURD_RATIO,
+        "margin": round(ABSURD_RATIO / largest, 1) if largest else None,
+        "loadavg": [round(v, 2) for v in os.getloadavg()],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--algorithm", default="dacfl", choices=("dacfl", "cdsgd"))
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--samples", type=int, default=64, help="training samples per node")
+    ap.add_argument("--quick", action="store_true", help="20 rounds")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds = 20
+    result = asyncio.run(measure(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.algorithm}, lr {args.lr}, {args.nodes}-node ring, {args.rounds} rounds: "
+              f"{result['states_checked']} states, largest ‖m_j − m_i‖/max(‖m_i‖, 1) = "
+              f"{result['largest_ratio']} (limit {ABSURD_RATIO:g}, margin "
+              f"{result['margin']}x), refused {result['refused']}, load {result['loadavg']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
