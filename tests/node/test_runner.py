@@ -57,6 +57,19 @@ def others() -> set[asyncio.Task[object]]:
     return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
 
 
+def record_pushes(runner: NodeRunner) -> list[RoundMessage]:
+    """Every message ``runner`` pushes from now on, in order (each push still goes out)."""
+    sent: list[RoundMessage] = []
+    push = runner.transport.push
+
+    async def recording_push(peer: str, message: RoundMessage, timeout: float) -> None:
+        sent.append(message)
+        await push(peer, message, timeout)
+
+    runner.transport.push = recording_push  # type: ignore[method-assign]
+    return sent
+
+
 async def stuck_exchange() -> tuple[NodeRunner, asyncio.Task[bool]]:
     """Node a (resumed in round 2) pushes to b (in round 0), which refuses it as too far
     ahead, so a's push retries and a waits for b's state: both stay pending."""
@@ -65,17 +78,9 @@ async def stuck_exchange() -> tuple[NodeRunner, asyncio.Task[bool]]:
     b = make_runner(network, "b", ["a"])
     await a.transport.start()
     await b.transport.start()
-    pushes = 0
-    push = a.transport.push
-
-    async def counting_push(peer: str, message: RoundMessage, timeout: float) -> None:
-        nonlocal pushes
-        pushes += 1
-        await push(peer, message, timeout)
-
-    a.transport.push = counting_push  # type: ignore[method-assign]
+    sent = record_pushes(a)
     task = asyncio.create_task(a.run())
-    await until(lambda: pushes >= 2)  # refused once, retrying
+    await until(lambda: len(sent) >= 2)  # refused once, retrying
     assert a.phase == "exchanging"
     assert len(others()) >= 3  # the run, its exchange, the push being retried (and more)
     return a, task
@@ -110,16 +115,10 @@ def test_a_neighbour_past_the_round_is_not_offered_it_again():
         b = make_runner(network, "b", ["a"], start_round=5)
         await a.transport.start()
         await b.transport.start()
-        calls: list[int] = []
-        push = a.transport.push
-
-        async def counting_push(peer: str, message: RoundMessage, timeout: float) -> None:
-            calls.append(message.round)
-            await push(peer, message, timeout)
-
-        a.transport.push = counting_push  # type: ignore[method-assign]
+        sent = record_pushes(a)
         assert await a.run() is True
-        assert calls == [0]  # refused as ROUND_PASSED: no retry until the deadline
+        # refused as ROUND_PASSED: no retry until the deadline
+        assert [m.round for m in sent] == [0]
         assert a.last is not None and a.last.missing == ("b",)
         assert others() == set()
 
@@ -149,14 +148,7 @@ def test_a_resumed_node_announces_the_neighbours_its_checkpoint_says_it_used():
         b = make_runner(network, "b", ["a"], start_round=1, rounds=2)
         await a.transport.start()
         await b.transport.start()
-        sent: list[RoundMessage] = []
-        push = a.transport.push
-
-        async def recording_push(peer: str, message: RoundMessage, timeout: float) -> None:
-            sent.append(message)
-            await push(peer, message, timeout)
-
-        a.transport.push = recording_push  # type: ignore[method-assign]
+        sent = record_pushes(a)
         assert list(await asyncio.gather(a.run(), b.run())) == [True, True]
         assert [(m.round, m.used) for m in sent] == [(1, ("b",))]
 
@@ -173,16 +165,9 @@ def test_a_push_refused_as_a_duplicate_counts_as_delivered():
         # b already holds a's round-0 state (it pulled it, say)
         own = a.setup.algorithm.outgoing(a.state)
         await b.transport.inbox.put(RoundMessage("a", 0, 1, own))
-        calls: list[int] = []
-        push = a.transport.push
-
-        async def counting_push(peer: str, message: RoundMessage, timeout: float) -> None:
-            calls.append(message.round)
-            await push(peer, message, timeout)
-
-        a.transport.push = counting_push  # type: ignore[method-assign]
+        sent = record_pushes(a)
         assert await a.run() is True
-        assert calls == [0]  # refused as DUPLICATE: no retry until the deadline
+        assert [m.round for m in sent] == [0]  # refused as DUPLICATE: no retry until the deadline
         assert others() == set()
 
     asyncio.run(scenario())
