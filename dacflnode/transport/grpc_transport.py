@@ -160,7 +160,7 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
         context: grpc.aio.ServicerContext[pb.HelloRequest, pb.HelloReply],
     ) -> pb.HelloReply:
         try:
-            return self.receiver.hello(request, peer_ids=self._peer_ids(context))
+            return self.receiver.hello(request, context.peer(), peer_ids=self._peer_ids(context))
         except WireError as err:
             await _abort(context, err)
 
@@ -203,7 +203,7 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
     ) -> AsyncIterator[pb.StateChunk]:
         stream: Iterator[pb.StateChunk]
         try:
-            stream = self.receiver.pull(request, peer_ids=self._peer_ids(context))
+            stream = self.receiver.pull(request, context.peer(), peer_ids=self._peer_ids(context))
         except WireError as err:
             await _abort(context, err)
         for chunk in stream:
