@@ -91,11 +91,17 @@ class PeerStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     latency_ms: float = float("nan")
+    #: round states accepted from the neighbour (pushed or pulled), and pushes it accepted
+    messages_received: int = 0
+    messages_sent: int = 0
 
 
 @dataclass
 class Inbox:
     """Neighbours' round messages, buffered by round; rounds are never mixed.
+
+    ``forgo(round, sender)`` tells :meth:`wait` not to wait for a message that will not come
+    (an edge-round an injected fault drops).
 
     A message is accepted for the current round and the next one (a neighbour may finish a round
     before this node and push the next); anything older or further ahead is refused.
@@ -113,8 +119,14 @@ class Inbox:
     current_round: Callable[[], int]
     window: int = 1
     guard: StateGuard | None = None
+    #: Answers a neighbour's Hello: ``on_join(peer, proposed)`` is the round from which this
+    #: node mixes with ``peer`` (0: as always), given the round ``peer`` proposed (0: none).
+    #: Set by the node runner; ``None`` answers 0.
+    on_join: Callable[[str, int], int] | None = None
     _messages: dict[int, dict[str, RoundMessage]] = field(default_factory=dict)
     _changed: asyncio.Condition | None = None
+    _forgone: dict[int, set[str]] = field(default_factory=dict)
+    _wakers: set[asyncio.Task[None]] = field(default_factory=set)
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:
@@ -174,7 +186,7 @@ class Inbox:
         wanted = set(senders)
 
         def ready() -> bool:
-            return wanted <= set(self._messages.get(round_, {}))
+            return wanted - self._forgone.get(round_, set()) <= set(self._messages.get(round_, {}))
 
         cond = self._condition()
         async with cond:
@@ -183,9 +195,29 @@ class Inbox:
             got = self._messages.get(round_, {})
             return {s: got[s] for s in wanted if s in got}
 
+    async def forgo(self, round_: int, sender: str) -> None:
+        """Stop waiting for ``sender``'s message of ``round_`` (it will not come)."""
+        async with self._condition():
+            self._forgone.setdefault(round_, set()).add(sender)
+            self._condition().notify_all()
+
+    def forgo_nowait(self, round_: int, sender: str) -> None:
+        """:meth:`forgo` from synchronous code running on the event loop (a waiter is woken
+        as soon as the loop gets to it)."""
+        self._forgone.setdefault(round_, set()).add(sender)
+        task = asyncio.get_running_loop().create_task(self._wake())
+        self._wakers.add(task)
+        task.add_done_callback(self._wakers.discard)
+
+    async def _wake(self) -> None:
+        async with self._condition():
+            self._condition().notify_all()
+
     def discard_before(self, round_: int) -> None:
         for r in [r for r in self._messages if r < round_]:
             del self._messages[r]
+        for r in [r for r in self._forgone if r < round_]:
+            del self._forgone[r]
 
 
 class Transport(ABC):
@@ -204,9 +236,10 @@ class Transport(ABC):
         ``push`` and ``pull`` raise :class:`TransportClosed`."""
 
     @abstractmethod
-    async def hello(self, peer: str) -> Identity:
-        """Handshake with ``peer``; raises :class:`PeerUnavailable`, :class:`HandshakeRefused`
-        or :class:`TransportClosed`."""
+    async def hello(self, peer: str, join_round: int = 0) -> Identity:
+        """Handshake with ``peer``, proposing to mix with it from ``join_round`` (0: as
+        always; see :attr:`Inbox.on_join`); raises :class:`PeerUnavailable`,
+        :class:`HandshakeRefused` or :class:`TransportClosed`."""
         raise NotImplementedError
 
     @abstractmethod

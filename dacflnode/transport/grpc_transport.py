@@ -16,8 +16,9 @@ fails the TLS handshake (plaintext, another CA) never reaches the servicer: it s
 Calling side: one channel per neighbour (made by :mod:`dacflnode.transport.channels`, on first
 contact), and every call carries a deadline. Status codes map to the transport's errors:
 
-* ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``: :class:`PeerUnavailable` (down, not
-  started yet, or too slow: retry later);
+* ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``, and ``RESOURCE_EXHAUSTED`` or
+  ``INTERNAL`` without a refusal reason (see :func:`unreachable`): :class:`PeerUnavailable`
+  (down, not started yet, busy or too slow: retry later);
 * Hello: ``FAILED_PRECONDITION``, ``PERMISSION_DENIED``, ``UNIMPLEMENTED``:
   :class:`HandshakeRefused`; any other code: :class:`PeerUnavailable`;
 * PushState / PullState: any other code: ``WireError(code name, details, reason)``.
@@ -96,6 +97,11 @@ _UNREACHABLE = frozenset({
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.CANCELLED,
 })
+#: Codes that mean "try again later" when no refusal reason comes with them (see unreachable).
+_UNREACHABLE_WITHOUT_REASON = frozenset({
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INTERNAL,
+})
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], err: WireError) -> NoReturn:
@@ -113,11 +119,14 @@ def unreachable(err: grpc.aio.AioRpcError) -> bool:
     gRPC's server-wide call limit (``maximum_concurrent_rpcs``, see
     :mod:`~dacflnode.transport.channels`): the peer is busy, perhaps flooded, and a neighbour's
     push must be retried, not given up. The receiver's own ``RESOURCE_EXHAUSTED`` refusals
-    (a stream cut at its idle or total deadline) carry a reason.
+    (a stream cut at its idle or total deadline) carry a reason. An ``INTERNAL`` without a
+    reason is grpc's own "Internal error from Core": a write failed because the call had ended
+    under it (its deadline passed while this process was stopped, the connection broke); the
+    peer refused nothing.
     """
     if err.code() in _UNREACHABLE:
         return True
-    return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and reason_of(err) is Reason.OTHER
+    return err.code() in _UNREACHABLE_WITHOUT_REASON and reason_of(err) is Reason.OTHER
 
 
 def reason_of(err: grpc.aio.AioRpcError) -> Reason:
@@ -330,10 +339,10 @@ class GrpcTransport(Transport):
             return self._closed()
         return PeerUnavailable(f"{what} {peer} at {self.peers.get(peer)}: cancelled")
 
-    async def hello(self, peer: str) -> PeerIdentity:
+    async def hello(self, peer: str, join_round: int = 0) -> PeerIdentity:
         stub = self._stub(peer)
         started = time.perf_counter()
-        call = stub.Hello(hello_request(self.identity), timeout=self.hello_timeout)
+        call = stub.Hello(hello_request(self.identity, join_round), timeout=self.hello_timeout)
         try:
             reply = await call
         except asyncio.CancelledError:
@@ -372,8 +381,11 @@ class GrpcTransport(Transport):
                 for chunk in stream:
                     await call.write(chunk)
                 await call.done_writing()
-            except asyncio.InvalidStateError:
-                pass  # the peer ended the call before the whole stream: its status says why
+            except (asyncio.InvalidStateError, grpc.aio.InternalError):
+                # the call ended before the whole stream (the peer ended it, or its deadline
+                # passed while this process was stopped: grpc then fails the half-close with
+                # ExecuteBatchError): its status says why
+                pass
             await call
         except asyncio.CancelledError:
             call.cancel()
@@ -388,6 +400,7 @@ class GrpcTransport(Transport):
             stats.bytes_sent += stream.sent
         stats.latency_ms = (time.perf_counter() - started) * 1000.0
         stats.connected = True
+        stats.messages_sent += 1
 
     async def pull(
         self,
@@ -421,5 +434,7 @@ class GrpcTransport(Transport):
             call.cancel()  # the peer sent something this node does not accept: stop reading
             raise
         message = await asyncio.to_thread(decoder.finish)
-        self._stats(peer).bytes_received += decoder.received
+        stats = self._stats(peer)
+        stats.bytes_received += decoder.received
+        stats.messages_received += 1
         return message

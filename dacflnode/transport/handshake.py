@@ -19,18 +19,21 @@ HANDSHAKE_REFUSALS = frozenset({"FAILED_PRECONDITION", "PERMISSION_DENIED"})
 
 @dataclass(frozen=True)
 class PeerIdentity(Identity):
-    """A neighbour's :class:`Identity` as its handshake reply gave it, with the round it is in."""
+    """A neighbour's :class:`Identity` as its handshake reply gave it, with the round it is in
+    and the round from which it mixes with this node (``join_round``; 0: as always)."""
 
     round: int = 0
+    join_round: int = 0
 
 
-def hello_request(identity: Identity) -> pb.HelloRequest:
-    """The Hello request that presents ``identity``."""
+def hello_request(identity: Identity, join_round: int = 0) -> pb.HelloRequest:
+    """The Hello request that presents ``identity`` (proposing ``join_round``, if not 0)."""
     return pb.HelloRequest(
         node_id=identity.node_id,
         protocol_version=identity.protocol_version,
         model_fingerprint=identity.model_fingerprint,
         run_fingerprint=identity.run_fingerprint,
+        join_round=join_round,
     )
 
 
@@ -43,7 +46,7 @@ def check_identity(identity: Identity, peer: str, reply: pb.HelloReply) -> PeerI
     not compare every field.
     """
     other = PeerIdentity(reply.node_id, reply.model_fingerprint, reply.run_fingerprint,
-                         reply.protocol_version, int(reply.round))
+                         reply.protocol_version, int(reply.round), int(reply.join_round))
     if other.node_id != peer:
         raise HandshakeRefused(
             f"the address of neighbour {peer!r} is served by {other.node_id!r}", Reason.MISMATCH)

@@ -154,11 +154,11 @@ class MemoryTransport(Transport):
             self.stats[peer].connected = False
             raise
 
-    async def hello(self, peer: str) -> PeerIdentity:
+    async def hello(self, peer: str, join_round: int = 0) -> PeerIdentity:
         target = self._reach(peer)
         started = time.perf_counter()
         try:
-            reply = target.receiver.hello(hello_request(self.identity), self.address,
+            reply = target.receiver.hello(hello_request(self.identity, join_round), self.address,
                                           peer_ids=self._me)
         except WireError as exc:
             if exc.code in HANDSHAKE_REFUSALS:
@@ -188,6 +188,7 @@ class MemoryTransport(Transport):
                                   f"{timeout:.3g}s") from exc
         stats.latency_ms = (time.perf_counter() - started) * 1000.0
         stats.connected = True
+        stats.messages_sent += 1
 
     async def _push_stream(
         self, target: MemoryTransport, message: RoundMessage, stats: PeerStats
@@ -223,6 +224,7 @@ class MemoryTransport(Transport):
                                                         peer_ids=self._me)
                     check_message(pull_expectation(peer, round_, tensors), message)
                     self.stats[peer].bytes_received += message.payload_bytes
+                    self.stats[peer].messages_received += 1
                     return message
                 decoder = pull_decoder(peer, round_, tensors)
                 for chunk in target.receiver.pull(request, self.address, peer_ids=self._me):
@@ -233,4 +235,5 @@ class MemoryTransport(Transport):
             raise PeerUnavailable(f"pull of round {round_} from {peer} timed out after "
                                   f"{timeout:.3g}s") from exc
         self.stats[peer].bytes_received += decoder.received
+        self.stats[peer].messages_received += 1
         return message

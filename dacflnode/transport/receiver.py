@@ -56,6 +56,7 @@ from dacflnode.wire.codec import (
     RoundMessage,
     check_fields,
     check_finite,
+    check_log,
     dtype_name,
     encode,
     make_header,
@@ -83,6 +84,7 @@ def check_message(expect: Expectation, message: RoundMessage) -> None:
                         detail=f"unknown sender {message.sender!r}")
     check_fields(expect, message.round, message.degree,
                  [(n, dtype_name(t), tuple(t.shape)) for n, t in message.tensors.items()])
+    check_log(expect, message.round, int(message.kind), message.used_log, message.anchors)
     check_finite(message.tensors)
 
 
@@ -93,8 +95,11 @@ def _stranger(reason: Reason, detail: str) -> WireError:
 class Receiver:
     """Answers Hello, PushState and PullState for one node.
 
-    ``refusals`` counts every refusal by reason (status and metrics read it); ``idle_timeout``
-    and ``stream_timeout`` are the push-stream deadlines (see the module docstring).
+    ``refusals`` counts every refusal by reason (status and metrics read it); ``refused_by``
+    counts them by the neighbour the call claimed to come from, ``late_by`` the pushes refused
+    because this node had left their round (only configured neighbours are counted there, so
+    strangers cannot grow them); ``idle_timeout`` and ``stream_timeout`` are the push-stream
+    deadlines (see the module docstring).
     """
 
     def __init__(
@@ -114,6 +119,8 @@ class Receiver:
         self.idle_timeout = idle_timeout
         self.stream_timeout = stream_timeout
         self.refusals: Counter[Reason] = Counter()
+        self.refused_by: Counter[str] = Counter()
+        self.late_by: Counter[str] = Counter()
         #: What this node sent per round, for pulls; the header is ``None`` for a message
         #: published by the no-copy in-memory path (made when a stream is first asked for).
         self.outbox: dict[int, tuple[RoundMessage, pb.StateHeader | None]] = {}
@@ -132,6 +139,10 @@ class Receiver:
 
     def _refused(self, call: str, who: str, peer: str, round_: int, exc: WireError) -> None:
         self.refusals[exc.reason] += 1
+        if who in self.inbox.senders:
+            self.refused_by[who] += 1
+            if call == "push" and exc.reason is Reason.ROUND_PASSED:
+                self.late_by[who] += 1
         log.warning("%s from %r (peer %r, round %d) refused: %s: %s (%s)", call, who, peer,
                     round_, exc.code, exc.detail, exc.reason)
 
@@ -152,12 +163,15 @@ class Receiver:
             self._refused("hello", request.node_id, peer, -1, exc)
             raise
         self.stats.setdefault(request.node_id, PeerStats()).connected = True
+        on_join = self.inbox.on_join
+        join_round = 0 if on_join is None else on_join(request.node_id, int(request.join_round))
         return pb.HelloReply(
             node_id=self.identity.node_id,
             protocol_version=self.identity.protocol_version,
             model_fingerprint=self.identity.model_fingerprint,
             run_fingerprint=self.identity.run_fingerprint,
             round=self.inbox.current_round(),
+            join_round=join_round,
         )
 
     # ------------------------------------------------------------------ PushState
@@ -255,6 +269,7 @@ class Receiver:
         stats.connected = True
         stats.last_round_received = max(stats.last_round_received, message.round)
         stats.bytes_received += size
+        stats.messages_received += 1
 
     # ------------------------------------------------------------------ PullState
     def publish(

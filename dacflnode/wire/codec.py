@@ -16,6 +16,7 @@ Receiving a state of ``B`` bytes costs ``B`` bytes plus one chunk; sending costs
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,12 +30,17 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, Refusal, WireError
 
 __all__ = [
-    "CHECKSUM_BYTES", "CHUNK_BYTES", "DTYPES", "PROTOCOL_VERSION", "Decoder", "Expectation",
-    "Reason", "Refusal", "RoundMessage", "WireError", "check_fields", "check_finite", "checksum",
-    "chunks", "decode", "dtype_name", "encode", "make_header",
+    "CHECKSUM_BYTES", "CHUNK_BYTES", "DTYPES", "MAX_ANCHORS", "MAX_USED_LOG",
+    "PROTOCOL_VERSION", "Decoder", "Expectation", "Kind", "Reason", "Refusal", "RoundMessage",
+    "UsedLog", "WireError", "check_fields", "check_finite", "check_log", "checksum", "chunks",
+    "decode", "dtype_name", "encode", "make_header",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+#: At most this many rounds in a header's ``used_log`` (a node sends ``gone_after + 2``).
+MAX_USED_LOG = 64
+#: At most this many anchor rounds in a header.
+MAX_ANCHORS = 16
 CHUNK_BYTES = 1 << 20
 CHECKSUM_BYTES = 16
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32}
@@ -44,19 +50,51 @@ if sys.byteorder != "little":  # pragma: no cover - every supported platform is 
     raise ImportError("the dacfl wire format is little-endian; this host is not")
 
 
+class Kind(enum.IntEnum):
+    """What a state is for (``StateKind`` on the wire; see docs/faults.md)."""
+
+    STATE = pb.STATE  # a round's state, to be mixed
+    LEAVING = pb.LEAVING  # the sender's last state before it leaves: read, do not mix
+    HANDOVER = pb.HANDOVER  # after LEAVING: ``x`` is the sender's mass to add to ``x``
+    FINAL = pb.FINAL  # after the last round: read, do not mix
+
+
+#: ``(round, neighbours mixed in that round)`` for the sender's last few rounds, oldest first.
+UsedLog = tuple[tuple[int, tuple[str, ...]], ...]
+
+
 @dataclass(frozen=True)
 class RoundMessage:
-    """One node's state for one round, as neighbours exchange it."""
+    """One node's state for one round, as neighbours exchange it.
+
+    ``used_log`` says which neighbours' states the sender mixed in each of its last few rounds
+    (how a neighbour learns that an edge was used on one end only, and undoes it); ``anchors``
+    are the future rounds at which every node re-anchors (both: docs/faults.md).
+    """
 
     sender: str
     round: int
     degree: int
     tensors: Mapping[str, torch.Tensor]
-    used: tuple[str, ...] = ()
+    used_log: UsedLog = ()
+    kind: Kind = Kind.STATE
+    anchors: tuple[int, ...] = ()
 
     @property
     def payload_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @property
+    def used(self) -> tuple[str, ...]:
+        """The neighbours the sender mixed in the round before this one."""
+        return self.used_in(self.round - 1) or ()
+
+    def used_in(self, round_: int) -> tuple[str, ...] | None:
+        """The neighbours the sender mixed in ``round_``; ``None`` if the log does not say."""
+        for r, peers in self.used_log:
+            if r == round_:
+                return peers
+        return None
 
 
 def _byte_view(tensor: torch.Tensor) -> memoryview:
@@ -97,7 +135,9 @@ def make_header(message: RoundMessage) -> pb.StateHeader:
         ],
         payload_bytes=sum(v.nbytes for v in views),
         checksum=checksum(views),
-        used=list(message.used),
+        used_log=[pb.UsedRound(round=r, peers=list(p)) for r, p in message.used_log],
+        kind=int(message.kind),  # type: ignore[arg-type]
+        anchors=list(message.anchors),
     )
 
 
@@ -172,6 +212,25 @@ def check_fields(
     return shapes
 
 
+def check_log(
+    expect: Expectation, round_: int, kind: int, used_log: UsedLog, anchors: Sequence[int]
+) -> None:
+    """Check a message's bookkeeping fields (before anything is allocated): a known kind, at
+    most :data:`MAX_USED_LOG` earlier rounds with at most ``max_degree`` names each, at most
+    :data:`MAX_ANCHORS` anchor rounds, none of them in the past."""
+    if kind not in Kind.__members__.values():
+        raise WireError("INVALID_ARGUMENT", f"unknown state kind {kind}", Reason.BAD_HEADER)
+    if len(used_log) > MAX_USED_LOG or len(anchors) > MAX_ANCHORS:
+        raise WireError("INVALID_ARGUMENT", f"used_log of {len(used_log)} rounds or "
+                        f"{len(anchors)} anchors: too many", Reason.BAD_HEADER)
+    for r, peers in used_log:
+        if r >= round_ or len(peers) > expect.max_degree:
+            raise WireError("INVALID_ARGUMENT", f"used_log entry for round {r} with "
+                            f"{len(peers)} names (message round {round_})", Reason.BAD_HEADER)
+    if any(a <= 0 for a in anchors):
+        raise WireError("INVALID_ARGUMENT", "anchor round 0", Reason.BAD_HEADER)
+
+
 def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
     """Refuse a state that holds NaN or an infinity (``INVALID_ARGUMENT``,
     :attr:`~Reason.NON_FINITE`): one such value poisons every model it is mixed into, and the
@@ -225,6 +284,7 @@ class Decoder:
             exp, int(h.round), int(h.degree),
             [(t.name, t.dtype, tuple(int(s) for s in t.shape)) for t in h.tensors],
         )
+        check_log(exp, int(h.round), int(h.kind), _used_log(h), list(h.anchors))
         total = 4 * sum(numel for _, _, numel in shapes)
         if h.payload_bytes != total:
             raise WireError(
@@ -292,7 +352,12 @@ class Decoder:
             offset += numel
         check_finite(tensors)
         h = self._header
-        return RoundMessage(h.sender, int(h.round), int(h.degree), tensors, tuple(h.used))
+        return RoundMessage(h.sender, int(h.round), int(h.degree), tensors, _used_log(h),
+                            Kind(int(h.kind)), tuple(int(a) for a in h.anchors))
+
+
+def _used_log(h: pb.StateHeader) -> UsedLog:
+    return tuple((int(u.round), tuple(u.peers)) for u in h.used_log)
 
 
 def decode(chunks: Iterator[pb.StateChunk], expect: Expectation) -> RoundMessage:

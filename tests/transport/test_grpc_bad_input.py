@@ -22,7 +22,7 @@ from dacflnode.transport.grpc_transport import (
     unreachable,
     wire_error,
 )
-from dacflnode.wire.codec import RoundMessage, WireError, encode
+from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason
 
 P = 40
@@ -191,10 +191,12 @@ async def test_bad_pulls_are_refused_and_logged(server, caplog):
 
 async def test_hello_refusals_carry_their_status(server):
     for request, code, reason in [
-        (pb.HelloRequest(node_id="mallory", protocol_version=1, model_fingerprint=MODEL,
+        (pb.HelloRequest(node_id="mallory", protocol_version=PROTOCOL_VERSION,
+                          model_fingerprint=MODEL,
                          run_fingerprint=RUN), grpc.StatusCode.PERMISSION_DENIED,
          Reason.NOT_NEIGHBOUR),
-        (pb.HelloRequest(node_id="alice", protocol_version=1, model_fingerprint="other",
+        (pb.HelloRequest(node_id="alice", protocol_version=PROTOCOL_VERSION,
+                          model_fingerprint="other",
                          run_fingerprint=RUN), grpc.StatusCode.FAILED_PRECONDITION,
          Reason.MISMATCH),
     ]:
@@ -202,7 +204,8 @@ async def test_hello_refusals_carry_their_status(server):
             await server.stub.Hello(request, timeout=5)
         assert (err.value.code(), reason_of(err.value)) == (code, reason)
     reply = await server.stub.Hello(pb.HelloRequest(
-        node_id="alice", protocol_version=1, model_fingerprint=MODEL, run_fingerprint=RUN),
+        node_id="alice", protocol_version=PROTOCOL_VERSION, model_fingerprint=MODEL,
+        run_fingerprint=RUN),
         timeout=5)
     assert reply.node_id == "bob"
 

@@ -19,7 +19,7 @@ from dacflnode.transport import grpc_transport
 from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
 from dacflnode.transport.receiver import IDLE_TIMEOUT, STREAM_TIMEOUT, Receiver
-from dacflnode.wire.codec import RoundMessage, WireError, encode
+from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
 from dacflnode.wire.errors import Reason
 
 P = 32
@@ -51,7 +51,8 @@ async def stream_of(chunks: Iterable[pb.StateChunk], pause: float = 0.0,
 
 
 def hello(node_id: str) -> pb.HelloRequest:
-    return pb.HelloRequest(node_id=node_id, protocol_version=1, model_fingerprint=MODEL,
+    return pb.HelloRequest(node_id=node_id, protocol_version=PROTOCOL_VERSION,
+                           model_fingerprint=MODEL,
                            run_fingerprint=RUN)
 
 

@@ -24,7 +24,7 @@ from dacflnode.transport.handshake import PeerIdentity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire import codec
-from dacflnode.wire.codec import CHUNK_BYTES, PROTOCOL_VERSION, RoundMessage, WireError
+from dacflnode.wire.codec import CHUNK_BYTES, PROTOCOL_VERSION, Kind, RoundMessage, WireError
 from dacflnode.wire.errors import Reason
 from dacflnode.wire.state_guard import DistanceGuard
 
@@ -43,12 +43,14 @@ def message(sender: str, round_: int, p: int = P, seed: int = 0, degree: int = 2
     x = torch.randn(p, generator=g)
     # finite values whose bits a lossy path would change (NaN and infinities are refused)
     omega[:4] = torch.tensor([-0.0, 3.4028235e38, -1.1754944e-38, 1e-45])
-    return RoundMessage(sender, round_, degree, {"omega": omega, "x": x}, used=("b", "c"))
+    log_ = ((round_ - 2, ("b",)), (round_ - 1, ("b", "c"))) if round_ >= 2 else ()
+    return RoundMessage(sender, round_, degree, {"omega": omega, "x": x}, used_log=log_,
+                        kind=Kind.FINAL, anchors=(round_ + 3,))
 
 
 def assert_bit_exact(got: RoundMessage, sent: RoundMessage) -> None:
-    assert (got.sender, got.round, got.degree, got.used) == (
-        sent.sender, sent.round, sent.degree, sent.used)
+    assert (got.sender, got.round, got.degree, got.used_log, got.kind, got.anchors) == (
+        sent.sender, sent.round, sent.degree, sent.used_log, sent.kind, sent.anchors)
     assert list(got.tensors) == list(sent.tensors)
     for name, tensor in sent.tensors.items():
         assert got.tensors[name].dtype == torch.float32
@@ -485,3 +487,18 @@ async def test_strangers_get_one_uniform_answer_that_leaks_nothing(cluster):
         answers.append(err.value.message)
     assert answers == ["refused"] * 3  # no round 5, no shape, no name of a member
     assert nodes["b"].inbox.get(5) == {}
+
+
+async def test_refusals_are_counted_per_neighbour_and_late_states_apart(cluster):
+    nodes = await cluster.build({"a": ["b"], "b": ["a", "c"], "c": ["b"], "z": ["b"]})
+    nodes["b"].round = 2
+    with pytest.raises(WireError):  # a's round-1 state comes after b left round 1
+        await nodes["a"].transport.push("b", message("a", 1), timeout=5)
+    await nodes["c"].transport.push("b", message("c", 2), timeout=5)
+    with pytest.raises(WireError):  # a duplicate: refused, not late
+        await nodes["c"].transport.push("b", message("c", 2, seed=1), timeout=5)
+    with pytest.raises(WireError):  # a stranger is not counted by name
+        await nodes["z"].transport.push("b", message("z", 2), timeout=5)
+    receiver = receiver_of(nodes["b"])
+    assert receiver.refused_by == {"a": 1, "c": 1}
+    assert receiver.late_by == {"a": 1}

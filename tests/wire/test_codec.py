@@ -6,6 +6,8 @@ import torch
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.wire.codec import (
     CHUNK_BYTES,
+    MAX_ANCHORS,
+    MAX_USED_LOG,
     Decoder,
     Expectation,
     RoundMessage,
@@ -22,7 +24,8 @@ P = 1000
 def message(round_=3, sender="b", p=P):
     g = torch.Generator().manual_seed(round_)
     return RoundMessage(sender, round_, 2, {"omega": torch.randn(p, generator=g),
-                                             "x": torch.randn(p, generator=g)}, used=("a",))
+                                             "x": torch.randn(p, generator=g)},
+                        used_log=((round_ - 1, ("a",)),))
 
 
 def expect() -> Expectation:
@@ -66,6 +69,15 @@ def test_payload_travels_in_chunks_of_at_most_one_mebibyte():
          "payload_bytes"),
         (lambda h: setattr(h, "checksum", b"x"), "INVALID_ARGUMENT", Reason.BAD_HEADER,
          "checksum"),
+        (lambda h: setattr(h, "kind", 7), "INVALID_ARGUMENT", Reason.BAD_HEADER,
+         "unknown state kind"),
+        (lambda h: h.used_log.add(round=3, peers=["a"]), "INVALID_ARGUMENT", Reason.BAD_HEADER,
+         "used_log entry for round 3"),
+        (lambda h: h.used_log.extend(pb.UsedRound(round=1) for _ in range(MAX_USED_LOG)),
+         "INVALID_ARGUMENT", Reason.BAD_HEADER, "too many"),
+        (lambda h: h.anchors.extend(range(5, 6 + MAX_ANCHORS)), "INVALID_ARGUMENT",
+         Reason.BAD_HEADER, "too many"),
+        (lambda h: h.anchors.append(0), "INVALID_ARGUMENT", Reason.BAD_HEADER, "anchor round 0"),
     ],
 )
 def test_bad_headers_are_refused_before_anything_is_allocated(mutate, code, reason, text):

@@ -49,6 +49,11 @@ class NeighbourStatus(_message.Message):
     BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
     BYTES_SENT_FIELD_NUMBER: _builtins.int
     LATENCY_MS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    MISSED_ROUNDS_FIELD_NUMBER: _builtins.int
+    LATE_STATES_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    CORRECTIONS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     address: _builtins.str
     connected: _builtins.bool
@@ -58,6 +63,18 @@ class NeighbourStatus(_message.Message):
     bytes_sent: _builtins.int
     latency_ms: _builtins.float
     """last handshake/push round trip"""
+    state: _builtins.str
+    """active; absent (not up at start, or not joined yet); gone (declared after run.gone_after
+    missed rounds); left (it drained out). See docs/faults.md.
+    """
+    missed_rounds: _builtins.int
+    """rounds whose deadline passed without its state"""
+    late_states: _builtins.int
+    """its states that came after this node had left their round"""
+    refused: _builtins.int
+    """its calls this node refused, any reason"""
+    corrections: _builtins.int
+    """one-sided uses of the edge by this node, undone"""
     def __init__(
         self,
         *,
@@ -68,10 +85,15 @@ class NeighbourStatus(_message.Message):
         bytes_received: _builtins.int = ...,
         bytes_sent: _builtins.int = ...,
         latency_ms: _builtins.float = ...,
+        state: _builtins.str = ...,
+        missed_rounds: _builtins.int = ...,
+        late_states: _builtins.int = ...,
+        refused: _builtins.int = ...,
+        corrections: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_received", b"bytes_received", "bytes_sent", b"bytes_sent", "connected", b"connected", "last_round_received", b"last_round_received", "latency_ms", b"latency_ms", "node_id", b"node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_received", b"bytes_received", "bytes_sent", b"bytes_sent", "connected", b"connected", "corrections", b"corrections", "last_round_received", b"last_round_received", "late_states", b"late_states", "latency_ms", b"latency_ms", "missed_rounds", b"missed_rounds", "node_id", b"node_id", "refused", b"refused", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -115,6 +137,9 @@ class StatusReply(_message.Message):
     LISTEN_ADDRESS_FIELD_NUMBER: _builtins.int
     TLS_FIELD_NUMBER: _builtins.int
     REFUSALS_FIELD_NUMBER: _builtins.int
+    ANCHORS_FIELD_NUMBER: _builtins.int
+    REANCHORED_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     algorithm: _builtins.str
     round: _builtins.int
@@ -132,11 +157,21 @@ class StatusReply(_message.Message):
     listen_address: _builtins.str
     tls: _builtins.bool
     """neighbours authenticated by mutual TLS (node.tls)"""
+    reanchored: _builtins.int
+    """re-anchorings done since start"""
+    leaving: _builtins.bool
+    """a drain was requested"""
     @_builtins.property
     def neighbours(self) -> _containers.RepeatedCompositeFieldContainer[Global___NeighbourStatus]: ...
     @_builtins.property
     def refusals(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """refused calls since start, by reason (wire reason names;"""
+
+    @_builtins.property
+    def anchors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """"control-token": Control calls without their token)
+        rounds at which the node will re-anchor (docs/faults.md)
+        """
 
     def __init__(
         self,
@@ -155,10 +190,13 @@ class StatusReply(_message.Message):
         listen_address: _builtins.str = ...,
         tls: _builtins.bool = ...,
         refusals: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        anchors: _abc.Iterable[_builtins.int] | None = ...,
+        reanchored: _builtins.int = ...,
+        leaving: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "consensus_residual", b"consensus_residual", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "anchors", b"anchors", "consensus_residual", b"consensus_residual", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -210,6 +248,28 @@ Global___MetricsReply: _TypeAlias = MetricsReply  # noqa: Y015
 class StopRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    DRAIN_FIELD_NUMBER: _builtins.int
+    drain: _builtins.bool
+    """Leave the network: hand this node's share of the consensus mass to its neighbours and tell
+    them it is leaving, instead of just stopping (they would wait for it, then declare it gone).
+    """
+    def __init__(
+        self,
+        *,
+        drain: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain", b"drain"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopRequest: _TypeAlias = StopRequest  # noqa: Y015
+
+@_typing.final
+class CheckpointRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
     def __init__(
         self,
     ) -> None: ...
@@ -219,7 +279,28 @@ class StopRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___StopRequest: _TypeAlias = StopRequest  # noqa: Y015
+Global___CheckpointRequest: _TypeAlias = CheckpointRequest  # noqa: Y015
+
+@_typing.final
+class FileChunk(_message.Message):
+    """The node's latest checkpoint file (safetensors), in chunks of about 1 MiB."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileChunk: _TypeAlias = FileChunk  # noqa: Y015
 
 @_typing.final
 class StopReply(_message.Message):

@@ -49,6 +49,11 @@ class ControlStub:
                 request_serializer=dacfl_dot_v1_dot_control__pb2.StopRequest.SerializeToString,
                 response_deserializer=dacfl_dot_v1_dot_control__pb2.StopReply.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_stream(
+                '/dacfl.v1.Control/Checkpoint',
+                request_serializer=dacfl_dot_v1_dot_control__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=dacfl_dot_v1_dot_control__pb2.FileChunk.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -72,6 +77,13 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Checkpoint(self, request, context):
+        """The latest checkpoint, for `dacflnode invariant` (NOT_FOUND before the first round).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +101,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Stop,
                     request_deserializer=dacfl_dot_v1_dot_control__pb2.StopRequest.FromString,
                     response_serializer=dacfl_dot_v1_dot_control__pb2.StopReply.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_stream_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=dacfl_dot_v1_dot_control__pb2.CheckpointRequest.FromString,
+                    response_serializer=dacfl_dot_v1_dot_control__pb2.FileChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +189,33 @@ class Control:
             '/dacfl.v1.Control/Stop',
             dacfl_dot_v1_dot_control__pb2.StopRequest.SerializeToString,
             dacfl_dot_v1_dot_control__pb2.StopReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dacfl.v1.Control/Checkpoint',
+            dacfl_dot_v1_dot_control__pb2.CheckpointRequest.SerializeToString,
+            dacfl_dot_v1_dot_control__pb2.FileChunk.FromString,
             options,
             channel_credentials,
             insecure,

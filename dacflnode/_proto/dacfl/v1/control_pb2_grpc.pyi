@@ -39,6 +39,8 @@ class ControlStub:
     Status: _grpc.UnaryUnaryMultiCallable[_control_pb2.StatusRequest, _control_pb2.StatusReply]
     Metrics: _grpc.UnaryUnaryMultiCallable[_control_pb2.MetricsRequest, _control_pb2.MetricsReply]
     Stop: _grpc.UnaryUnaryMultiCallable[_control_pb2.StopRequest, _control_pb2.StopReply]
+    Checkpoint: _grpc.UnaryStreamMultiCallable[_control_pb2.CheckpointRequest, _control_pb2.FileChunk]
+    """The latest checkpoint, for `dacflnode invariant` (NOT_FOUND before the first round)."""
 
 @_typing.type_check_only
 class ControlAsyncStub(ControlStub):
@@ -46,6 +48,8 @@ class ControlAsyncStub(ControlStub):
     Status: _aio.UnaryUnaryMultiCallable[_control_pb2.StatusRequest, _control_pb2.StatusReply]  # type: ignore[assignment]
     Metrics: _aio.UnaryUnaryMultiCallable[_control_pb2.MetricsRequest, _control_pb2.MetricsReply]  # type: ignore[assignment]
     Stop: _aio.UnaryUnaryMultiCallable[_control_pb2.StopRequest, _control_pb2.StopReply]  # type: ignore[assignment]
+    Checkpoint: _aio.UnaryStreamMultiCallable[_control_pb2.CheckpointRequest, _control_pb2.FileChunk]  # type: ignore[assignment]
+    """The latest checkpoint, for `dacflnode invariant` (NOT_FOUND before the first round)."""
 
 class ControlServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -68,5 +72,13 @@ class ControlServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.StopRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.StopReply, _abc.Awaitable[_control_pb2.StopReply]]: ...
+
+    @_abc_1.abstractmethod
+    def Checkpoint(
+        self,
+        request: _control_pb2.CheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_control_pb2.FileChunk], _abc.AsyncIterator[_control_pb2.FileChunk]]:
+        """The latest checkpoint, for `dacflnode invariant` (NOT_FOUND before the first round)."""
 
 def add_ControlServicer_to_server(servicer: ControlServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
