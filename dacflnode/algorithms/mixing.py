@@ -34,8 +34,13 @@ def metropolis_weights(
     Returns ``(self_weight, {neighbour: weight})``. Both ends of an edge compute the same
     ``w_ij``, so the assembled matrix is symmetric and doubly stochastic.
     """
-    weights = {j: 1.0 / (1.0 + max(own_degree, d)) for j, d in neighbour_degrees.items()}
-    # fsum is exactly rounded, so the self weight does not depend on the neighbours' order
+    # Each weight is rounded to float32 first, the precision states are mixed in: then the
+    # self weight 1 − Σ w_ij, computed exactly (fsum), makes the row sum exactly 1 in the
+    # arithmetic the mix uses, and Σ x does not drift by float32's rounding of 1/(1 + d) every
+    # round (docs/faults.md). fsum is exactly rounded, so the self weight does not depend on
+    # the neighbours' order either.
+    weights = {j: float(np.float32(1.0 / (1.0 + max(own_degree, d))))
+               for j, d in neighbour_degrees.items()}
     return 1.0 - math.fsum(weights.values()), weights
 
 

@@ -134,9 +134,14 @@ class Algorithm(ABC):
         """The node's own model (before any god-node averaging)."""
         return state.x
 
+    #: the :class:`NodeState` field whose network sum ``Σ x`` equals (see :meth:`tracked`)
+    tracked_field: str = "x"
+
     def tracked(self, state: NodeState) -> Tensor:
-        """The vector whose network mean this node's model estimates (for consensus error)."""
-        return state.x
+        """The vector whose network mean this node's model estimates: for DACFL the invariant
+        ``Σ_i x_i = Σ_i tracked_i`` holds after every round (docs/algorithm.md); re-anchoring
+        sets ``x := tracked`` (docs/faults.md). Other algorithms track their own ``x``."""
+        return getattr(state, self.tracked_field)  # type: ignore[no-any-return]
 
 
 class DACFL(Algorithm):
@@ -147,6 +152,7 @@ class DACFL(Algorithm):
         if variant not in FODAC_VARIANTS:
             raise ValueError(f"FODAC variant must be one of {FODAC_VARIANTS}")
         self.variant = variant
+        self.tracked_field = "omega_prev" if variant == "lagged" else "omega"
 
     def train_start(self, state: NodeState, mixed: Mapping[str, Tensor]) -> Tensor:
         return mixed["omega"]
@@ -158,9 +164,6 @@ class DACFL(Algorithm):
             delta = trained - state.omega
         x = prepared.mixed["x"] + delta
         return NodeState(state.round + 1, x, trained.clone(), state.omega)
-
-    def tracked(self, state: NodeState) -> Tensor:
-        return state.omega_prev if self.variant == "lagged" else state.omega
 
 
 class CDSGD(Algorithm):

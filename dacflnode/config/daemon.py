@@ -49,6 +49,28 @@ class DaemonSettings:
         above=0.0,
         cli=False,
     )
+    gone_after: int = setting(
+        3,
+        help="Consecutive rounds a neighbour may miss before this node declares it gone, drops"
+        " the edge and schedules a re-anchor (docs/faults.md).",
+        scope=Scope.NODE,
+        minimum=1,
+    )
+    anchor_delay: int = setting(
+        0,
+        help="Rounds between declaring a neighbour gone and the re-anchor round, so that the"
+        " news reaches every node first; 0: the number of run.members (at least 4).",
+        scope=Scope.NODE,
+        minimum=0,
+        cli=False,
+    )
+    drain_on_sigterm: bool = setting(
+        False,
+        help="SIGTERM makes the node leave the network (as `dacflnode stop --drain`) instead of"
+        " stopping to resume later.",
+        scope=Scope.NODE,
+        cli=False,
+    )
     members: tuple[str, ...] = setting(
         (),
         help="Every node id of the run, in partition order (members[i] is node i of the"

@@ -12,9 +12,14 @@ Round ``t`` (the algorithm code of :mod:`dacflnode.algorithms.rounds`, see docs/
 4. *complete* — :meth:`Algorithm.complete`, evaluation every few rounds through the
    :class:`~dacflnode.node.policies.ModelView`, a metrics line and (optionally) a checkpoint.
 
-A neighbour that has not delivered by the round deadline is left out of that round's mix (its
-weight goes to the node itself; docs/faults.md says what that does to the consensus invariant);
-the header of the next round lists the neighbours that were used.
+Faults (docs/faults.md; the bookkeeping is :class:`~dacflnode.node.edges.EdgeBook`): a neighbour
+that has not delivered by the round deadline is left out of that round's mix (its weight goes to
+the node itself); every header lists the neighbours mixed in the node's last few rounds, so an
+edge used on one end only is undone exactly by the node that used it. A neighbour silent for
+``gone_after`` rounds is declared gone, and all nodes re-anchor at an agreed round. A node that
+drains out (:meth:`NodeRunner.request_leave`) hands its share of ``Σ x`` to its neighbours; a node
+far behind its neighbours joins at an agreed round from a neighbour's model. After the last round
+every node runs one more exchange, without mixing, to settle the last one-sided uses.
 
 Task lifetimes are structured: the pushes of a round run in a task group that ends with the round
 (delivered, given up at the deadline, or cancelled when the round is abandoned); a stop request
@@ -32,7 +37,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -40,25 +45,41 @@ from dacflnode.algorithms.rounds import Algorithm, NodeState
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.learning.files import save_model
 from dacflnode.learning.layout import StateLayout
-from dacflnode.node.checkpoint import save_checkpoint
+from dacflnode.node.checkpoint import Checkpoint, save_checkpoint
+from dacflnode.node.edges import Absorbed, EdgeBook
+from dacflnode.node.ledger import Ledger
+from dacflnode.node.membership import PeerState, PeerTrack
 from dacflnode.node.metrics_log import METRICS_FILE, append_line
+from dacflnode.node.persist import Persister, PersistError
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.node.training import NodeTrainer
-from dacflnode.transport.base import HandshakeRefused, PeerUnavailable, Transport
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.transport.base import (
+    HandshakeRefused,
+    PeerUnavailable,
+    Transport,
+    TransportClosed,
+)
+from dacflnode.wire.codec import Kind, RoundMessage
 from dacflnode.wire.errors import Reason, WireError
 from dacflnode.wire.state_guard import ABSURD_RATIO, DistanceGuard
+
+if TYPE_CHECKING:
+    from dacflnode.node.faults import FaultPlan
 
 log = logging.getLogger("dacflnode.node")
 
 T = TypeVar("T")
 
-PHASES = ("starting", "waiting-for-peers", "exchanging", "training", "evaluating", "done",
-          "stopping", "stopped", "failed")
+PHASES = ("starting", "waiting-for-peers", "joining", "exchanging", "training", "evaluating",
+          "closing", "leaving", "done", "left", "stopping", "stopped", "failed")
 
 
 class Stopped(Exception):
     """The node was asked to stop before the round could finish."""
+
+
+class NodeFailed(RuntimeError):
+    """The node cannot go on (its files cannot be written); the message says what to do."""
 
 
 @dataclass
@@ -92,6 +113,17 @@ class NodeSetup:
     #: Refuse a neighbour's state farther than this many norms of the node's own (see
     #: :mod:`dacflnode.wire.state_guard`); ``None`` turns the guard off.
     absurd_ratio: float | None = ABSURD_RATIO
+    #: Consecutive missed rounds after which a neighbour is declared gone (docs/faults.md).
+    gone_after: int = DAEMON_DEFAULTS.gone_after
+    #: Rounds from proposing a re-anchor to the anchor round (at least the network's diameter).
+    anchor_delay: int = 4
+    #: Injected faults: edge-rounds that are neither pushed nor waited for (tests, simulations).
+    faults: FaultPlan | None = None
+    #: Join a running network even when only one round behind it (start from a neighbour's
+    #: model at an agreed round); a node further behind its neighbours always joins.
+    join: bool = False
+    #: Undo one-sided edge uses (off only to measure what they cost).
+    repair: bool = True
 
 
 @dataclass
@@ -110,16 +142,16 @@ class RoundReport:
 
 
 class NodeRunner:
-    """Runs the rounds of one node; :attr:`phase`, :attr:`state` and :attr:`last` describe it.
+    """Runs the rounds of one node; :attr:`phase`, :attr:`state`, :attr:`last` and
+    :attr:`peers` describe it.
 
-    ``used_prev`` names the neighbours whose state went into the round before ``state.round``
-    (a node resumed from its checkpoint passes the checkpoint's list, so its first header says
-    the same as it would have without the restart).
+    ``resume``: the checkpoint the node restarts from (its state is ``state``); its edge
+    bookkeeping (one-sided uses to settle, anchors, what it knew of each neighbour) carries on.
     """
 
     def __init__(
         self, setup: NodeSetup, transport: Transport, state: NodeState,
-        used_prev: Sequence[str] = (),
+        resume: Checkpoint | None = None,
     ) -> None:
         self.setup = setup
         self.transport = transport
@@ -130,13 +162,39 @@ class NodeRunner:
         self.last_loss = math.nan
         self.started = time.time()
         self._stop = asyncio.Event()
-        self._used_prev: tuple[str, ...] = tuple(sorted(used_prev))
+        self._leave = asyncio.Event()
         self._peer_rounds: dict[str, int] = {}
+        self._greetings: dict[str, asyncio.Task[None]] = {}
         self.on_round: Callable[[RoundReport], None] | None = None
+        self._files = None if setup.state_dir is None else Persister(setup.node_id,
+                                                                     setup.state_dir)
+        alg = setup.algorithm
+        self.book = EdgeBook(
+            setup.node_id, setup.neighbours, gone_after=setup.gone_after,
+            anchor_delay=setup.anchor_delay,
+            repair=setup.repair and alg.decentralized and "x" in alg.exchanged,
+            peers=None if resume is None else resume.peers,
+            ledger=None if resume is None else Ledger.from_tensors(resume.pending),
+            used_log=() if resume is None else resume.used_log,
+            anchors=() if resume is None else resume.anchors, round_=state.round,
+        )
         #: The node's latest outgoing state: what the guard measures neighbours' states against.
-        self._reference: Mapping[str, torch.Tensor] = setup.algorithm.outgoing(state)
+        self._reference: Mapping[str, torch.Tensor] = alg.outgoing(state)
         if setup.absurd_ratio is not None:
             transport.inbox.guard = DistanceGuard(lambda: self._reference, setup.absurd_ratio)
+        transport.inbox.on_join = self._on_join
+
+    def _on_join(self, peer: str, proposed: int) -> int:
+        agreed = self.book.on_join(peer, proposed, self.round)
+        self._not_before(peer)
+        return agreed
+
+    def _not_before(self, peer: str) -> None:
+        """The edge to ``peer`` is mixed only from a later round now: stop waiting for its
+        states of the rounds before (this node may be waiting in one right now)."""
+        track = self.peers[peer]
+        for r in range(self.round, track.active_from):
+            self.transport.inbox.forgo_nowait(r, peer)
 
     # ------------------------------------------------------------------ control
     @property
@@ -144,11 +202,34 @@ class NodeRunner:
         """Rounds completed = the round being worked on."""
         return self.state.round
 
+    @property
+    def peers(self) -> dict[str, PeerTrack]:
+        return self.book.peers
+
+    @property
+    def anchors(self) -> set[int]:
+        return self.book.anchors
+
+    @property
+    def reanchored(self) -> int:
+        return self.book.reanchored
+
+    @property
+    def leaving(self) -> bool:
+        return self._leave.is_set()
+
     def request_stop(self) -> None:
         if not self._stop.is_set():
             log.info("%s: stop requested in round %d (%s)", self.setup.node_id, self.round,
                      self.phase)
         self._stop.set()
+
+    def request_leave(self) -> None:
+        """Drain: finish the round in progress, then leave the network (docs/faults.md)."""
+        if not self._leave.is_set():
+            log.info("%s: leave requested in round %d (%s)", self.setup.node_id, self.round,
+                     self.phase)
+        self._leave.set()
 
     @property
     def stopping(self) -> bool:
@@ -159,19 +240,45 @@ class NodeRunner:
         return float(torch.linalg.vector_norm(self.state.x - self.state.omega))
 
     def active(self, t: int) -> list[str]:
+        """The neighbours the topology makes active in round ``t``."""
         if self.setup.active_neighbours is None:
             return sorted(self.setup.neighbours)
         return sorted(self.setup.active_neighbours(t))
 
+    def mixing(self, t: int) -> list[str]:
+        """The neighbours mixed in round ``t`` (active, and not gone, absent or left)."""
+        return self.book.mixing(t, self.active(t))
+
+    def checkpoint(self, left: bool = False) -> Checkpoint:
+        """The node as a checkpoint holds it (valid between rounds)."""
+        fields = self.book.checkpoint_fields()
+        return Checkpoint(
+            self.state, dict(self.setup.trainer.local_buffers()),
+            {**self.setup.run_info, "round": str(self.round)}, fields["used_log"],
+            fields["pending"], tuple(fields["anchors"]), fields["peers"],
+            self.setup.algorithm.tracked_field, left)
+
     # ------------------------------------------------------------------ run
     async def run(self) -> bool:
-        """Handshake, then every remaining round. Returns True when all rounds completed,
-        False when a stop request ended the run first."""
+        """Handshake (joining if the network is ahead), then every remaining round and the
+        closing exchange. Returns True when all rounds completed, False when a stop request
+        ended the run first or the node left the network."""
         try:
-            await self._until_stopped(self.wait_for_neighbours())
-            while self.round < self.setup.rounds:
-                await self.run_round(self.round)
+            try:
+                await self._until_stopped(self.wait_for_neighbours())
+                await self._until_stopped(self._join_if_behind())
+                while self.round < self.setup.rounds:
+                    if self._leave.is_set():
+                        await self._leave_network()
+                        return False
+                    await self.run_round(self.round)
+                self.phase = "closing"
+                await self._closing_exchange(Kind.FINAL)
+            finally:
+                await self._stop_greeting()
             self.phase = "done"
+            if self.setup.state_dir is not None and self.setup.checkpoints:
+                await self._write("checkpoint", self._save_checkpoint, self.setup.state_dir)
             await self._write_final()
             log.info("%s: all %d rounds done", self.setup.node_id, self.setup.rounds)
             return True
@@ -179,6 +286,9 @@ class NodeRunner:
             self.phase = "stopped"
             log.info("%s: stopped at round %d", self.setup.node_id, self.round)
             return False
+        except PersistError as exc:
+            self.phase = "failed"
+            raise NodeFailed(str(exc)) from exc
 
     async def _until_stopped(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` unless a stop request comes first (then cancel it, raise Stopped).
@@ -202,54 +312,202 @@ class NodeRunner:
         raise Stopped
 
     async def wait_for_neighbours(self) -> None:
-        """Handshake with every neighbour; they may start in any order, minutes apart."""
+        """Handshake with every neighbour; they may start in any order, minutes apart.
+
+        Neighbours that have not answered within ``hello_timeout`` are marked absent and the
+        node goes on without them (they join when they come up), unless none answered at all.
+        """
         self.phase = "waiting-for-peers"
         deadline = time.monotonic() + self.setup.hello_timeout
         pending = set(self.setup.neighbours)
+        faults = self.setup.faults
+        if faults is not None:  # an injected crash or a later join: do not wait for it
+            for peer in sorted(pending):
+                if faults.down(peer, self.round):
+                    pending.discard(peer)
+                    self.peers[peer].state = PeerState.ABSENT
         delay = 0.05
         while pending:
             for peer in sorted(pending):
                 try:
-                    ident = await self.transport.hello(peer)
+                    await self._greet(peer, startup=True)
                 except PeerUnavailable:
                     continue
                 except HandshakeRefused as exc:
                     raise RuntimeError(f"neighbour {peer} refused or was refused: {exc}") from exc
                 pending.discard(peer)
-                self._peer_rounds[peer] = ident.round
                 log.info("%s: neighbour %s is up", self.setup.node_id, peer)
             if not pending:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"neighbours {', '.join(sorted(pending))} did not answer within "
-                    f"{self.setup.hello_timeout:.0f}s"
-                )
+                if len(pending) == len(self.setup.neighbours):
+                    raise RuntimeError(
+                        f"neighbours {', '.join(sorted(pending))} did not answer within "
+                        f"{self.setup.hello_timeout:.0f}s"
+                    )
+                for peer in sorted(pending):
+                    track = self.peers[peer]
+                    if track.state is PeerState.ACTIVE:
+                        track.state = PeerState.ABSENT
+                log.warning("%s: %s did not answer within %.0fs; going on without them (they "
+                            "join when they come up)", self.setup.node_id,
+                            ", ".join(sorted(pending)), self.setup.hello_timeout)
+                return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+    async def _greet(self, peer: str, startup: bool = False, proposal: int = 0) -> None:
+        """Hello ``peer``; settle from which round the edge is mixed when either side says it
+        is not mixed as always (a join, a restart after being declared gone, a healed cut)."""
+        track = self.peers[peer]
+        if startup and track.state is not PeerState.ACTIVE:
+            proposal = self.round + 2
+        ident = await self.transport.hello(peer, proposal)
+        self._peer_rounds[peer] = ident.round
+        answer = getattr(ident, "join_round", 0)
+        if proposal == 0 and answer > 0 and not (
+                track.state is PeerState.ACTIVE and track.active_from >= answer):
+            proposal = max(answer, self.round + 2)  # the peer does not mix us now: agree when
+            ident = await self.transport.hello(peer, proposal)
+            self._peer_rounds[peer] = ident.round
+            answer = getattr(ident, "join_round", 0)
+        if proposal > 0:
+            self.book.joined_with(peer, max(proposal, answer))
+            self._not_before(peer)
+
+    async def _join_if_behind(self) -> None:
+        """Join at an agreed round, from a neighbour's model, when the network is ahead."""
+        ahead = {p: r for p, r in self._peer_rounds.items()
+                 if self.peers[p].state is PeerState.ACTIVE}
+        if not ahead:
+            return
+        front = max(ahead.values())
+        if front <= self.round + (0 if self.setup.join else 1):
+            return  # at most one round behind: pull what was missed (see _exchange)
+        self.phase = "joining"
+        join_round = front + 2
+        model = None
+        for peer in sorted(ahead, key=lambda p: (-ahead[p], p)):
+            try:
+                message = await self.transport.pull(peer, max(0, ahead[peer] - 1))
+            except (PeerUnavailable, WireError) as exc:
+                log.warning("%s: could not pull a model from %s to join: %s",
+                            self.setup.node_id, peer, exc)
+                continue
+            model = message.tensors.get("omega", message.tensors["x"]).clone()
+            log.info("%s: joining at round %d from the round-%d model of %s",
+                     self.setup.node_id, join_round, message.round, peer)
+            break
+        if model is None:  # its own model keeps the invariant as well (x = ω = ω_prev)
+            model = self.state.omega.clone()
+            log.warning("%s: no neighbour handed a model; joining at round %d with its own",
+                        self.setup.node_id, join_round)
+        # x = ω = ω_prev: this node adds as much to Σ x as to Σ tracked (docs/faults.md)
+        self.state = NodeState(join_round, model, model.clone(), model.clone())
+        self._reference = self.setup.algorithm.outgoing(self.state)
+        self.book.reset(join_round)
+        self.transport.inbox.discard_before(join_round)
+        for peer in sorted(ahead):
+            try:
+                await self._greet(peer, proposal=join_round)
+            except (PeerUnavailable, HandshakeRefused) as exc:
+                self.peers[peer].state = PeerState.ABSENT
+                log.warning("%s: %s did not agree on the join: %s", self.setup.node_id, peer,
+                            exc)
+        for peer, track in self.peers.items():
+            if peer not in ahead and track.state is PeerState.ACTIVE:
+                track.state = PeerState.ABSENT  # a neighbour still at the start: it joins us
+
+    def _greet_the_missing(self) -> None:
+        """Once a round, ask each gone or absent neighbour whether the edge can come back."""
+        faults = self.setup.faults
+        me, t = self.setup.node_id, self.round
+        for peer in self.book.to_greet():
+            if faults is not None and (faults.drops(me, peer, t) or faults.drops(peer, me, t)):
+                continue  # an edge-round that loses states loses a handshake too
+            task = self._greetings.get(peer)
+            if task is not None and not task.done():
+                continue
+            self._greetings[peer] = asyncio.create_task(self._try_greet(peer))
+
+    async def _try_greet(self, peer: str) -> None:
+        try:
+            await self._greet(peer, proposal=self.round + 2)
+        except (PeerUnavailable, HandshakeRefused, TransportClosed):
+            pass
+        except Exception:  # background work: log it, never let it end the node
+            log.exception("%s: handshake with %s failed unexpectedly", self.setup.node_id, peer)
+
+    async def _stop_greeting(self) -> None:
+        tasks = [t for t in self._greetings.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self._greetings.clear()
+
+    # ------------------------------------------------------------------ one round
+    def _reanchor_if_due(self, t: int) -> None:
+        if not self.book.anchor_due(t):
+            return
+        alg = self.setup.algorithm
+        tracked = alg.tracked(self.state)
+        bias = float(torch.linalg.vector_norm(self.state.x - tracked))
+        self._set_x(tracked.clone())
+        self.book.anchored(t)
+        log.info("%s: re-anchored at round %d (x := %s; |x - %s| was %.3g)", self.setup.node_id,
+                 t, alg.tracked_field, alg.tracked_field, bias)
+
+    def _set_x(self, x: torch.Tensor) -> None:
+        state = self.state
+        if state.omega is state.x:  # one vector in all three fields (CDSGD and the like)
+            self.state = NodeState(state.round, x, x, x)
+        else:
+            self.state = NodeState(state.round, x, state.omega, state.omega_prev)
+
+    def _apply(self, absorbed: Absorbed) -> None:
+        if absorbed.adjust is not None:
+            self._set_x(self.state.x + absorbed.adjust)
+
+    def _message(self, t: int, degree: int, kind: Kind = Kind.STATE) -> RoundMessage:
+        used_log, anchors = self.book.header(t)
+        return RoundMessage(self.setup.node_id, t, max(1, degree),
+                            self.setup.algorithm.outgoing(self.state), used_log, kind, anchors)
 
     async def run_round(self, t: int) -> RoundReport:
         setup = self.setup
         alg = setup.algorithm
         started = time.perf_counter()
+        self._greet_the_missing()
+        self._reanchor_if_due(t)
         self.phase = "exchanging"
-        active = self.active(t)
-        message = RoundMessage(setup.node_id, t, len(active), alg.outgoing(self.state),
-                               self._used_prev)
+        active = self.mixing(t)
+        handovers = self.book.handovers_due(t)
+        message = self._message(t, len(active))
         self._reference = message.tensors
         deadline = time.monotonic() + setup.round_deadline
-        received = await self._until_stopped(self._exchange(t, active, message, deadline))
-        missing = tuple(j for j in active if j not in received)
+        received = await self._until_stopped(
+            self._exchange(t, active, handovers, message, deadline))
+        absorbed = self.book.absorb(t, received)
+        mixed = {j: received[j] for j in active
+                 if j in received and received[j].kind is Kind.STATE}
+        missing = tuple(j for j in active if j not in mixed and j not in absorbed.left
+                        and self.peers[j].mixes_in(t))  # not re-agreed to a later round
+        self.book.note_round(t, list(mixed), missing,
+                             [j for j in handovers if j not in received])
         if missing:
             log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
                         setup.node_id, t, ", ".join(missing))
         weights = setup.mixing.weights(setup.node_id, t, len(active),
-                                       {j: received[j].degree for j in received})
-        inbox = {j: received[j].tensors for j in received}
+                                       {j: mixed[j].degree for j in mixed})
+        inbox = {j: mixed[j].tensors for j in mixed}
         # mixing touches every parameter of every neighbour: off the event loop, like training
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(setup.executor, alg.prepare, self.state,
                                               setup.node_id, weights, inbox)
+        self.book.record_round(t, active, weights,
+                               {j: inbox[j]["x"] for j in inbox if "x" in inbox[j]},
+                               message.tensors.get("x"))
         exchange_s = time.perf_counter() - started
 
         self.phase = "training"
@@ -258,7 +516,7 @@ class NodeRunner:
         train_s = time.perf_counter() - t0
         self.state = await loop.run_in_executor(setup.executor, alg.complete, self.state,
                                                 prepared, result.flat)
-        self._used_prev = tuple(sorted(received))
+        self._apply(absorbed)
         self.transport.inbox.discard_before(self.state.round)
 
         accuracy = test_loss = None
@@ -269,31 +527,106 @@ class NodeRunner:
                                                             setup.trainer)
             self.last_accuracy, self.last_loss = accuracy, test_loss
         report = RoundReport(
-            round=done, used=self._used_prev, missing=missing, train_loss=result.loss,
+            round=done, used=tuple(sorted(mixed)), missing=missing, train_loss=result.loss,
             samples=result.samples, accuracy=accuracy, test_loss=test_loss,
             residual=self.residual(), exchange_s=exchange_s, train_s=train_s,
             seconds=time.perf_counter() - started,
         )
         self.last = report
         if setup.state_dir is not None:
-            await asyncio.to_thread(self._persist, report, setup.state_dir)
+            await self._write("metrics line", self._metrics_line, report, setup.state_dir)
+            if setup.checkpoints:
+                await self._write("checkpoint", self._save_checkpoint, setup.state_dir)
         if self.on_round is not None:
             self.on_round(report)
         return report
 
+    async def _closing_exchange(self, kind: Kind) -> list[str]:
+        """One more exchange of round ``self.round`` without mixing (after the last round, or
+        before leaving): the neighbours' headers settle the last one-sided uses. Returns the
+        neighbours heard from."""
+        t = self.round
+        self._reanchor_if_due(t)
+        active = self.mixing(t)
+        handovers = self.book.handovers_due(t)
+        message = self._message(t, len(active), kind)
+        deadline = time.monotonic() + self.setup.round_deadline
+        received = await self._until_stopped(
+            self._exchange(t, active, handovers, message, deadline))
+        absorbed = self.book.absorb(t, received)
+        self._apply(absorbed)
+        missing = [j for j in active if j not in received]
+        if missing:
+            log.warning("%s: round %d: no closing state from %s", self.setup.node_id, t,
+                        ", ".join(missing))
+        self.book.record_round(t, (), {}, {}, None)
+        self.transport.inbox.discard_before(t + 1)
+        return [j for j in active if j in received]
+
+    async def _leave_network(self) -> None:
+        """Drain: a LEAVING exchange (neighbours stop mixing this node, and its ledger is
+        settled), then a HANDOVER of ``(x − tracked) / m`` to each of its ``m`` neighbours, so
+        that ``Σ x = Σ tracked`` stays exact among the nodes that remain."""
+        setup = self.setup
+        alg = setup.algorithm
+        self.phase = "leaving"
+        t = self.round
+        heard = await self._closing_exchange(Kind.LEAVING)
+        targets = self.mixing(t)
+        unsettled = len(self.book.ledger)
+        anchors: tuple[int, ...] = self.book.header(t + 1)[1]
+        if unsettled:  # the neighbours that did not answer cannot settle: ask for a re-anchor
+            anchors = tuple(sorted({*anchors, self.book.propose_anchor(t)}))
+            log.warning("%s: %d one-sided uses unsettled at leave; re-anchor proposed",
+                        setup.node_id, unsettled)
+        if targets:
+            mass = self.state.x - alg.tracked(self.state)
+            share = mass / len(targets)
+            tensors = {name: share if name == "x" else torch.zeros_like(share)
+                       for name in alg.exchanged}
+            handover = RoundMessage(setup.node_id, t + 1, len(targets), tensors,
+                                    ((t, ()),), Kind.HANDOVER, anchors)
+            deadline = time.monotonic() + setup.round_deadline
+            async with asyncio.TaskGroup() as pushes:
+                for peer in targets:
+                    if setup.faults is None or not setup.faults.drops(setup.node_id, peer, t + 1):
+                        pushes.create_task(self._push(peer, handover, deadline))
+            log.info("%s: left the network at round %d; handed |x - %s| = %.3g to %s "
+                     "(heard from %d of %d)", setup.node_id, t, alg.tracked_field,
+                     float(torch.linalg.vector_norm(mass)), ", ".join(targets), len(heard),
+                     len(targets))
+        else:
+            log.warning("%s: left at round %d with no neighbour to hand its share to",
+                        setup.node_id, t)
+        await self._stop_greeting()
+        self.phase = "left"
+        if setup.state_dir is not None and setup.checkpoints:
+            await self._write("checkpoint", self._save_checkpoint, setup.state_dir, True)
+        await self._write_final()
+
     async def _exchange(
-        self, t: int, active: list[str], message: RoundMessage, deadline: float
+        self, t: int, active: list[str], handovers: Sequence[str], message: RoundMessage,
+        deadline: float,
     ) -> dict[str, RoundMessage]:
-        """Push to and hear from the round's active neighbours; every push ends with the round
-        (delivered, given up at the deadline, or cancelled with the exchange)."""
+        """Push to and hear from the round's mixed neighbours (and any handover due); every
+        push ends with the round (delivered, given up at the deadline, or cancelled with the
+        exchange). Edge-rounds an injected fault drops are neither pushed nor waited for."""
         inbox = self.transport.inbox
+        faults = self.setup.faults
+        me = self.setup.node_id
+        expected = [*active, *(j for j in handovers if j not in active)]
+        if faults is not None:
+            for peer in expected:
+                if faults.drops(peer, me, t):
+                    await inbox.forgo(t, peer)
         async with asyncio.TaskGroup() as pushes:
             for peer in active:
-                pushes.create_task(self._push(peer, message, deadline))
+                if faults is None or not faults.drops(me, peer, t):
+                    pushes.create_task(self._push(peer, message, deadline))
             for peer in active:  # a neighbour already past round t (we restarted): pull its state
                 if self._peer_rounds.get(peer, 0) > t:
                     await self._pull(peer, t, deadline)
-            received = await inbox.wait(t, active, max(0.0, deadline - time.monotonic()))
+            received = await inbox.wait(t, expected, max(0.0, deadline - time.monotonic()))
         return received
 
     async def _push(self, peer: str, message: RoundMessage, deadline: float) -> None:
@@ -309,11 +642,23 @@ class NodeRunner:
                 return
             except PeerUnavailable:
                 pass
+            except TransportClosed:
+                return  # the node is shutting down
             except WireError as exc:
-                if exc.reason in (Reason.ROUND_PASSED, Reason.DUPLICATE):
-                    return  # the neighbour moved on, or already has this state (it pulled it)
-                log.warning("%s: %s refused round %d: %s (%s): %s", self.setup.node_id, peer,
-                            message.round, exc.code, exc.reason, exc.message)
+                if exc.reason is Reason.ROUND_PASSED:
+                    # the neighbour moved on without this node: take its state of the round
+                    # (a one-sided use, undone once its header says so)
+                    if message.kind is not Kind.HANDOVER:
+                        await self._pull(peer, message.round, deadline)
+                    return
+                if exc.reason is Reason.DUPLICATE:
+                    return  # it already has this state (it pulled it)
+                if exc.reason is not Reason.ROUND_AHEAD:
+                    log.warning("%s: %s refused round %d: %s (%s): %s", self.setup.node_id,
+                                peer, message.round, exc.code, exc.reason, exc.message)
+            except Exception:  # a transport failure nobody foresaw must not end the round
+                log.exception("%s: push of round %d to %s failed unexpectedly; retrying",
+                              self.setup.node_id, message.round, peer)
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 1.0)
 
@@ -322,17 +667,33 @@ class NodeRunner:
         no longer pushes that round, so the pull cannot race a push of it (if one did land,
         the inbox keeps the first and refuses the second as a duplicate: no harm). The pulled
         state passes the inbox's guard like a pushed one."""
+        inbox = self.transport.inbox
+        faults = self.setup.faults
+        if inbox.has(t, peer) or (faults is not None and faults.drops(peer, self.setup.node_id,
+                                                                       t)):
+            return
         try:
             message = await self.transport.pull(
                 peer, t, timeout=max(0.0, min(deadline - time.monotonic(), 30.0)))
-            await self.transport.inbox.put(message)
+            await inbox.put(message)
             log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer)
-        except (PeerUnavailable, WireError) as exc:
+        except (PeerUnavailable, WireError, TransportClosed) as exc:
             log.warning("%s: pull of round %d from %s failed: %s", self.setup.node_id, t, peer,
                         exc)
+        except Exception:  # a transport failure nobody foresaw must not end the round
+            log.exception("%s: pull of round %d from %s failed unexpectedly",
+                          self.setup.node_id, t, peer)
 
     # ------------------------------------------------------------------ files
-    def _persist(self, report: RoundReport, state_dir: Path) -> None:
+    async def _write(self, what: str, fn: Callable[..., object], *args: Any) -> None:
+        """Write a file off the event loop; transient I/O errors are retried, the rest end
+        the run (:class:`~dacflnode.node.persist.PersistError`)."""
+        files = self._files
+        if files is None:
+            return
+        await asyncio.to_thread(files.write, what, lambda: fn(*args))
+
+    def _metrics_line(self, report: RoundReport, state_dir: Path) -> None:
         setup = self.setup
         append_line(state_dir / METRICS_FILE, {
             "round": report.round,
@@ -350,9 +711,12 @@ class NodeRunner:
             "train_s": round(report.train_s, 4),
             "seconds": round(report.seconds, 4),
         })
-        if setup.checkpoints:
-            save_checkpoint(state_dir, self.state, setup.trainer.local_buffers(),
-                            setup.run_info, used=self._used_prev)
+
+    def _save_checkpoint(self, state_dir: Path, left: bool = False) -> None:
+        fields = self.book.checkpoint_fields()
+        save_checkpoint(state_dir, self.state, self.setup.trainer.local_buffers(),
+                        self.setup.run_info, tracked=self.setup.algorithm.tracked_field,
+                        left=left, **fields)
 
     async def _write_final(self) -> None:
         setup = self.setup
@@ -361,5 +725,5 @@ class NodeRunner:
             return
         meta = {"algorithm": setup.algorithm.name, "node": setup.node_id,
                 "round": str(self.state.round), "fingerprint": setup.layout.fingerprint()}
-        await asyncio.to_thread(save_model, setup.state_dir / "final.safetensors", setup.layout,
-                                model, setup.trainer.local_buffers(), meta)
+        await self._write("final model", save_model, setup.state_dir / "final.safetensors",
+                          setup.layout, model, setup.trainer.local_buffers(), meta)

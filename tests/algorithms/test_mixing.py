@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -64,8 +66,19 @@ def test_metropolis_on_random_graphs_is_symmetric_doubly_stochastic(n, seed):
 
 def test_metropolis_weights_are_computed_from_local_degrees_only():
     self_w, row = metropolis_weights(2, {"a": 3, "b": 1})
-    assert row == {"a": 0.25, "b": 1 / 3}
+    assert row == pytest.approx({"a": 0.25, "b": 1 / 3})
     assert self_w == pytest.approx(1 - 0.25 - 1 / 3)
+
+
+def test_metropolis_weights_sum_to_exactly_one_in_float32():
+    # the mix multiplies float32 states by float32 weights: a row that sums to 1 + 3e-8
+    # there makes Σ x drift every round
+    cases = [(2, {"a": 2, "b": 2}), (2, {"a": 3, "b": 1}), (4, dict.fromkeys("abcd", 6))]
+    for own, others in cases:
+        self_w, row = metropolis_weights(own, others)
+        in_f32 = [np.float32(w) for w in [self_w, *row.values()]]
+        assert all(float(w) == v for w, v in zip(in_f32, [self_w, *row.values()], strict=True))
+        assert math.fsum(float(w) for w in in_f32) == 1.0
 
 
 def test_uniform_matrix_entries_are_one_over_n():

@@ -15,11 +15,12 @@ from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig
+from dacflnode.node.checkpoint import Checkpoint
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.codec import Kind, RoundMessage
 from dacflnode.wire.errors import Reason, WireError
 
 
@@ -43,7 +44,10 @@ def make_runner(
                       trainer=ThreadedTrainer(local, x, y), layout=layout, rounds=rounds,
                       round_deadline=deadline)
     state = replace(NodeState.initial(layout.flatten_module(model)), round=start_round)
-    runners[node_id] = NodeRunner(setup, transport, state, used_prev)
+    resume = None
+    if used_prev:
+        resume = Checkpoint(state, {}, {}, used_log=((start_round - 1, used_prev),))
+    runners[node_id] = NodeRunner(setup, transport, state, resume)
     return runners[node_id]
 
 
@@ -112,13 +116,13 @@ def test_a_neighbour_past_the_round_is_not_offered_it_again():
     async def scenario() -> None:
         network = MemoryNetwork()
         a = make_runner(network, "a", ["b"], rounds=1, deadline=0.5)
-        b = make_runner(network, "b", ["a"], start_round=5)
+        b = make_runner(network, "b", ["a"], start_round=1)
         await a.transport.start()
         await b.transport.start()
         sent = record_pushes(a)
         assert await a.run() is True
-        # refused as ROUND_PASSED: no retry until the deadline
-        assert [m.round for m in sent] == [0]
+        # refused as ROUND_PASSED: no retry until the deadline (then the closing exchange)
+        assert [(m.round, m.kind) for m in sent] == [(0, Kind.STATE), (1, Kind.FINAL)]
         assert a.last is not None and a.last.missing == ("b",)
         assert others() == set()
 
@@ -150,7 +154,8 @@ def test_a_resumed_node_announces_the_neighbours_its_checkpoint_says_it_used():
         await b.transport.start()
         sent = record_pushes(a)
         assert list(await asyncio.gather(a.run(), b.run())) == [True, True]
-        assert [(m.round, m.used) for m in sent] == [(1, ("b",))]
+        assert [(m.round, m.used, m.kind) for m in sent] == [
+            (1, ("b",), Kind.STATE), (2, ("b",), Kind.FINAL)]
 
     asyncio.run(scenario())
 
@@ -167,7 +172,8 @@ def test_a_push_refused_as_a_duplicate_counts_as_delivered():
         await b.transport.inbox.put(RoundMessage("a", 0, 1, own))
         sent = record_pushes(a)
         assert await a.run() is True
-        assert [m.round for m in sent] == [0]  # refused as DUPLICATE: no retry until the deadline
+        # refused as DUPLICATE: no retry until the deadline (then the closing exchange)
+        assert [(m.round, m.kind) for m in sent] == [(0, Kind.STATE), (1, Kind.FINAL)]
         assert others() == set()
 
     asyncio.run(scenario())
