@@ -7,11 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dacflnode.cli.errors import config_errors
-from dacflnode.cli.options import config_from_options, daemon_options, run_options
+from dacflnode.cli.options import (
+    config_from_options,
+    daemon_option_fields,
+    daemon_options,
+    run_options,
+)
 
 
 @click.command()
@@ -22,11 +28,16 @@ from dacflnode.cli.options import config_from_options, daemon_options, run_optio
 @click.option("--tls", "tls_dir", type=click.Path(file_okay=False),
               help="Mutual TLS between the nodes, with the certificates in TLS_DIR (created "
                    "when missing, as `dacflnode certs` does).")
+@click.option("--faults", "faults_file", type=click.Path(dir_okay=False),
+              help="Have every node play the drop and cut events of the fault plan in FILE "
+                   "(copied to DIR/faults.yaml); `simulate --faults FILE` gives the same models. "
+                   "Crash, leave and join events are refused: on real daemons, kill -9 a node, "
+                   "`dacflnode stop --drain` it, or start it later.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
 def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: str | None,
-           as_json: bool, quiet: bool, **options: Any) -> None:
+           faults_file: str | None, as_json: bool, quiet: bool, **options: Any) -> None:
     """Start a real local cluster: one `dacflnode start` process per node on 127.0.0.1.
 
     Takes the same run options as `simulate` (graph topologies only; ring when not given) and
@@ -37,10 +48,16 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
       dacflnode launch --nodes 4 --rounds 5 --out runs/cluster
       dacflnode launch --nodes 3 --dataset synthetic --rounds 3 --out runs/tiny --json
       dacflnode launch --nodes 3 --rounds 3 --tls runs/certs --out runs/tls
+      dacflnode launch --nodes 4 --rounds 10 --dataset synthetic --out runs/faults \\
+          --faults examples/faults/stall_and_cut.yaml
     """
     from dacflnode.node.launcher import launch as run_launch
 
-    if options.get("topology") is None:
+    # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
+    daemon_settings = {d.name: options.pop(d.name) for d in daemon_option_fields()
+                       if d.name in options}
+    if options.get("topology") is None and not _file_sets(options.get("config_file"),
+                                                          "topology"):
         options["topology"] = "ring" if (options.get("nodes") or 10) >= 3 else "complete"
     cfg = config_from_options(options)
     console = Console(stderr=True)
@@ -57,7 +74,8 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
         try:
             summary = run_launch(cfg, out_dir, progress, round_deadline=round_deadline,
                                  hello_timeout=hello_timeout,
-                                 tls_dir=Path(tls_dir) if tls_dir else None)
+                                 tls_dir=Path(tls_dir) if tls_dir else None,
+                                 faults=faults_file, daemon_settings=daemon_settings)
         except RuntimeError as exc:
             click.echo(f"error: {exc}", err=True)
             raise SystemExit(1) from exc
@@ -70,3 +88,14 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
                    f"{100 * final['avg_acc']:.2f}%, Var of Acc {1e4 * final['var_acc']:.3f} %², "
                    f"{result['wall_s']:.1f}s")
     click.echo(f"results in {out_dir}/ (<node-id>/metrics.jsonl, final.safetensors, daemon.log)")
+
+
+def _file_sets(config_file: str | None, key: str) -> bool:
+    """Whether the YAML run configuration ``config_file`` gives ``key`` (at its top level or in
+    its ``run:`` section); the file has been read and checked by ``config_from_options``."""
+    if not config_file:
+        return False
+    data = yaml.safe_load(Path(config_file).read_text()) or {}
+    if isinstance(data.get("run"), dict) and len(data) == 1:
+        data = data["run"]
+    return key in data

@@ -25,10 +25,15 @@ if TYPE_CHECKING:
     type=click.Path(file_okay=False),
     help="Write DIR/<node-id>/metrics.jsonl, final.safetensors and DIR/summary.json.",
 )
+@click.option("--faults", "faults_file", type=click.Path(dir_okay=False),
+              help="Play the fault plan in FILE (drops, cuts, crashes, leaves, joins; see "
+                   "examples/faults/README.md); the summary then reports the consensus "
+                   "invariant per round.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
-def simulate(out_dir: str | None, as_json: bool, quiet: bool, **options: Any) -> None:
+def simulate(out_dir: str | None, faults_file: str | None, as_json: bool, quiet: bool,
+             **options: Any) -> None:
     """Run N nodes in one process with the daemon's round code and record the paper's metrics.
 
     \b
@@ -36,10 +41,16 @@ def simulate(out_dir: str | None, as_json: bool, quiet: bool, **options: Any) ->
       dacflnode simulate --nodes 10 --rounds 100 --algorithm dacfl,cdsgd --out runs/fmnist
       dacflnode simulate --dataset synthetic --nodes 4 --rounds 5 --json
       dacflnode simulate --config examples/paper_fmnist.yaml --topology sparse
+      dacflnode simulate --dataset synthetic --nodes 5 --topology ring --rounds 30 \\
+          --faults examples/faults/stall_and_cut.yaml
     """
+    from dacflnode.node.faults import load_fault_plan
     from dacflnode.sim.experiment import run_experiment
+    from dacflnode.sim.simulator import node_ids
 
     cfg = config_from_options(options)
+    faults = (load_fault_plan(faults_file, node_ids(cfg.nodes), cfg.rounds)
+              if faults_file else None)
     console = Console(stderr=True)
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -58,7 +69,7 @@ def simulate(out_dir: str | None, as_json: bool, quiet: bool, **options: Any) ->
                 status += f"  acc {100 * record.avg_acc:.2f}%"
             bar.update(tasks[name], completed=done, status=status)
 
-        summary = run_experiment(cfg, out_dir, progress)
+        summary = run_experiment(cfg, out_dir, progress, faults=faults)
     if as_json:
         click.echo(json.dumps(summary))
         return
@@ -88,6 +99,10 @@ def simulate(out_dir: str | None, as_json: bool, quiet: bool, **options: Any) ->
             f"{result['wall_s']:.1f}s",
         )
     Console().print(table)
+    for name, inv in summary.get("invariant", {}).items():
+        worst = max((r for r in inv["rounds"] if r is not None), default=0.0)
+        click.echo(f"{name}: invariant |Σx − Σtracked| / |Σtracked| over the nodes that "
+                   f"finished: {inv['final']:.3g} (worst round: {worst:.3g})")
     if out_dir:
         click.echo(
             f"results in {out_dir}/ (summary.json, <node-id>/metrics.jsonl, final.safetensors)"

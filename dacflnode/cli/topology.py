@@ -59,6 +59,12 @@ def _ports(value: str | None, field: str) -> list[int] | None:
     help="Node i's control port is this + i on 127.0.0.1. [default: listen port + 1000]",
 )
 @click.option("--control-ports", help="Comma list of control ports, one per node.")
+@click.option("--metrics-ports",
+              help="Comma list of Prometheus /metrics ports, one per node (default: listen port"
+                   " + 2000, or none when --control-ports is given).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address the /metrics endpoints listen on (another host's scraper needs"
+                   " 0.0.0.0 or the node's address).")
 @click.option(
     "--listen-host",
     help="Address every node binds to, e.g. 0.0.0.0. [default: the node's host]",
@@ -93,6 +99,8 @@ def topology_cmd(
     ports: str | None,
     control_base_port: int | None,
     control_ports: str | None,
+    metrics_ports: str | None,
+    metrics_host: str,
     listen_host: str | None,
     state_root: str | None,
     tls_dir: str | None,
@@ -122,9 +130,13 @@ def topology_cmd(
       dacflnode topology edge-list --edge-list graph.txt --algorithm cdsgd --out cluster
     """
     from dacflnode.algorithms.graphs import read_edge_list
+    from dacflnode.cli.options import daemon_option_fields
     from dacflnode.node.cluster import check_kind, generate_cluster
     from dacflnode.node.peers import parse_peers
 
+    # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
+    daemon_settings = {d.name: options.pop(d.name) for d in daemon_option_fields()
+                       if d.name in options}
     kind = check_kind(kind.strip().lower())
     given_topology = options.get("topology")
     if given_topology is not None and given_topology != kind:
@@ -148,9 +160,12 @@ def topology_cmd(
         edge_list=cfg.edge_list,
         ports=_ports(ports, "ports"),
         control_ports=_ports(control_ports, "control_ports"),
+        metrics_ports=_ports(metrics_ports, "metrics_ports"),
+        metrics_host=metrics_host,
         state_root=Path(state_root) if state_root else None,
         round_deadline=round_deadline,
         hello_timeout=hello_timeout,
+        daemon_settings=daemon_settings,
         tls_dir=Path(tls_dir) if tls_dir else None,
         insecure=insecure,
     )

@@ -4,6 +4,11 @@ Writes the peers files (``DIR/peers/<node-id>.yaml``), starts ``dacflnode start`
 with its state directory at ``DIR/<node-id>/`` — the layout ``simulate`` writes — follows their
 ``metrics.jsonl`` files for progress, and summarises the per-round Average/Var of Acc like the
 simulator does.
+
+With a fault plan (``launch --faults FILE``) every daemon gets a copy of the file
+(``DIR/faults.yaml``, passed as ``dacflnode start --faults``), so the whole cluster drops the
+same edge-rounds, and the run ends with the models ``simulate --faults FILE`` computes. Daemons
+play only drop and cut events (:func:`~dacflnode.node.faults.check_for_daemons`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,8 +33,9 @@ from dacflnode import __version__
 from dacflnode.algorithms.topology import GRAPH_KINDS
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
-from dacflnode.node.cluster import generate_cluster
+from dacflnode.node.cluster import generate_cluster, node_ids
 from dacflnode.node.daemon_algorithms import check_algorithm
+from dacflnode.node.faults import check_for_daemons, load_fault_plan
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
 
 LaunchProgress = Callable[[str, int, int, float | None], None]
@@ -96,16 +103,22 @@ async def run_cluster(
     round_deadline: float = DAEMON_DEFAULTS.round_deadline,
     hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
     tls_dir: Path | None = None,
+    faults: Path | None = None,
+    daemon_settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Start one daemon per node, wait for all of them; raise RuntimeError if one fails."""
+    """Start one daemon per node, wait for all of them; raise RuntimeError if one fails.
+
+    ``faults``: a checked fault plan file that every daemon plays; ``daemon_settings``: further
+    daemon settings by name for every peers file."""
     n = run.nodes
-    ports = free_ports(2 * n)
+    ports = free_ports(3 * n)
     cfg = replace(run, algorithm=(algorithm,), topology=topology)
     peers_dir = out_dir / "peers"
     paths = generate_cluster(
-        topology, n, cfg, peers_dir, ports=ports[:n], control_ports=ports[n:],
+        topology, n, cfg, peers_dir, ports=ports[:n], control_ports=ports[n:2 * n],
+        metrics_ports=ports[2 * n:],
         state_root=out_dir, edge_list=run.edge_list, round_deadline=round_deadline,
-        hello_timeout=hello_timeout, tls_dir=tls_dir,
+        hello_timeout=hello_timeout, daemon_settings=daemon_settings, tls_dir=tls_dir,
     )
     node_dirs = [out_dir / p.stem for p in paths]
     for d in node_dirs:
@@ -117,10 +130,11 @@ async def run_cluster(
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     started = time.perf_counter()
     procs = []
+    plan = ["--faults", str(faults)] if faults is not None else []
     for path, d in zip(paths, node_dirs, strict=True):
         log = (d / "daemon.out").open("w")
         procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dacflnode", "start", "--peers", str(path),
+            sys.executable, "-m", "dacflnode", "start", "--peers", str(path), *plan,
             stdout=log, stderr=asyncio.subprocess.STDOUT, env=env,
         ))
         log.close()
@@ -149,10 +163,15 @@ def launch(
     round_deadline: float = DAEMON_DEFAULTS.round_deadline,
     hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
     tls_dir: Path | None = None,
+    faults: str | Path | None = None,
+    daemon_settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every algorithm of ``run`` as a real cluster; write and return the summary.
 
     ``tls_dir``: the nodes talk mutual TLS with the certificates there (created when missing).
+    ``faults``: a fault plan file (drop and cut events) that every daemon plays; it is checked
+    here, before any daemon starts, and copied to ``out_dir/faults.yaml``.
+    ``daemon_settings``: further daemon settings by name (``gone_after``, ...).
     """
     topology = run.topology
     if topology not in GRAPH_KINDS:
@@ -164,15 +183,27 @@ def launch(
     for name in run.algorithm:
         check_algorithm(name)
     root = Path(out_dir)
+    plan_file: Path | None = None
+    if faults is not None:
+        check_for_daemons(load_fault_plan(faults, node_ids(run.nodes), run.rounds),
+                          "`dacflnode launch`")
+        root.mkdir(parents=True, exist_ok=True)
+        plan_file = (root / "faults.yaml").absolute()
+        if Path(faults).expanduser().absolute() != plan_file:
+            shutil.copyfile(Path(faults).expanduser(), plan_file)
     started = time.perf_counter()
     results = {}
     for name in run.algorithm:
         folder = root / name if len(run.algorithm) > 1 else root
         results[name] = asyncio.run(run_cluster(
             run, folder, algorithm=name, topology=topology, progress=progress,
-            round_deadline=round_deadline, hello_timeout=hello_timeout, tls_dir=tls_dir))
-    summary = {"version": __version__, "config": run.to_json(), "algorithms": results,
-               "wall_s": round(time.perf_counter() - started, 3)}
+            round_deadline=round_deadline, hello_timeout=hello_timeout, tls_dir=tls_dir,
+            faults=plan_file, daemon_settings=daemon_settings))
+    summary: dict[str, Any] = {"version": __version__, "config": run.to_json(),
+                               "algorithms": results,
+                               "wall_s": round(time.perf_counter() - started, 3)}
+    if plan_file is not None:
+        summary["faults"] = str(plan_file)
     root.mkdir(parents=True, exist_ok=True)
     (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -19,14 +19,19 @@ from dacflnode import __version__
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
+from dacflnode.node.faults import FaultPlan
 from dacflnode.node.metrics_log import summarize
 from dacflnode.sim.simulator import ProgressFn, Simulation
 
 
 def run_experiment(
-    cfg: RunConfig, out_dir: str | Path | None = None, progress: ProgressFn | None = None
+    cfg: RunConfig, out_dir: str | Path | None = None, progress: ProgressFn | None = None,
+    faults: FaultPlan | None = None,
 ) -> dict[str, Any]:
-    """Run every algorithm of ``cfg``; return (and write) the summary."""
+    """Run every algorithm of ``cfg``; return (and write) the summary.
+
+    ``faults``: a fault plan every run plays; the summary then has ``invariant``: per FODAC
+    algorithm, the invariant residual of each round and over the nodes that finished."""
     cfg.validate()
     cfg.apply_threads()
     started = time.perf_counter()
@@ -49,12 +54,17 @@ def run_experiment(
     with tempfile.TemporaryDirectory(prefix="dacfl-sim-") as scratch:
         root = Path(out_dir) if out_dir is not None else Path(scratch)
         results: dict[str, Any] = {}
+        invariant: dict[str, Any] = {}
         for name in cfg.algorithm:
             folder = root / name if len(cfg.algorithm) > 1 else root
-            sim = Simulation(cfg, name, dataset, parts, out_dir=folder)
+            sim = Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults)
             result = sim.run(progress)
             results[name] = summarize([folder / node for node in sim.ids], name, result.wall_s,
                                       engine=result.engine)
+            if faults is not None and result.invariant is not None:
+                invariant[name] = {"final": result.invariant,
+                                   "rounds": [r.invariant for r in result.records],
+                                   "nodes": [len(r.nodes) for r in result.records]}
     summary = {
         "version": __version__,
         "config": cfg.to_json(),
@@ -67,6 +77,9 @@ def run_experiment(
         "algorithms": results,
         "wall_s": round(time.perf_counter() - started, 3),
     }
+    if faults is not None:
+        summary["faults"] = str(faults.source) if faults.source is not None else "in code"
+        summary["invariant"] = invariant
     if out_dir is not None:
         root = Path(out_dir)
         root.mkdir(parents=True, exist_ok=True)

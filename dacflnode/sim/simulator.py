@@ -12,9 +12,19 @@ chosen engine (:mod:`dacflnode.sim.engine`):
 * FedAvg: every node mixes all nodes with data-size weights (the server average);
 * D-PSGD and FedAvg are evaluated, and save, the network average (the god node).
 
-No round has a deadline (a simulation has no faults), no checkpoint is written per round, and
-the absurd-state guard is off (every node is this process's own; the guard protects a daemon from
-the network, see docs/security.md).
+No round has a deadline, no checkpoint is written per round, and the absurd-state guard is off
+(every node is this process's own; the guard protects a daemon from the network, see
+docs/security.md).
+
+Faults (``simulate --faults FILE``, :mod:`dacflnode.node.faults`): every node's setup carries the
+plan, and the runners themselves neither push nor wait for a dropped edge-round, so no deadline
+is needed and a run with faults is as deterministic as one without. The simulator only plays the
+node events: it cancels a crashing node's runner at the start of its crash round and, for a
+restart, resumes a new runner from the crashed one's last completed round (in memory, as a
+checkpoint would hold it) once the others reach the restart round; it asks a leaving node's
+runner to drain; it starts a joining node late, as a joiner. With a plan, each round's record
+carries the network-wide invariant residual ``|Σ x − Σ tracked| / |Σ tracked|`` over the nodes
+that reported the round; the result always carries it over the nodes that finished the run.
 Mixing, completion and training run on the event loop's thread
 (:class:`~dacflnode.sim.engine.OnLoopThread`): there is no network to serve meanwhile, so a
 thread hop per call would buy nothing (docs/architecture.md).
@@ -24,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,11 +44,15 @@ import torch
 from dacflnode.algorithms import graphs
 from dacflnode.algorithms.rounds import Algorithm, NodeState, make_algorithm
 from dacflnode.algorithms.topology import GRAPH_KINDS, MixingSchedule
-from dacflnode.config import RunConfig
+from dacflnode.config import DAEMON_DEFAULTS, RunConfig
+from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import Dataset, eval_subset
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.train import pick_device
+from dacflnode.node.checkpoint import Checkpoint
+from dacflnode.node.daemon import MIN_ANCHOR_DELAY
+from dacflnode.node.faults import Crash, FaultPlan
 from dacflnode.node.metrics_log import METRICS_FILE
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
@@ -64,6 +78,11 @@ class RoundRecord:
     residual: list[float]
     samples: int
     accuracy: list[float] | None = None
+    #: the nodes that reported the round (every node, in a run without node faults)
+    nodes: list[str] = field(default_factory=list)
+    #: ``|Σ x − Σ tracked| / |Σ tracked|`` over those nodes, in a run with faults (``None``:
+    #: no faults, or not a FODAC algorithm)
+    invariant: float | None = None
 
     @property
     def avg_acc(self) -> float | None:
@@ -87,10 +106,15 @@ class SimulationResult:
     engine: str
     wall_s: float
     records: list[RoundRecord] = field(default_factory=list)
+    #: the invariant residual over the nodes that finished the run (``None``: not FODAC)
+    invariant: float | None = None
 
 
 class Simulation:
-    """One algorithm on one data set and topology; :meth:`run` executes every round."""
+    """One algorithm on one data set and topology; :meth:`run` executes every round.
+
+    ``faults``: a fault plan to play (checked against the run's node ids and rounds here).
+    """
 
     def __init__(
         self,
@@ -100,11 +124,14 @@ class Simulation:
         parts: Sequence[np.ndarray],
         *,
         out_dir: Path | None = None,
+        faults: FaultPlan | None = None,
     ) -> None:
         self.cfg = cfg
         self.alg: Algorithm = make_algorithm(algorithm, cfg.fodac_variant)
         self.ids = node_ids(cfg.nodes)
         self.out_dir = out_dir
+        self.faults = faults.check(self.ids, cfg.rounds) if faults else None
+        engine = self._check_faults(cfg)
         sizes = np.array([len(p) for p in parts], dtype=np.float64)
         self.data_weights = sizes / sizes.sum()
         model_name = cfg.model or default_model_for(dataset.name)
@@ -125,7 +152,7 @@ class Simulation:
             for p in parts
         ]
         self.engine: Engine = make_engine(
-            cfg.engine, self.ids, factory, node_data, NodeData(test_x, test_y),
+            engine, self.ids, factory, node_data, NodeData(test_x, test_y),
             cfg.train_config(), seed=cfg.seed, device=pick_device(cfg.device),
         )
         self.average: NetworkAverage | None = None
@@ -137,6 +164,25 @@ class Simulation:
     @property
     def final_states(self) -> list[NodeState]:
         return [r.state for r in self.runners]
+
+    def _check_faults(self, cfg: RunConfig) -> str:
+        """The engine to use: node events (crash, leave, join) stop and start single nodes, which
+        the batched engine's all-nodes-at-once training cannot follow, nor can a global view
+        (a mixing matrix, the god node) leave a node out."""
+        if self.faults is None or not self.faults.node_events:
+            return cfg.engine
+        event = type(self.faults.node_events[0]).__name__.lower()
+        if self.alg.global_model:
+            raise ConfigError("faults", f"a {event} event needs each node's own model; "
+                              f"{self.alg.name} evaluates the network average")
+        kind = cfg.topology_spec().kind
+        if kind not in GRAPH_KINDS:
+            raise ConfigError("faults", f"a {event} event needs a graph topology (Metropolis "
+                              f"weights that follow the nodes), not '{kind}'")
+        if cfg.engine == "batched":
+            raise ConfigError("engine", f"the batched engine trains all nodes at once, which a "
+                              f"{event} event does not allow; use sequential (or auto)")
+        return "sequential"
 
     # ------------------------------------------------------------------ the nodes' policies
     def _topology(
@@ -188,74 +234,271 @@ class Simulation:
         return asyncio.run(self.run_async(progress))
 
     async def run_async(self, progress: ProgressFn | None = None) -> SimulationResult:
-        cfg = self.cfg
         mixing, neighbours, active = self._topology()
-        network = MemoryNetwork(copy=False)
-        tensors = {name: (self.layout.numel,) for name in self.alg.exchanged}
         result = SimulationResult(self.alg.name, self.engine.name, 0.0)
-        reports: dict[int, dict[str, RoundReport]] = {}
-
-        def collect(node: str) -> Callable[[RoundReport], None]:
-            def on_round(report: RoundReport) -> None:
-                done = reports.setdefault(report.round, {})
-                done[node] = report
-                if len(done) < len(self.ids):
-                    return
-                rows = [done[j] for j in self.ids]
-                accs = [r.accuracy for r in rows]
-                record = RoundRecord(
-                    round=report.round, train_loss=[r.train_loss for r in rows],
-                    residual=[r.residual for r in rows], samples=sum(r.samples for r in rows),
-                    accuracy=None if any(a is None for a in accs) else
-                    [float(a) for a in accs if a is not None],
-                )
-                del reports[report.round]
-                result.records.append(record)
-                if progress is not None:
-                    progress(self.alg.name, report.round, cfg.rounds, record)
-            return on_round
-
-        transports: list[MemoryTransport] = []
-        by_id: dict[str, NodeRunner] = {}
+        nodes = _Nodes(self, mixing, neighbours, active,
+                       _Records(self, result, progress))
         self.runners = []
-        for node in self.ids:
-            setup = NodeSetup(
-                node_id=node, neighbours=neighbours[node], algorithm=self.alg,
-                trainer=self.engine.trainers[node], layout=self.layout, rounds=cfg.rounds,
-                eval_every=cfg.eval_every, round_deadline=float("inf"),
-                active_neighbours=None if active is None else active(node), mixing=mixing,
-                view=self._view(node), state_dir=self._state_dir(node), checkpoints=False,
-                executor=OnLoopThread(), absurd_ratio=None,
-            )
-            inbox = Inbox(senders=neighbours[node],
-                          current_round=_round_of(by_id, node))
-            identity = Identity(node, self.layout.fingerprint(), SIMULATION_RUN)
-            transport = MemoryTransport(network, identity, neighbours[node], inbox, tensors)
-            runner = NodeRunner(setup, transport, NodeState.initial(self.initial))
-            runner.on_round = collect(node)
-            by_id[node] = runner
-            transports.append(transport)
-            self.runners.append(runner)
         started = time.perf_counter()
-        for transport in transports:
-            await transport.start()
         try:
-            async with asyncio.TaskGroup() as nodes:
-                for runner in self.runners:
-                    nodes.create_task(runner.run())
+            async with asyncio.TaskGroup() as lives:
+                for node in self.ids:
+                    lives.create_task(nodes.life(node))
         except ExceptionGroup as failed:
             # a shared trainer hands its one error to every node: report it once, as itself
             raise _first_leaf(failed) from failed
         finally:
-            for transport in transports:
-                await transport.stop()
+            await nodes.stop_all()
         result.wall_s = time.perf_counter() - started
+        nodes.records.finish()
+        self.runners = [nodes.runners[node] for node in self.ids if node in nodes.runners]
+        result.invariant = self.invariant(r.state for r in self.finishers)
         return result
+
+    @property
+    def finishers(self) -> list[NodeRunner]:
+        """The runners that completed every round (not those that left or crashed for good)."""
+        return [r for r in self.runners if r.phase == "done"]
+
+    def invariant(self, states: Iterable[NodeState]) -> float | None:
+        """``|Σ x − Σ tracked| / |Σ tracked|`` over ``states`` (``None`` for an algorithm that
+        tracks its own ``x``, or no states)."""
+        if self.alg.tracked_field == "x":
+            return None
+        sum_x: torch.Tensor | None = None
+        sum_t: torch.Tensor | None = None
+        for state in states:
+            x, t = state.x.double(), self.alg.tracked(state).double()
+            sum_x = x if sum_x is None else sum_x + x
+            sum_t = t if sum_t is None else sum_t + t
+        if sum_x is None or sum_t is None:
+            return None
+        return _relative(sum_x, sum_t)
+
+
+class _Records:
+    """Builds the per-round :class:`RoundRecord` s from the runners' reports.
+
+    The record of round ``r`` is complete when every node has reported it, except nodes that
+    are not running (down, gone, left, not yet joined, finished) and nodes already past ``r``
+    without reporting it; records are handed out in round order.
+    """
+
+    def __init__(self, sim: Simulation, result: SimulationResult,
+                 progress: ProgressFn | None) -> None:
+        self.sim = sim
+        self.result = result
+        self.progress = progress
+        #: whether a node may still report a round (set by the nodes' keeper)
+        self.may_report: Callable[[str, int], bool] = lambda node, round_: False
+        self._reports: dict[int, dict[str, RoundReport]] = {}
+        self._sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._done = 0
+        #: per-round sums only when faults are played (a healthy run keeps Σ x = Σ tracked)
+        self._tracks = sim.alg.tracked_field != "x" and sim.faults is not None
+
+    def add(self, node: str, report: RoundReport, state: NodeState) -> None:
+        if report.round <= self._done:
+            return  # a restarted node repeating a round already recorded without it
+        self._reports.setdefault(report.round, {})[node] = report
+        if self._tracks:
+            x, t = state.x.double(), self.sim.alg.tracked(state).double()
+            sums = self._sums.get(report.round)
+            self._sums[report.round] = (x, t) if sums is None else (sums[0] + x, sums[1] + t)
+        self.flush()
+
+    def _complete(self, round_: int) -> bool:
+        got = self._reports.get(round_, {})
+        return not any(node not in got and self.may_report(node, round_)
+                       for node in self.sim.ids)
+
+    def flush(self, everything: bool = False) -> None:
+        for round_ in sorted(self._reports):
+            if not everything and not self._complete(round_):
+                return
+            self._emit(round_)
+
+    def finish(self) -> None:
+        self.flush(everything=True)
+
+    def _emit(self, round_: int) -> None:
+        done = self._reports.pop(round_)
+        sums = self._sums.pop(round_, None)
+        rows = [done[j] for j in self.sim.ids if j in done]
+        accs = [r.accuracy for r in rows]
+        record = RoundRecord(
+            round=round_, train_loss=[r.train_loss for r in rows],
+            residual=[r.residual for r in rows], samples=sum(r.samples for r in rows),
+            accuracy=None if any(a is None for a in accs) else
+            [float(a) for a in accs if a is not None],
+            nodes=[j for j in self.sim.ids if j in done],
+            invariant=None if sums is None else _relative(*sums),
+        )
+        self._done = round_
+        self.result.records.append(record)
+        if self.progress is not None:
+            self.progress(self.sim.alg.name, round_, self.sim.cfg.rounds, record)
+
+
+class _Nodes:
+    """The nodes of one run: their transports and runners, and the fault plan's node events.
+
+    A node's life (:meth:`life`) starts its runner, with the others or, for a joiner, when they
+    reach its join round; a crash cancels the runner at the start of its round (the transport
+    goes down with it) and, with a restart, a new runner resumes from the crashed one's last
+    completed round once the others reach the restart round; a leave asks the runner to drain
+    once it has completed the rounds before it. Everything else is the runner's own code.
+    """
+
+    def __init__(
+        self, sim: Simulation, mixing: MixingPolicy, neighbours: dict[str, list[str]],
+        active: Callable[[str], Callable[[int], list[str]]] | None, records: _Records,
+    ) -> None:
+        self.sim = sim
+        self.plan = sim.faults
+        self.mixing = mixing
+        self.neighbours = neighbours
+        self.active = active
+        self.records = records
+        self.network = MemoryNetwork(copy=False)
+        self.tensors = {name: (sim.layout.numel,) for name in sim.alg.exchanged}
+        #: each node's latest runner
+        self.runners: dict[str, NodeRunner] = {}
+        #: the nodes running now (``None``: about to start with the others)
+        self.running: dict[str, NodeRunner | None] = {
+            node: None for node in sim.ids
+            if self.plan is None or self.plan.join_round(node) is None}
+        self.transports: dict[str, MemoryTransport] = {}
+        self._state_dirs: dict[str, Path | None] = {}
+        self._changed = asyncio.Event()
+        #: the last round each node reported
+        self._reported: dict[str, int] = {}
+        records.may_report = self._may_report
+
+    # ------------------------------------------------------------------ progress
+    def _bump(self) -> None:
+        """Wake whoever waits for the nodes' rounds to move on."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _may_report(self, node: str, round_: int) -> bool:
+        """Whether ``node`` is running (or about to) and has reported no round from ``round_``
+        on: it may still report ``round_`` (one that joins or resumes later in the run reports
+        a later round first)."""
+        return node in self.running and self._reported.get(node, 0) < round_
+
+    def _others_reached(self, node: str, round_: int) -> bool:
+        return all(r is not None and r.round >= round_
+                   for other, r in self.running.items() if other != node)
+
+    async def _until_others_reach(self, node: str, round_: int) -> None:
+        while not self._others_reached(node, round_):
+            await self._changed.wait()
+
+    # ------------------------------------------------------------------ one node
+    def _setup(self, node: str, join: bool) -> NodeSetup:
+        sim, cfg = self.sim, self.sim.cfg
+        if node not in self._state_dirs:
+            self._state_dirs[node] = sim._state_dir(node)
+        return NodeSetup(
+            node_id=node, neighbours=self.neighbours[node], algorithm=sim.alg,
+            trainer=sim.engine.trainers[node], layout=sim.layout, rounds=cfg.rounds,
+            eval_every=cfg.eval_every, round_deadline=float("inf"),
+            active_neighbours=None if self.active is None else self.active(node),
+            mixing=self.mixing, view=sim._view(node), state_dir=self._state_dirs[node],
+            checkpoints=False, executor=OnLoopThread(), absurd_ratio=None,
+            gone_after=DAEMON_DEFAULTS.gone_after,
+            anchor_delay=max(MIN_ANCHOR_DELAY, len(sim.ids)),  # a launched daemon's default
+            faults=self.plan, join=join,
+        )
+
+    def _runner(self, node: str, state: NodeState, resume: Checkpoint | None,
+                join: bool) -> NodeRunner:
+        inbox = Inbox(senders=self.neighbours[node], current_round=_round_of(self.runners, node))
+        identity = Identity(node, self.sim.layout.fingerprint(), SIMULATION_RUN)
+        transport = MemoryTransport(self.network, identity, self.neighbours[node], inbox,
+                                    self.tensors)
+        runner = NodeRunner(self._setup(node, join), transport, state, resume=resume)
+        self.runners[node] = runner
+        self.transports[node] = transport
+        return runner
+
+    async def life(self, node: str) -> None:
+        plan = self.plan
+        join = plan.join_round(node) if plan is not None else None
+        leave = plan.leave_round(node) if plan is not None else None
+        crashes = plan.crashes_of(node) if plan is not None else []
+        if join is not None:
+            await self._until_others_reach(node, join)
+        state = NodeState.initial(self.sim.initial)
+        resume: Checkpoint | None = None
+        while True:
+            crash = crashes.pop(0) if crashes else None
+            runner = self._runner(node, state, resume, join is not None and resume is None)
+            if crash is None or runner.round < crash.round:
+                self.running[node] = runner
+                await self.transports[node].start()
+                if leave is not None and runner.round >= leave:
+                    runner.request_leave()
+                if not await self._run(node, runner, crash, leave) or crash is None:
+                    return  # finished, left, or stopped
+            # crashed at the start of round crash.round: down until the others reach restart
+            self.running.pop(node, None)
+            await self.transports[node].stop()
+            self.records.flush()
+            self._bump()
+            if crash.restart is None:
+                return
+            await self._until_others_reach(node, crash.restart)
+            state, resume = runner.state, runner.checkpoint()
+
+    async def _run(self, node: str, runner: NodeRunner, crash: Crash | None,
+                   leave: int | None) -> bool:
+        """Run ``runner`` to its end (False) or until ``crash`` (True)."""
+        task = asyncio.create_task(runner.run(), name=f"{node}-runner")
+        crashed = False
+
+        def on_round(report: RoundReport) -> None:
+            nonlocal crashed
+            self._reported[node] = report.round
+            self.records.add(node, report, runner.state)
+            if crash is not None and runner.round >= crash.round and not crashed:
+                crashed = True
+                task.cancel()  # lands at the runner's next await: the start of round crash.round
+            elif leave is not None and runner.round >= leave and not runner.leaving:
+                runner.request_leave()
+            self._bump()
+
+        runner.on_round = on_round
+        try:
+            await asyncio.wait({task})
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+        if crashed and task.cancelled():
+            return True
+        task.result()  # its error, if it failed
+        self.running.pop(node, None)
+        self.records.flush()
+        self._bump()
+        return False
+
+    async def stop_all(self) -> None:
+        for transport in self.transports.values():
+            await transport.stop()
 
 
 def _round_of(runners: Mapping[str, NodeRunner], node: str) -> Callable[[], int]:
     """The round ``node``'s runner is in (its inbox's window), once the runner exists."""
     return lambda: runners[node].round
+
+
+def _relative(sum_x: torch.Tensor, sum_tracked: torch.Tensor) -> float:
+    """``|Σ x − Σ tracked| / |Σ tracked|``."""
+    scale = float(torch.linalg.vector_norm(sum_tracked))
+    gap = float(torch.linalg.vector_norm(sum_x - sum_tracked))
+    return gap / scale if scale > 0 else gap
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -152,3 +152,14 @@ def test_launch_refuses_a_topology_that_needs_a_global_view(capsys):
         main(["launch", "--topology", "dense", "--out", "/tmp/never", "--dataset", "synthetic"])
     assert exit_info.value.code == 2
     assert "topology" in capsys.readouterr().err
+
+
+def test_launch_keeps_the_topology_its_config_file_gives(tmp_path):
+    from dacflnode.cli.launch import _file_sets
+
+    flat, nested, without = (tmp_path / n for n in ("flat.yaml", "nested.yaml", "none.yaml"))
+    flat.write_text("topology: random-regular\ndegree: 3\n")
+    nested.write_text("run:\n  topology: complete\n")
+    without.write_text("nodes: 4\n")
+    assert _file_sets(str(flat), "topology") and _file_sets(str(nested), "topology")
+    assert not _file_sets(str(without), "topology") and not _file_sets(None, "topology")

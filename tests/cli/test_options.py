@@ -9,11 +9,12 @@ from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 
 #: Options of each command that are not settings (where output goes, how it is printed, ...).
 OWN_OPTIONS = {
-    "simulate": {"config_file", "out_dir", "as_json", "quiet"},
-    "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir"},
+    "simulate": {"config_file", "out_dir", "as_json", "quiet", "faults_file"},
+    "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir", "faults_file"},
     "topology": {
         "config_file", "out_dir", "as_json", "hosts", "base_port", "ports",
-        "control_base_port", "control_ports", "listen_host", "state_root", "tls_dir", "insecure",
+        "control_base_port", "control_ports", "metrics_ports", "metrics_host", "listen_host",
+        "state_root", "tls_dir", "insecure",
     },
 }
 DAEMON_COMMANDS = ("launch", "topology")
