@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import yaml
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
 from dacflnode.cli.errors import config_errors
@@ -41,12 +41,22 @@ T = TypeVar("T")
               help="This node's peers.yaml (see `dacflnode topology` to generate them).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option("--log-format", default="text", show_default=True,
+              type=click.Choice(["text", "json"]),
+              help="Of stderr and STATE_DIR/daemon.log: text lines, or one JSON object per line "
+                   "with time, level, logger, node, round, neighbour, event, reason, message, "
+                   "traceback (null where not known; see dacflnode/logs.py).")
 @click.option("--insecure", is_flag=True,
               help="Allow a non-loopback node.listen without node.tls (the same as "
                    "node.insecure: true): neighbours are then not authenticated.")
+@click.option("--faults", "faults_file", type=click.Path(dir_okay=False),
+              help="Inject the drop and cut events of a fault plan (tests and demonstrations; "
+                   "give every node the same FILE, see examples/faults/README.md).")
 @config_errors
-def start(peers_file: str, log_level: str, insecure: bool) -> None:
-    """Run this node until its rounds are done (SIGTERM/SIGINT: checkpoint and exit 0).
+def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
+          faults_file: str | None) -> None:
+    """Run this node until its rounds are done (SIGINT, and SIGTERM unless
+    run.drain_on_sigterm: checkpoint and exit 0; see `dacflnode stop --drain` to leave).
 
     It serves its neighbours, waits for them (they may start in any order), runs synchronized
     rounds and writes STATE_DIR/metrics.jsonl, checkpoint.safetensors and final.safetensors.
@@ -55,12 +65,19 @@ def start(peers_file: str, log_level: str, insecure: bool) -> None:
     Example:
       dacflnode topology ring --nodes 3 --out cluster/ --dataset synthetic
       dacflnode start --peers cluster/node-0.yaml
+      dacflnode start --peers cluster/node-1.yaml --log-format json
     """
     from dacflnode.node.daemon import Daemon, setup_logging
 
     pf = load_for_start(peers_file, insecure)
-    setup_logging(pf.node.state_dir, log_level)
-    code = asyncio.run(Daemon(pf).run())
+    plan = None
+    if faults_file:
+        from dacflnode.node.faults import check_for_daemons, load_fault_plan
+
+        plan = check_for_daemons(load_fault_plan(faults_file, pf.daemon.members or None,
+                                                 pf.run.rounds), "`dacflnode start`")
+    setup_logging(pf.node.state_dir, log_level, log_format, node=pf.node.id)
+    code = asyncio.run(Daemon(pf, faults=plan).run())
     sys.exit(code)
 
 
@@ -91,8 +108,8 @@ def _is_loopback(address: str) -> bool:
     return is_loopback(host)
 
 
-def _endpoint(target: str | None, peers_file: str | None, token: str | None, ca: str | None,
-              server_name: str | None) -> tuple[str, ControlAuth]:
+def control_endpoint(target: str | None, peers_file: str | None, token: str | None,
+                     ca: str | None, server_name: str | None) -> tuple[str, ControlAuth]:
     """The control address and how to authenticate to it (see the module docstring)."""
     from dacflnode.transport.control_types import ControlAuth
 
@@ -181,14 +198,39 @@ def _fmt(value: float | None, spec: str) -> str:
         format(value, spec)
 
 
+#: The per-neighbour fault counters of a status, and their column titles.
+FAULT_COLUMNS = (("missed_rounds", "missed rounds"), ("late_states", "late states"),
+                 ("refused", "refused calls"), ("corrections", "one-sided uses undone"))
+
+
+def _status_view(data: dict[str, Any]) -> Group:
+    """What ``dacflnode status`` prints: the neighbours, and their fault counters when any is
+    not zero (else one line says so)."""
+    table = _status_table(data)
+    faults = Table(title="faults per neighbour", title_justify="left")
+    faults.add_column("neighbour")
+    for _, title in FAULT_COLUMNS:
+        faults.add_column(title, justify="right")
+    any_fault = False
+    for nb in data["neighbours"]:
+        counts = [int(nb.get(key, 0)) for key, _ in FAULT_COLUMNS]
+        any_fault = any_fault or any(counts)
+        faults.add_row(nb["node_id"], *map(str, counts))
+    if any_fault:
+        return Group(table, faults)
+    table.caption = f"{table.caption}\nno missed, late or refused rounds"
+    return Group(table)
+
+
 def _status_table(data: dict[str, Any]) -> Table:
     table = Table(title=f"{data['node_id']}  {data['algorithm']}  round {data['round']}/"
                         f"{data['rounds_total']}  {data['phase']}", title_justify="left")
-    for col in ("neighbour", "address", "connected", "last round", "received", "sent",
-                "latency"):
+    for col in ("neighbour", "address", "state", "last round", "received", "sent", "latency"):
         table.add_column(col)
     for nb in data["neighbours"]:
-        table.add_row(nb["node_id"], nb["address"], "yes" if nb["connected"] else "no",
+        state = nb.get("state") or "—"
+        table.add_row(nb["node_id"], nb["address"],
+                      state if nb["connected"] else f"{state}, not connected",
                       str(nb["last_round_received"]), f"{nb['bytes_received'] / 1e6:.1f} MB",
                       f"{nb['bytes_sent'] / 1e6:.1f} MB", _fmt(nb["latency_ms"], ".1f") + " ms")
     acc = data["last_accuracy"]
@@ -198,6 +240,13 @@ def _status_table(data: dict[str, Any]) -> Table:
                      f"device {data['device']}  up {data['uptime_s']:.0f}s  "
                      + ("neighbours authenticated by mutual TLS" if data.get("tls") else
                         "neighbours NOT authenticated (no TLS)"))
+    if data.get("leaving"):
+        table.caption += "\nleaving the network (drain requested)"
+    anchors = data.get("anchors") or []
+    if anchors or data.get("reanchored"):
+        table.caption += (f"\nre-anchored {data.get('reanchored', 0)} time(s)"
+                          + (f"; next at round {', '.join(map(str, anchors))}" if anchors
+                             else ""))
     refusals = data.get("refusals") or {}
     if refusals:
         table.caption += "\nrefused: " + ", ".join(
@@ -217,6 +266,9 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
            interval: float, token: str | None, ca: str | None, server_name: str | None) -> None:
     """Show a running node: round, phase, neighbours, last accuracy and loss.
 
+    Per neighbour: its state (active, absent, gone, left), rounds it missed, its states that
+    came too late, its calls refused, and one-sided uses of the edge that were undone.
+
     \b
     Examples:
       dacflnode status --target 127.0.0.1:8000
@@ -225,7 +277,7 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
     """
     from dacflnode.transport.grpc_control import fetch_status
 
-    addr, auth = _endpoint(target, peers_file, token, ca, server_name)
+    addr, auth = control_endpoint(target, peers_file, token, ca, server_name)
     console = Console()
 
     async def show() -> None:
@@ -236,7 +288,7 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
             else:
                 if watch:
                     console.clear()
-                console.print(_status_table(data))
+                console.print(_status_view(data))
             if not watch:
                 return
             await asyncio.sleep(interval)
@@ -256,32 +308,47 @@ def metrics(target: str | None, peers_file: str | None, fmt: str, token: str | N
             ca: str | None, server_name: str | None) -> None:
     """Print a running node's metrics (JSON, or Prometheus text exposition).
 
+    --format prometheus prints what the node serves to Prometheus at
+    http://<node.metrics>/metrics (the peers file's node.metrics key; `dacflnode topology`
+    sets it). Point Prometheus at that endpoint: see docs/operations.md.
+
     \b
     Examples:
       dacflnode metrics --target 127.0.0.1:8000
       dacflnode metrics --peers cluster/node-0.yaml --format prometheus
+      curl -s http://127.0.0.1:9000/metrics
     """
     from dacflnode.transport.grpc_control import fetch_metrics
 
-    addr, auth = _endpoint(target, peers_file, token, ca, server_name)
+    addr, auth = control_endpoint(target, peers_file, token, ca, server_name)
     click.echo(_call(addr, auth, lambda: fetch_metrics(addr, fmt, auth=auth)).rstrip("\n"))
 
 
 @click.command()
 @target_option
 @peers_option
+@click.option("--drain", is_flag=True,
+              help="Leave the network for good: the node finishes its round, hands its share of "
+                   "the consensus to its neighbours, tells them it left, and exits (they go on "
+                   "without waiting for it).")
 @auth_options
 @config_errors
-def stop(target: str | None, peers_file: str | None, token: str | None, ca: str | None,
-         server_name: str | None) -> None:
+def stop(target: str | None, peers_file: str | None, drain: bool, token: str | None,
+         ca: str | None, server_name: str | None) -> None:
     """Ask a running node to stop gracefully (checkpoint, exit 0).
 
+    Without --drain the node stops where it is and can resume from its checkpoint; its
+    neighbours wait for it each round until they declare it gone. With --drain it hands over
+    its share of the consensus and leaves the network (docs/faults.md).
+
     \b
-    Example:
+    Examples:
       dacflnode stop --peers cluster/node-0.yaml
+      dacflnode stop --drain --peers cluster/node-2.yaml
     """
     from dacflnode.transport.grpc_control import request_stop
 
-    addr, auth = _endpoint(target, peers_file, token, ca, server_name)
-    _call(addr, auth, lambda: request_stop(addr, auth=auth))
-    click.echo(f"stop requested at {addr}")
+    addr, auth = control_endpoint(target, peers_file, token, ca, server_name)
+    _call(addr, auth, lambda: request_stop(addr, auth=auth, drain=drain))
+    click.echo(f"{'drain' if drain else 'stop'} requested at {addr}" + (
+        ": the node hands over its share and leaves the network" if drain else ""))

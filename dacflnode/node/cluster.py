@@ -14,8 +14,9 @@ needs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -30,7 +31,13 @@ from dacflnode.node.addresses import (
     is_loopback,
 )
 from dacflnode.node.daemon_algorithms import check_algorithm
-from dacflnode.node.peers import Neighbour, NodeSection, PeersFile, parse_peers
+from dacflnode.node.peers import (
+    METRICS_PORT_OFFSET,
+    Neighbour,
+    NodeSection,
+    PeersFile,
+    parse_peers,
+)
 from dacflnode.node.peers_yaml import dump_peers
 from dacflnode.security.certs import tls_files, write_certs
 
@@ -88,10 +95,14 @@ def _check_port(port: int, field: str, what: str) -> int:
     return port
 
 
-def _daemon_settings(round_deadline: float, hello_timeout: float) -> DaemonSettings:
-    """The deadlines, checked as declared (the error names the option, not a file)."""
+def _daemon_settings(
+    round_deadline: float, hello_timeout: float, more: Mapping[str, Any] | None = None
+) -> DaemonSettings:
+    """The deadlines (and any other daemon settings given), checked as declared (the error
+    names the option, not a file)."""
     daemon = schema.from_mapping(
-        DaemonSettings, {"round_deadline": round_deadline, "hello_timeout": hello_timeout}
+        DaemonSettings,
+        {"round_deadline": round_deadline, "hello_timeout": hello_timeout, **(more or {})},
     )
     schema.check(daemon)
     return daemon
@@ -114,10 +125,13 @@ def generate_cluster(
     edge_list: str | None = None,
     ports: Sequence[int] | None = None,
     control_ports: Sequence[int] | None = None,
+    metrics_ports: Sequence[int] | None = None,
+    metrics_host: str = CONTROL_HOST,
     state_root: Path | None = None,
     seed: int | None = None,
     round_deadline: float = DAEMON_DEFAULTS.round_deadline,
     hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
+    daemon_settings: Mapping[str, Any] | None = None,
     tls_dir: Path | None = None,
     insecure: bool = False,
 ) -> list[Path]:
@@ -126,10 +140,16 @@ def generate_cluster(
     Node ``i`` runs on ``hosts[i % len(hosts)]`` at port ``ports[i]`` (default
     ``base_port + i``) and listens on ``listen_host`` (default: that host) at that port; its
     control address is ``127.0.0.1`` at ``control_ports[i]``, ``control_base_port + i`` or the
-    listen port + 1000. Its neighbours are its neighbours in the graph, reached at their host.
+    listen port + 1000. Its Prometheus endpoint (``node.metrics``) is ``metrics_host`` (default
+    ``127.0.0.1``; another host must be asked for) at ``metrics_ports[i]``, or the control
+    port + 1000 (by default the listen port + 2000) unless ``control_ports`` are given (ports
+    picked one by one, e.g. free ones: then there is none without ``metrics_ports``) or that is
+    above 65535. Its neighbours are its neighbours
+    in the graph, reached at their host.
 
     The graph is drawn with ``run.seed``, as the simulator draws it; ``seed``, when given,
     replaces ``run.seed`` (for the graph and in the files alike, so that they stay consistent).
+    ``daemon_settings``: further daemon settings by name (``gone_after``, ...) for every file.
     Relative paths in ``run`` are made absolute. Every file is checked as the daemon reads it
     before any is written; the certificates missing from ``tls_dir`` are written just before the
     peers files, whose ``node.tls`` names them by absolute path.
@@ -155,8 +175,9 @@ def generate_cluster(
     ids = node_ids(nodes)
     listen_ports = _port_list(ports, nodes, "ports") or [base_port + i for i in range(nodes)]
     ctl_ports = _port_list(control_ports, nodes, "control_ports")
+    met_ports = _port_list(metrics_ports, nodes, "metrics_ports")
     node_host = [host_list[i % len(host_list)] for i in range(nodes)]
-    listen, control = [], []
+    listen, control, metrics = [], [], []
     used: dict[tuple[str, int], str] = {}
     for i, node in enumerate(ids):
         port = _check_port(listen_ports[i], "ports" if ports else "base_port", node)
@@ -166,11 +187,19 @@ def generate_cluster(
             ctl = _check_port(control_base_port + i, "control_base_port", f"{node}'s control")
         else:
             ctl = _check_port(port + CONTROL_PORT_OFFSET, "base_port", f"{node}'s control")
-        for p, what in ((port, "listen"), (ctl, "control")):
+        if met_ports is not None:
+            met: int | None = _check_port(met_ports[i], "metrics_ports", f"{node}'s metrics")
+        elif ctl_ports is None and ctl + METRICS_PORT_OFFSET - CONTROL_PORT_OFFSET <= 65535:
+            met = ctl + METRICS_PORT_OFFSET - CONTROL_PORT_OFFSET  # 1000 above the control port
+        else:
+            met = None
+        for p, what in ((port, "listen"), (ctl, "control"), (met, "metrics")):
+            if p is None:
+                continue
             key = (node_host[i], p)
             if key in used:
                 raise ConfigError(
-                    "ports" if ports or control_ports else "base_port",
+                    "ports" if ports or control_ports or metrics_ports else "base_port",
                     f"port {p} on {node_host[i]} is taken twice ({used[key]} and {node} {what})",
                 )
             used[key] = f"{node} {what}"
@@ -183,6 +212,7 @@ def generate_cluster(
             )
         listen.append(format_address(bind, port))
         control.append(format_address(CONTROL_HOST, ctl))
+        metrics.append(None if met is None else format_address(metrics_host, met))
 
     cfg = dataclasses.replace(
         run,
@@ -193,7 +223,7 @@ def generate_cluster(
         mixing_matrix=_absolute(run.mixing_matrix),
     )
     daemon = dataclasses.replace(
-        _daemon_settings(round_deadline, hello_timeout),
+        _daemon_settings(round_deadline, hello_timeout, daemon_settings),
         members=tuple(ids),
         edges=tuple((ids[i], ids[j]) for i, j in edges),
     )
@@ -215,6 +245,7 @@ def generate_cluster(
                     i,
                     tls=tls_files(certs, node) if certs is not None else None,
                     insecure=insecure,
+                    metrics=metrics[i],
                 ),
                 neighbours=tuple(
                     Neighbour(ids[j], format_address(node_host[j], listen_ports[j]))

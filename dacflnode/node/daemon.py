@@ -2,9 +2,14 @@
 
 Lifecycle: build the node from its peers file (data share, model, trainer — off the event loop),
 resume from ``STATE_DIR/checkpoint.safetensors`` if it belongs to this run, serve the Neighbor
-service on ``node.listen`` and the Control service on ``node.control``, handshake with every
-neighbour, run the rounds, write ``final.safetensors``. SIGTERM/SIGINT abandon the round being
-exchanged (or let the training in flight finish and complete it), checkpoint, and exit 0.
+service on ``node.listen``, the Control service on ``node.control`` and, when ``node.metrics`` is
+set, the Prometheus exposition at ``http://<node.metrics>/metrics``, handshake with every
+neighbour, run the rounds, write ``final.safetensors``. SIGINT (and SIGTERM, unless
+``run.drain_on_sigterm``) abandons the round being exchanged (or lets the training in flight
+finish and complete it), checkpoints, and exits 0: the node can resume later. A drain
+(``dacflnode stop --drain``, or SIGTERM with ``run.drain_on_sigterm``) instead has the node leave
+the network: it finishes its round, hands its share of the consensus mass to its neighbours,
+tells them it left, and exits 0 (docs/faults.md).
 
 Security (docs/security.md): with ``node.tls`` the Neighbor service speaks mutual TLS only and
 every call is checked against the id in the caller's certificate; without it the daemon logs one
@@ -12,14 +17,16 @@ warning at start and ``status`` shows ``tls: false``. The Control service requir
 ``node.control_token`` when one is set, and is served over TLS (the node's certificate, no client
 certificate) when its address is not loopback.
 
-Shutdown order: the runner stops (a signal or the Control service's Stop) → the transport stops:
+Shutdown order: the runner stops or leaves (a signal or the Control service's Stop) → the
+transport stops:
 it refuses new calls, reports ``NOT_SERVING``, stops its server with a grace period and closes its
-channels → the Control server stops (see docs/architecture.md).
+channels → the Control server stops → the metrics server stops (see docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import signal
@@ -27,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,29 +45,36 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.partition import partition
 from dacflnode.learning.train import LocalTrainer, pick_device
-from dacflnode.node.addresses import is_loopback, parse_address
-from dacflnode.node.checkpoint import load_checkpoint
+from dacflnode.node.addresses import format_address, is_loopback, parse_address
+from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
 from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
-from dacflnode.node.status import NeighbourInfo, NodeMetrics, NodeStatus
+from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport.base import Identity, Inbox
+
+if TYPE_CHECKING:
+    from dacflnode.node.faults import FaultPlan
+    from dacflnode.transport.receiver import Receiver
 
 log = logging.getLogger("dacflnode.daemon")
 
 
 @dataclass
 class BuiltNode:
+    """A node ready to run; ``checkpoint`` is the one it resumes from (``None``: a fresh start)."""
+
     setup: NodeSetup
     state: NodeState
     identity: Identity
     device: str
-    used_prev: tuple[str, ...] = ()
+    checkpoint: Checkpoint | None = None
 
 
-def build_node(pf: PeersFile) -> BuiltNode:
-    """Everything heavy: data, partition, model, trainer, checkpoint (run it in a thread)."""
+def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
+    """Everything heavy: data, partition, model, trainer, checkpoint (run it in a thread).
+    ``faults``: injected faults to play (tests and demonstrations, docs/faults.md)."""
     run = pf.run
     run.apply_threads()
     algorithm = make_algorithm(run.algorithm[0], run.fodac_variant)
@@ -84,10 +99,8 @@ def build_node(pf: PeersFile) -> BuiltNode:
                 "model_fingerprint": identity.model_fingerprint, "node": pf.node.id}
     pf.node.state_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = load_checkpoint(pf.node.state_dir, run_info, layout.numel)
-    used_prev: tuple[str, ...] = ()
     if checkpoint is not None:
         state = checkpoint.state
-        used_prev = checkpoint.used
         trainer.local.update(checkpoint.local)
         log.info("%s: resuming from round %d", pf.node.id, state.round)
     else:
@@ -98,17 +111,35 @@ def build_node(pf: PeersFile) -> BuiltNode:
         trainer=ThreadedTrainer(trainer, test_x, test_y), layout=layout, rounds=run.rounds,
         eval_every=run.eval_every, round_deadline=pf.daemon.round_deadline,
         hello_timeout=pf.daemon.hello_timeout, active_neighbours=active,
-        state_dir=pf.node.state_dir, run_info=run_info,
+        state_dir=pf.node.state_dir, run_info=run_info, gone_after=pf.daemon.gone_after,
+        anchor_delay=anchor_delay(pf), faults=faults,
     )
-    return BuiltNode(setup, state, identity, str(device), used_prev)
+    return BuiltNode(setup, state, identity, str(device), checkpoint)
+
+
+#: How long a scrape waits for the event loop to refresh the status before it serves the last.
+METRICS_REFRESH_TIMEOUT = 2.0
+
+#: The least rounds between declaring a neighbour gone and the re-anchor round.
+MIN_ANCHOR_DELAY = 4
+
+
+def anchor_delay(pf: PeersFile) -> int:
+    """``run.anchor_delay``, or when it is 0 (auto) the number of ``run.members``, at least
+    :data:`MIN_ANCHOR_DELAY`: news of a re-anchor needs up to the graph's diameter in rounds
+    to reach every node, and the diameter is less than the number of nodes."""
+    return pf.daemon.anchor_delay or max(MIN_ANCHOR_DELAY, len(pf.daemon.members))
 
 
 class Daemon:
     """One node process: servers, runner, signals."""
 
-    def __init__(self, pf: PeersFile) -> None:
+    def __init__(self, pf: PeersFile, faults: FaultPlan | None = None) -> None:
         self.pf = pf
+        self.faults = faults
         self.runner: NodeRunner | None = None
+        #: the transport's receiver, whose per-neighbour refusal counts the status shows
+        self.receiver: Receiver | None = None
         self.metrics = NodeMetrics(pf.node.id)
         self.started = time.time()
         self.device = ""
@@ -121,12 +152,22 @@ class Daemon:
         runner = self.runner
         neighbours = []
         stats = runner.transport.stats if runner is not None else {}
+        tracks = runner.peers if runner is not None else {}
+        receiver = self.receiver
         for nb in pf.neighbours:
             s = stats.get(nb.id)
+            track = tracks.get(nb.id)
             neighbours.append(NeighbourInfo(
                 nb.id, nb.address, s.connected if s else False,
                 s.last_round_received if s else -1, s.bytes_received if s else 0,
-                s.bytes_sent if s else 0, s.latency_ms if s else math.nan))
+                s.bytes_sent if s else 0, s.latency_ms if s else math.nan,
+                state=track.state.value if track else "",
+                missed_rounds=track.missed if track else 0,
+                late_states=receiver.late_by[nb.id] if receiver else 0,
+                refused=receiver.refused_by[nb.id] if receiver else 0,
+                corrections=track.corrections if track else 0,
+                messages_received=s.messages_received if s else 0,
+                messages_sent=s.messages_sent if s else 0))
         status = NodeStatus(
             node_id=pf.node.id, algorithm=pf.run.algorithm[0],
             round=runner.round if runner else 0, rounds_total=pf.run.rounds,
@@ -137,6 +178,9 @@ class Daemon:
             device=self.device, uptime_s=time.time() - self.started,
             listen_address=pf.node.listen, tls=pf.node.tls is not None,
             refusals=self.refusal_counts(),
+            anchors=sorted(runner.anchors) if runner else [],
+            reanchored=runner.reanchored if runner else 0,
+            leaving=runner.leaving if runner else self._leave_early,
         )
         self.metrics.update(status)
         return status
@@ -155,13 +199,36 @@ class Daemon:
             "neighbours_used": list(last.used), "neighbours_missing": list(last.missing)}}
         return "application/json", metrics_json(status, extra)
 
-    def stop(self) -> None:
-        if self.runner is not None:
-            self.runner.request_stop()
+    def stop(self, drain: bool = False) -> None:
+        """Stop the node (it can resume from its checkpoint), or with ``drain`` have it leave
+        the network. A request before the runner exists is kept until it does."""
+        if self.runner is None:
+            if drain:
+                self._leave_early = True
+            else:
+                self._stop_early = True
+        elif drain:
+            self.runner.request_leave()
         else:
-            self._stop_early = True
+            self.runner.request_stop()
 
     _stop_early = False
+    _leave_early = False
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        """SIGTERM drains when ``run.drain_on_sigterm`` says so; anything else stops."""
+        drain = sig == signal.SIGTERM and self.pf.daemon.drain_on_sigterm
+        log.info("%s: %s: %s", self.pf.node.id, sig.name,
+                 "leaving the network" if drain else "stopping")
+        self.stop(drain=drain)
+
+    async def checkpoint_bytes(self) -> bytes | None:
+        """The latest checkpoint file, read off the event loop (``None`` before the first)."""
+        path = self.pf.node.state_dir / CHECKPOINT
+        try:
+            return await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:
+            return None
 
     def tls_material(self) -> TlsMaterial | None:
         """The node's TLS files, read once at start (``None``, after one warning, without)."""
@@ -184,18 +251,69 @@ class Daemon:
         pf = self.pf
         return not is_loopback(parse_address(pf.node.control, "node.control", pf.path)[0])
 
+    def start_metrics(self, loop: asyncio.AbstractEventLoop) -> MetricsServer | None:
+        """Serve ``/metrics`` on ``node.metrics`` (``None`` when it is not set); a scrape
+        refreshes the status on the event loop first, as the Control service's ``metrics`` does.
+        An address that cannot be bound is a :class:`ConfigError` naming ``node.metrics``."""
+        address = self.pf.node.metrics
+        if address is None:
+            return None
+        host, port = parse_address(address, "node.metrics", self.pf.path)
+
+        def refresh() -> None:
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+            def on_loop() -> None:
+                try:
+                    self.status()
+                    done.set_result(None)
+                except Exception as exc:
+                    done.set_exception(exc)
+
+            try:
+                loop.call_soon_threadsafe(on_loop)
+            except RuntimeError:  # the loop is closed: the node is exiting
+                return
+            try:
+                done.result(timeout=METRICS_REFRESH_TIMEOUT)
+            except TimeoutError:
+                log.warning("%s: status not refreshed within %.0fs: serving the last one",
+                            self.pf.node.id, METRICS_REFRESH_TIMEOUT)
+
+        server = MetricsServer(self.metrics.registry, host, port, refresh)
+        try:
+            bound = server.start()
+        except OSError as exc:
+            raise ConfigError("node.metrics", f"in {self.pf.path}: cannot serve metrics on "
+                              f"{address}: {exc.strerror or exc}: choose a free port, or drop "
+                              "node.metrics") from exc
+        log.info("%s: Prometheus metrics on http://%s/metrics%s", self.pf.node.id,
+                 format_address(host, bound),
+                 "" if is_loopback(host) else " (reachable from other hosts, no authentication)")
+        return server
+
     # ---------------------------------------------------------------- lifecycle
     async def run(self) -> int:
+        """Serve and run the node until its rounds end, it stops or it leaves; the exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.on_signal, sig)
+
+        tls = self.tls_material()
+        metrics_server = self.start_metrics(loop)
+        try:
+            return await self._serve(tls)
+        finally:
+            if metrics_server is not None:
+                await asyncio.to_thread(metrics_server.stop)
+
+    async def _serve(self, tls: TlsMaterial | None) -> int:
+        """The Control service, the node and its Neighbor service, until the rounds end."""
         from dacflnode.transport import channels
         from dacflnode.transport.grpc_control import add_control_service, control_interceptors
         from dacflnode.transport.grpc_transport import GrpcTransport
 
         pf = self.pf
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop)
-
-        tls = self.tls_material()
         control_tls = tls if tls is not None and self.control_exposed() else None
         interceptors = control_interceptors(pf.node.control_token)
         control = channels.create_server(interceptors=interceptors)
@@ -206,7 +324,7 @@ class Daemon:
                  "TLS" if control_tls else "plaintext",
                  "token required" if pf.node.control_token else "no token")
 
-        built = await asyncio.to_thread(build_node, pf)
+        built = await asyncio.to_thread(build_node, pf, self.faults)
         self.device = built.device
         holder: dict[str, NodeRunner] = {}
         inbox = Inbox(senders=pf.neighbour_ids(),
@@ -217,7 +335,8 @@ class Daemon:
                                   {nb.id: nb.address for nb in pf.neighbours}, inbox, tensors,
                                   tls=tls, idle_timeout=pf.daemon.stream_idle_timeout,
                                   stream_timeout=pf.daemon.stream_timeout)
-        runner = NodeRunner(built.setup, transport, built.state, built.used_prev)
+        runner = NodeRunner(built.setup, transport, built.state, resume=built.checkpoint)
+        self.receiver = transport.receiver
 
         def refusal_counts() -> dict[str, int]:
             counts = {reason.value: n for reason, n in transport.receiver.refusals.items()}
@@ -233,6 +352,8 @@ class Daemon:
             r.seconds, r.exchange_s, r.train_s, r.train_loss)
         if self._stop_early:
             runner.request_stop()
+        elif self._leave_early:
+            runner.request_leave()
         await transport.start()
         log.info("%s: serving neighbours on %s with %s (round %d of %d, %s on %s)", pf.node.id,
                  pf.node.listen, "mutual TLS" if tls else "no authentication", runner.round,
@@ -240,6 +361,8 @@ class Daemon:
         code = 0
         try:
             await runner.run()
+            if runner.phase == "left":
+                log.info("%s: left the network after round %d", pf.node.id, runner.round)
         except Exception as exc:  # a refused handshake, a broken model file, ...
             log.error("%s: %s", pf.node.id, exc, exc_info=not isinstance(exc, RuntimeError))
             runner.phase = "failed"
@@ -262,8 +385,11 @@ class _Provider:
     def metrics(self, fmt: str) -> tuple[str, str]:
         return self.daemon.metrics_text(fmt)
 
-    def stop(self) -> None:
-        self.daemon.stop()
+    def stop(self, drain: bool = False) -> None:
+        self.daemon.stop(drain)
+
+    async def checkpoint_bytes(self) -> bytes | None:
+        return await self.daemon.checkpoint_bytes()
 
 
 def raise_open_files_limit() -> tuple[int, int]:
@@ -285,15 +411,20 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, hard
 
 
-def setup_logging(state_dir: Path, level: str = "INFO") -> None:
+def setup_logging(state_dir: Path, level: str = "INFO", log_format: str = "text",
+                  node: str | None = None) -> None:
     """The daemon's process setup, before any server exists: logging of the ``dacflnode`` tree to
     stderr and to the rotating ``STATE_DIR/daemon.log``, every value escaped, truncated and
-    rate-limited (see :mod:`dacflnode.logs`); then the open-files limit is raised, and logged."""
+    rate-limited, as text or as one JSON object per line naming ``node`` (see
+    :mod:`dacflnode.logs`); then the open-files limit is raised, and logged."""
     from dacflnode import logs
 
+    if log_format not in logs.LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r} is not one of {', '.join(logs.LOG_FORMATS)}")
     state_dir.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger("dacflnode")
     root.setLevel(level)
-    logs.install(root, state_dir)
+    logs.install(root, state_dir, log_format="json" if log_format == "json" else "text",
+                 node=node)
     before, after = raise_open_files_limit()
     log.info("open-files limit %d (was %d)", after, before)

@@ -6,6 +6,7 @@
       id: node-0                     # required
       listen: 0.0.0.0:7000           # required: the peer (Neighbor service) address
       control: 127.0.0.1:8000        # default: 127.0.0.1:<listen port + 1000>
+      metrics: 127.0.0.1:9000        # Prometheus /metrics over HTTP; default: not served
       state_dir: ./node-0            # default: <folder of this file>/<node id>
       share: 0                       # data partition index; default: index of node.id in members
       tls:                           # mutual TLS with the neighbours (see: dacflnode certs)
@@ -38,7 +39,9 @@ only record how the edges were drawn.
 Exposure is checked at load (``docs/security.md``): a ``node.listen`` reachable from other hosts
 (anything but 127.0.0.0/8, ``::1`` and ``localhost``; ``0.0.0.0`` and ``::`` included) needs
 ``node.tls`` or an explicit ``node.insecure: true``, and a ``node.control`` reachable from other
-hosts needs both ``node.tls`` and a ``node.control_token``.
+hosts needs both ``node.tls`` and a ``node.control_token``. ``node.metrics`` has no default
+(``dacflnode topology`` writes ``127.0.0.1:<listen port + 2000>``); it serves the metrics without
+authentication, so an address other hosts reach is served only when the file names it.
 
 Addresses are parsed in :mod:`dacflnode.node.addresses`, the algorithm policy lives in
 :mod:`dacflnode.node.daemon_algorithms`, and :mod:`dacflnode.node.peers_yaml` writes the file.
@@ -86,7 +89,12 @@ __all__ = [
 ]
 
 _TOP_KEYS = ("node", "neighbours", "run")
-_NODE_KEYS = ("id", "listen", "control", "state_dir", "share", "tls", "insecure", "control_token")
+_NODE_KEYS = (
+    "id", "listen", "control", "metrics", "state_dir", "share", "tls", "insecure", "control_token"
+)
+
+#: ``dacflnode topology`` puts node.metrics on 127.0.0.1 at the listen port plus this.
+METRICS_PORT_OFFSET = 2000
 _TLS_KEYS = ("ca", "cert", "key")
 _NEIGHBOUR_KEYS = ("id", "address")
 _DAEMON_KEYS = schema.names_of(DaemonSettings)
@@ -114,6 +122,8 @@ class NodeSection:
     insecure: bool = False
     #: the secret a control client must present; kept out of repr (and so out of logs)
     control_token: str | None = dataclasses.field(default=None, repr=False)
+    #: ``host:port`` of the Prometheus endpoint (``/metrics`` over HTTP); None: not served
+    metrics: str | None = None
 
 
 @dataclass(frozen=True)
@@ -299,6 +309,7 @@ class _Parser:
             control = format_address(CONTROL_HOST, control_port)
         if port and control == listen:
             raise self.err("node.control", f"is the listen address {listen}")
+        metrics = self.metrics(raw.get("metrics"), listen, control)
         state_dir = (
             self.path(raw["state_dir"], "node.state_dir")
             if raw.get("state_dir") is not None
@@ -318,7 +329,20 @@ class _Parser:
         insecure = self.boolean(raw.get("insecure"), "node.insecure")
         token = self.token(raw.get("control_token"))
         self.exposure(host, control, tls, insecure, token)
-        return NodeSection(node_id, listen, control, state_dir, share, tls, insecure, token)
+        return NodeSection(
+            node_id, listen, control, state_dir, share, tls, insecure, token, metrics
+        )
+
+    def metrics(self, value: Any, listen: str, control: str) -> str | None:
+        """``node.metrics``: absent, or a ``host:port`` other than the peer and control ones."""
+        if value is None:
+            return None
+        host, port = parse_address(value, "node.metrics", self.file)
+        metrics = format_address(host, port)
+        for other, key in ((listen, "node.listen"), (control, "node.control")):
+            if port and metrics == other:
+                raise self.err("node.metrics", f"is the {key} address {other}: use another port")
+        return metrics
 
     def tls(self, value: Any) -> TlsFiles | None:
         if value is None:

@@ -61,7 +61,7 @@ def run_section(run: RunConfig, daemon: DaemonSettings) -> dict[str, Any]:
 
 
 def node_section(pf: PeersFile) -> dict[str, Any]:
-    """The ``node:`` mapping; the security keys only when set.
+    """The ``node:`` mapping; ``metrics`` and the security keys only when set.
 
     TLS paths are written absolute, so the file keeps naming the same certificates wherever it is
     copied on this host; the token is written as is (the file is then a secret too).
@@ -71,9 +71,11 @@ def node_section(pf: PeersFile) -> dict[str, Any]:
         "id": node.id,
         "listen": node.listen,
         "control": node.control,
-        "state_dir": _relative(node.state_dir, pf.path.parent),
-        "share": node.share,
     }
+    if node.metrics is not None:
+        out["metrics"] = node.metrics
+    out["state_dir"] = _relative(node.state_dir, pf.path.parent)
+    out["share"] = node.share
     if node.tls is not None:
         out["tls"] = {
             "ca": str(node.tls.ca.absolute()),

@@ -1,95 +1,263 @@
-"""The node's Prometheus metrics; what ``dacflnode status`` shows is plain data kept with the
-transport that serialises it (:mod:`dacflnode.transport.control_types`), re-exported here."""
+"""The node's Prometheus metrics and the HTTP endpoint that serves them; what ``dacflnode
+status`` shows is plain data kept with the transport that serialises it
+(:mod:`dacflnode.transport.control_types`), re-exported here.
+
+One exposition, two ways to fetch it: ``GET http://<node.metrics>/metrics`` (what Prometheus
+scrapes, :class:`MetricsServer`) and the Control service's ``dacflnode metrics --format
+prometheus``. Both render the same :class:`NodeMetrics` registry after refreshing it from the
+node's status, so they never disagree on a name, a type or a label.
+
+The series (every one carries ``node``; the per-neighbour ones ``peer`` too) follow the
+Prometheus conventions: base units in the name (``_seconds``, ``_bytes``, ``_ratio``), counters
+end in ``_total``, durations are histograms. docs/operations.md lists them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import math
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+    make_wsgi_app,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
 
-__all__ = ["NeighbourInfo", "NodeMetrics", "NodeStatus"]
+__all__ = ["MetricsServer", "NeighbourInfo", "NodeMetrics", "NodeStatus"]
+
+log = logging.getLogger("dacflnode.metrics")
+
+#: The phases a node goes through (:attr:`NodeRunner.phase`, ``failed`` set by the daemon);
+#: ``dacfl_phase{phase}`` is 1 for the current one and 0 for the others.
+PHASES = ("starting", "waiting-for-peers", "joining", "exchanging", "training", "evaluating",
+          "closing", "leaving", "done", "stopped", "left", "failed")
+
+#: Per-neighbour counters: metric name (without ``_total``), help, :class:`NeighbourInfo` field.
+PEER_COUNTERS = (
+    ("dacfl_peer_received_bytes", "State bytes received from the neighbour (pushed or pulled)",
+     "bytes_received"),
+    ("dacfl_peer_sent_bytes", "State bytes sent to the neighbour", "bytes_sent"),
+    ("dacfl_peer_received_messages",
+     "Round states accepted from the neighbour (pushed or pulled)", "messages_received"),
+    ("dacfl_peer_sent_messages", "Round states the neighbour accepted from this node",
+     "messages_sent"),
+    ("dacfl_peer_missed_rounds", "Rounds whose deadline passed without the neighbour's state",
+     "missed_rounds"),
+    ("dacfl_peer_late_states", "States of the neighbour refused because their round had passed",
+     "late_states"),
+    ("dacfl_peer_refused", "Calls of the neighbour refused, any reason", "refused"),
+    ("dacfl_peer_corrections", "One-sided uses of the edge undone", "corrections"),
+)
+
+#: Bucket bounds (seconds) of the duration histograms: a round of a small model on one core
+#: takes well under a second, one of a real model on an edge device minutes.
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                    300.0, 600.0)
 
 
-class _RefusalCounter(Collector):
-    """``dacfl_refusals_total{node, reason}``: the node's refusal counts, read when scraped.
+class _StatusCollector(Collector):
+    """Every series read from the node's latest :class:`NodeStatus`, when scraped.
 
-    The counts live where the refusals happen (the transport's receiver, the Control service's
-    token check); the status copies them, so the exposition is a counter whatever the node
-    does between scrapes.
+    The counts live where things happen (the transports' peer stats, the receiver, the Control
+    service's token check, the runner's peer tracks); the status copies them, so the exposition
+    is a counter whatever the node does between scrapes. A value not measured yet (NaN, e.g.
+    the accuracy before the first evaluation) is left out rather than exposed as NaN.
     """
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
-        self.counts: dict[str, int] = {}
+        self.status: NodeStatus | None = None
+        #: the mean mini-batch loss of the last round (the status does not carry it)
+        self.train_loss = math.nan
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("dacfl_refusals", "Calls refused, by reason",
-                                     labels=["node", "reason"])
-        for reason, count in sorted(self.counts.items()):
-            family.add_metric([self.node_id, reason], count)
-        yield family
+        status = self.status  # one snapshot: the loop may replace it while this runs
+        n = self.node_id
+        yield from self._node_gauges(status)
+        phase = GaugeMetricFamily("dacfl_phase", "1 for the phase the node is in, else 0",
+                                  labels=["node", "phase"])
+        current = status.phase if status is not None else "starting"
+        for p in (*PHASES, *([current] if current not in PHASES else [])):
+            phase.add_metric([n, p], 1.0 if p == current else 0.0)
+        yield phase
+        info = GaugeMetricFamily("dacfl_node_info", "The node's algorithm and device (always 1)",
+                                 labels=["node", "algorithm", "device", "tls"])
+        if status is not None:
+            info.add_metric([n, status.algorithm, status.device, str(status.tls).lower()], 1.0)
+        yield info
+        refusals = CounterMetricFamily("dacfl_refusals", "Calls refused, by reason",
+                                       labels=["node", "reason"])
+        for reason, count in sorted((status.refusals if status else {}).items()):
+            refusals.add_metric([n, reason], count)
+        yield refusals
+        neighbours = status.neighbours if status is not None else []
+        for name, help_text, attr in PEER_COUNTERS:
+            counter = CounterMetricFamily(name, help_text, labels=["node", "peer"])
+            for nb in neighbours:
+                counter.add_metric([n, nb.node_id], getattr(nb, attr))
+            yield counter
+        yield from self._peer_gauges(neighbours)
+        reanchored = CounterMetricFamily("dacfl_reanchored", "Re-anchorings of the estimate",
+                                         labels=["node"])
+        reanchored.add_metric([n], status.reanchored if status else 0)
+        yield reanchored
+
+    def _node_gauges(self, status: NodeStatus | None) -> Iterator[Metric]:
+        values: tuple[tuple[str, str, float], ...] = (
+            ("dacfl_round", "Rounds completed", status.round if status else 0),
+            ("dacfl_rounds_planned", "Rounds the run has (run.rounds)",
+             status.rounds_total if status else math.nan),
+            ("dacfl_test_accuracy_ratio", "Test accuracy of the node's model, 0 to 1",
+             status.last_accuracy if status else math.nan),
+            ("dacfl_test_loss", "Test loss of the node's model",
+             status.last_loss if status else math.nan),
+            ("dacfl_train_loss", "Mean mini-batch loss of the last round",
+             self.train_loss),
+            ("dacfl_consensus_residual", "||x_i - omega_i||: the node's distance to consensus",
+             status.consensus_residual if status else math.nan),
+        )
+        for name, help_text, value in values:
+            family = GaugeMetricFamily(name, help_text, labels=["node"])
+            if not math.isnan(value):
+                family.add_metric([self.node_id], value)
+            yield family
+
+    def _peer_gauges(self, neighbours: Iterable[NeighbourInfo]) -> Iterator[Metric]:
+        n = self.node_id
+        connected = GaugeMetricFamily("dacfl_peer_connected", "1 if the neighbour answered",
+                                      labels=["node", "peer"])
+        last_round = GaugeMetricFamily("dacfl_peer_last_round",
+                                       "Last round received from the neighbour (-1: none)",
+                                       labels=["node", "peer"])
+        latency = GaugeMetricFamily("dacfl_peer_push_latency_seconds",
+                                    "Duration of the last push to the neighbour",
+                                    labels=["node", "peer"])
+        for nb in neighbours:
+            connected.add_metric([n, nb.node_id], 1.0 if nb.connected else 0.0)
+            last_round.add_metric([n, nb.node_id], nb.last_round_received)
+            if not math.isnan(nb.latency_ms):
+                latency.add_metric([n, nb.node_id], nb.latency_ms / 1000.0)
+        yield from (connected, last_round, latency)
 
 
 class NodeMetrics:
-    """The node's Prometheus metrics (its own registry: several nodes may share a process)."""
+    """The node's Prometheus metrics, in a registry of its own (several nodes may share a
+    process; the global registry is left alone), with the process and Python collectors."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, *, process: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        labels = ["node"]
         self.node_id = node_id
-        self.round = Gauge("dacfl_round", "Rounds completed", labels, registry=self.registry)
-        self.accuracy = Gauge("dacfl_test_accuracy", "Test accuracy of the node's model",
-                              labels, registry=self.registry)
-        self.test_loss = Gauge("dacfl_test_loss", "Test loss of the node's model", labels,
-                               registry=self.registry)
-        self.train_loss = Gauge("dacfl_train_loss", "Mean mini-batch loss of the last round",
-                                labels, registry=self.registry)
-        self.residual = Gauge("dacfl_consensus_residual", "||x_i - omega_i||", labels,
-                              registry=self.registry)
-        self.round_seconds = Histogram("dacfl_round_seconds", "Wall time of a round", labels,
-                                       registry=self.registry,
-                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
-        self.exchange_seconds = Gauge("dacfl_exchange_seconds",
-                                      "Time spent exchanging state in the last round", labels,
-                                      registry=self.registry)
-        self.train_seconds = Gauge("dacfl_train_seconds", "Local training time, last round",
-                                   labels, registry=self.registry)
-        peer = ["node", "peer"]
-        self.peer_bytes_received = Gauge("dacfl_peer_bytes_received", "Bytes received", peer,
-                                         registry=self.registry)
-        self.peer_bytes_sent = Gauge("dacfl_peer_bytes_sent", "Bytes sent", peer,
-                                     registry=self.registry)
-        self.peer_connected = Gauge("dacfl_peer_connected", "1 if the neighbour answered", peer,
-                                    registry=self.registry)
-        self.peer_last_round = Gauge("dacfl_peer_last_round", "Last round received", peer,
-                                     registry=self.registry)
-        self.refusals = _RefusalCounter(node_id)
-        self.registry.register(self.refusals)
+        self.status = _StatusCollector(node_id)
+        self.registry.register(self.status)
+        labels = ["node"]
+        self.round_seconds = Histogram(
+            "dacfl_round_seconds", "Wall time of a round: exchange, training, evaluation",
+            labels, registry=self.registry, buckets=DURATION_BUCKETS)
+        self.exchange_seconds = Histogram(
+            "dacfl_exchange_seconds", "Time a round spent exchanging states with the neighbours",
+            labels, registry=self.registry, buckets=DURATION_BUCKETS)
+        self.train_seconds = Histogram(
+            "dacfl_train_seconds", "Time a round spent in local training", labels,
+            registry=self.registry, buckets=DURATION_BUCKETS)
+        for histogram in (self.round_seconds, self.exchange_seconds, self.train_seconds):
+            histogram.labels(node_id)  # exposed (empty) from the start, not from the first round
+        if process:
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
 
     def update(self, status: NodeStatus) -> None:
-        n = self.node_id
-        self.refusals.counts = dict(status.refusals)
-        self.round.labels(n).set(status.round)
-        self.accuracy.labels(n).set(status.last_accuracy)
-        self.test_loss.labels(n).set(status.last_loss)
-        self.residual.labels(n).set(status.consensus_residual)
-        for nb in status.neighbours:
-            self.peer_bytes_received.labels(n, nb.node_id).set(nb.bytes_received)
-            self.peer_bytes_sent.labels(n, nb.node_id).set(nb.bytes_sent)
-            self.peer_connected.labels(n, nb.node_id).set(1 if nb.connected else 0)
-            self.peer_last_round.labels(n, nb.node_id).set(nb.last_round_received)
+        """Take ``status`` as what the next scrape shows."""
+        self.status.status = status
 
     def observe_round(self, seconds: float, exchange_s: float, train_s: float,
                       train_loss: float) -> None:
+        """Record one finished round's durations and training loss."""
         n = self.node_id
         self.round_seconds.labels(n).observe(seconds)
-        self.exchange_seconds.labels(n).set(exchange_s)
-        self.train_seconds.labels(n).set(train_s)
-        self.train_loss.labels(n).set(train_loss)
+        self.exchange_seconds.labels(n).observe(exchange_s)
+        self.train_seconds.labels(n).observe(train_s)
+        self.status.train_loss = train_loss
 
     def prometheus(self) -> str:
+        """The text exposition (format 0.0.4), as the Control service returns it."""
         return generate_latest(self.registry).decode()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Request lines go to the debug log, not to stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("metrics %s: " + format, self.address_string(), *args)
+
+
+#: What :class:`MetricsServer` answers on: Prometheus's default scrape path.
+METRICS_PATH = "/metrics"
+
+
+class MetricsServer:
+    """``GET /metrics`` over HTTP: prometheus_client's WSGI app on a wsgiref server in a thread.
+
+    ``refresh`` runs before every scrape (from the server's thread) so that the exposition shows
+    the node as it is now; other paths answer 404. No TLS and no authentication: keep
+    ``node.metrics`` on loopback or on a network only the scraper reaches.
+    """
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int,
+                 refresh: Callable[[], None] | None = None) -> None:
+        self.host, self.port = host, port
+        self.refresh = refresh
+        self.app = make_wsgi_app(registry)
+        self._server: ThreadingWSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def _wsgi(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"not found: the metrics are at {METRICS_PATH}\n".encode()]
+        if self.refresh is not None:
+            try:
+                self.refresh()
+            except Exception:  # a failed refresh serves the last status, and says why
+                log.warning("metrics: could not refresh the status", exc_info=True)
+        return self.app(environ, start_response)
+
+    def start(self) -> int:
+        """Listen and serve in a daemon thread; return the bound port (``port`` 0 picks one).
+        Raises :class:`OSError` when the address cannot be bound."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+
+        class Server(ThreadingWSGIServer):
+            address_family = family
+
+        server = make_server(self.host, self.port, self._wsgi, Server, _QuietHandler)
+        self._server = server
+        self.port = int(server.server_address[1])
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name=f"metrics-{self.port}", daemon=True)
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (blocks up to the poll interval)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

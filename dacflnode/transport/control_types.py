@@ -23,6 +23,20 @@ class NeighbourInfo:
     bytes_received: int = 0
     bytes_sent: int = 0
     latency_ms: float = math.nan
+    #: ``active``, ``absent`` (not up at start, or not joined yet), ``gone`` (declared after
+    #: ``run.gone_after`` missed rounds) or ``left`` (it drained out); empty: not known yet.
+    state: str = ""
+    #: Rounds whose deadline passed without its state.
+    missed_rounds: int = 0
+    #: Its states that arrived after this node had left their round (refused as passed).
+    late_states: int = 0
+    #: Its calls this node refused, for any reason.
+    refused: int = 0
+    #: One-sided uses of the edge by this node that were undone (docs/faults.md).
+    corrections: int = 0
+    #: Round states accepted from it (pushed or pulled), and pushes of this node it accepted.
+    messages_received: int = 0
+    messages_sent: int = 0
 
 
 @dataclass
@@ -48,6 +62,12 @@ class NodeStatus:
     #: ``non-finite`` or ``absurd-state``; ``control-token`` for Control calls without their
     #: token).
     refusals: dict[str, int] = field(default_factory=dict)
+    #: Rounds at the start of which the node will re-anchor its estimate (docs/faults.md).
+    anchors: list[int] = field(default_factory=list)
+    #: Re-anchorings done since the node started.
+    reanchored: int = 0
+    #: Whether the node was asked to leave the network (``dacflnode stop --drain``).
+    leaving: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""

@@ -1,4 +1,5 @@
-"""The Control service (``dacflnode status|metrics|stop``): server side and client calls.
+"""The Control service (``dacflnode status|metrics|stop|invariant``): server side and client
+calls.
 
 The node side provides a :class:`ControlProvider` (plain Python, no grpc); this module turns it into
 the gRPC service and offers the client functions the CLI uses.
@@ -20,7 +21,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
@@ -32,6 +33,10 @@ from dacflnode.transport.channels import create_channel
 from dacflnode.transport.control_types import ControlAuth, NeighbourInfo, NodeStatus
 
 CALL_TIMEOUT = 5.0
+#: Seconds a whole checkpoint download may take (a large model on a slow link).
+CHECKPOINT_TIMEOUT = 120.0
+#: Bytes per :class:`FileChunk` of a checkpoint download (well under the channels' message cap).
+CHUNK_BYTES = 1 << 20
 #: The metadata key that carries the control token, as ``Bearer <token>``.
 AUTH_METADATA_KEY = "authorization"
 #: At most one "refused" log line per this many seconds (a flood of bad calls cannot fill the
@@ -51,12 +56,20 @@ class ControlUnauthenticated(Exception):
         super().__init__(f"the daemon at {target} {what}")
 
 
+class ControlCallFailed(Exception):
+    """The daemon answered a Control call with an error (its code and details in the message)."""
+
+
 class ControlProvider(Protocol):
     def status(self) -> NodeStatus: ...
 
     def metrics(self, fmt: str) -> tuple[str, str]: ...
 
-    def stop(self) -> None: ...
+    def stop(self, drain: bool = False) -> None:
+        """Stop the node; with ``drain``, have it leave the network first."""
+
+    async def checkpoint_bytes(self) -> bytes | None:
+        """The node's latest checkpoint file, ``None`` before the first."""
 
 
 class ControlServicer(pb_grpc.ControlServicer):
@@ -75,8 +88,18 @@ class ControlServicer(pb_grpc.ControlServicer):
         return pb.MetricsReply(content_type=content_type, body=body)
 
     async def Stop(self, request: pb.StopRequest, context: Any) -> pb.StopReply:
-        self.provider.stop()
+        self.provider.stop(drain=request.drain)
         return pb.StopReply(accepted=True)
+
+    async def Checkpoint(self, request: pb.CheckpointRequest, context: Any
+                         ) -> AsyncIterator[pb.FileChunk]:
+        data = await self.provider.checkpoint_bytes()
+        if data is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                "no checkpoint yet: the node writes one after each round")
+            return
+        for start in range(0, len(data), CHUNK_BYTES):
+            yield pb.FileChunk(data=data[start:start + CHUNK_BYTES])
 
 
 def add_control_service(server: grpc.aio.Server, provider: ControlProvider) -> None:
@@ -95,8 +118,8 @@ def token_matches(metadata: Any, token: str) -> bool:
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Lets a call through only with ``authorization: Bearer <token>``; ends any other
-    ``UNAUTHENTICATED`` (every Control method is unary-unary, so one refusing handler fits
-    all) and logs it, rate-limited."""
+    ``UNAUTHENTICATED`` (with a handler of the method's kind: unary, or server-streaming for
+    ``Checkpoint``) and logs it, rate-limited."""
 
     def __init__(self, token: str) -> None:
         if not token:
@@ -107,6 +130,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         self.refused = 0
         self._refuse: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
             self._refuse_call)
+        self._refuse_stream: grpc.RpcMethodHandler[Any, Any] = \
+            grpc.unary_stream_rpc_method_handler(self._refuse_stream_call)
 
     async def intercept_service(
         self,
@@ -116,7 +141,14 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         if token_matches(handler_call_details.invocation_metadata, self._token):
             return await continuation(handler_call_details)
+        if handler_call_details.method in STREAMING_METHODS:
+            return self._refuse_stream
         return self._refuse
+
+    async def _refuse_stream_call(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                                  ) -> AsyncIterator[Any]:
+        await self._refuse_call(request, context)
+        yield  # pragma: no cover - never reached: the refusal aborts the call
 
     async def _refuse_call(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
                            ) -> None:
@@ -132,6 +164,12 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid control token is required")
 
 
+#: Full names (``/package.Service/Method``) of the Control methods that stream their reply.
+STREAMING_METHODS = frozenset(
+    f"/{pb.DESCRIPTOR.services_by_name['Control'].full_name}/{m.name}"
+    for m in pb.DESCRIPTOR.services_by_name["Control"].methods if m.server_streaming)
+
+
 def control_interceptors(token: str | None) -> list[TokenInterceptor]:
     """The interceptors of a Control server: a :class:`TokenInterceptor` if ``token`` is set."""
     return [TokenInterceptor(token)] if token else []
@@ -144,10 +182,13 @@ def status_to_proto(s: NodeStatus) -> pb.StatusReply:
         neighbours=[pb.NeighbourStatus(
             node_id=n.node_id, address=n.address, connected=n.connected,
             last_round_received=n.last_round_received, bytes_received=n.bytes_received,
-            bytes_sent=n.bytes_sent, latency_ms=n.latency_ms) for n in s.neighbours],
+            bytes_sent=n.bytes_sent, latency_ms=n.latency_ms, state=n.state,
+            missed_rounds=n.missed_rounds, late_states=n.late_states, refused=n.refused,
+            corrections=n.corrections) for n in s.neighbours],
         last_accuracy=s.last_accuracy, last_loss=s.last_loss,
         consensus_residual=s.consensus_residual, device=s.device, uptime_s=s.uptime_s,
         listen_address=s.listen_address, tls=s.tls, refusals=s.refusals,
+        anchors=s.anchors, reanchored=s.reanchored, leaving=s.leaving,
     )
 
 
@@ -155,32 +196,46 @@ def status_from_proto(r: pb.StatusReply) -> NodeStatus:
     return NodeStatus(
         node_id=r.node_id, algorithm=r.algorithm, round=r.round, rounds_total=r.rounds_total,
         phase=r.phase,
-        neighbours=[NeighbourInfo(n.node_id, n.address, n.connected, n.last_round_received,
-                                  n.bytes_received, n.bytes_sent, n.latency_ms)
-                    for n in r.neighbours],
+        neighbours=[NeighbourInfo(
+            node_id=n.node_id, address=n.address, connected=n.connected,
+            last_round_received=n.last_round_received, bytes_received=n.bytes_received,
+            bytes_sent=n.bytes_sent, latency_ms=n.latency_ms, state=n.state,
+            missed_rounds=n.missed_rounds, late_states=n.late_states, refused=n.refused,
+            corrections=n.corrections) for n in r.neighbours],
         last_accuracy=r.last_accuracy, last_loss=r.last_loss,
         consensus_residual=r.consensus_residual, device=r.device, uptime_s=r.uptime_s,
         listen_address=r.listen_address, tls=r.tls, refusals=dict(r.refusals),
+        anchors=list(r.anchors), reanchored=r.reanchored, leaving=r.leaving,
     )
+
+
+def _translate(target: str, auth: ControlAuth, exc: grpc.aio.AioRpcError) -> Exception:
+    """What a failed call means to the CLI: :class:`ControlUnauthenticated`,
+    :class:`PeerUnavailable` (nothing answers, or the TLS handshake failed: the details say
+    which), or the error itself."""
+    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+        return ControlUnauthenticated(target, auth.token is not None)
+    if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return PeerUnavailable(f"no dacflnode daemon answers at {target} "
+                               f"({exc.code().name}: {exc.details()})")
+    return exc
+
+
+def _metadata(auth: ControlAuth) -> tuple[tuple[str, str], ...] | None:
+    return ((AUTH_METADATA_KEY, f"Bearer {auth.token}"),) if auth.token else None
 
 
 async def _call(target: str, method: str, request: Any, timeout: float,
                 auth: ControlAuth | None) -> Any:
-    """One Control call; raises :class:`PeerUnavailable` (nothing answers, or the TLS
-    handshake failed: the details say which) or :class:`ControlUnauthenticated`."""
+    """One unary Control call; raises :class:`PeerUnavailable` or
+    :class:`ControlUnauthenticated` (see :func:`_translate`)."""
     auth = auth or ControlAuth()
     channel = create_channel(target, ca=auth.ca, target_name=auth.server_name)
-    metadata = ((AUTH_METADATA_KEY, f"Bearer {auth.token}"),) if auth.token else None
     try:
         stub = pb_grpc.ControlStub(channel)
-        return await getattr(stub, method)(request, timeout=timeout, metadata=metadata)
+        return await getattr(stub, method)(request, timeout=timeout, metadata=_metadata(auth))
     except grpc.aio.AioRpcError as exc:
-        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-            raise ControlUnauthenticated(target, auth.token is not None) from exc
-        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            raise PeerUnavailable(f"no dacflnode daemon answers at {target} "
-                                  f"({exc.code().name}: {exc.details()})") from exc
-        raise
+        raise _translate(target, auth, exc) from exc
     finally:
         await channel.close()
 
@@ -197,9 +252,34 @@ async def fetch_metrics(target: str, fmt: str = "json", timeout: float = CALL_TI
 
 
 async def request_stop(target: str, timeout: float = CALL_TIMEOUT,
-                       auth: ControlAuth | None = None) -> bool:
-    reply = await _call(target, "Stop", pb.StopRequest(), timeout, auth)
+                       auth: ControlAuth | None = None, drain: bool = False) -> bool:
+    """Ask the node to stop (``drain``: to leave the network first); whether it accepted."""
+    reply = await _call(target, "Stop", pb.StopRequest(drain=drain), timeout, auth)
     return bool(reply.accepted)
+
+
+async def fetch_checkpoint(target: str, timeout: float = CHECKPOINT_TIMEOUT,
+                           auth: ControlAuth | None = None) -> bytes | None:
+    """The node's latest checkpoint file (safetensors bytes), ``None`` when it has none yet;
+    raises as :func:`fetch_status` does, and :class:`ControlCallFailed` for any other error."""
+    auth = auth or ControlAuth()
+    channel = create_channel(target, ca=auth.ca, target_name=auth.server_name)
+    try:
+        stub = pb_grpc.ControlStub(channel)
+        parts = [chunk.data async for chunk in stub.Checkpoint(
+            pb.CheckpointRequest(), timeout=timeout, metadata=_metadata(auth))]
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return None
+        error = _translate(target, auth, exc)
+        if error is exc:
+            hint = (" (a daemon that predates checkpoint downloads?)"
+                    if exc.code() == grpc.StatusCode.UNIMPLEMENTED else "")
+            error = ControlCallFailed(f"{target}: {exc.code().name}: {exc.details()}{hint}")
+        raise error from exc
+    finally:
+        await channel.close()
+    return b"".join(parts)
 
 
 def metrics_json(status: NodeStatus, extra: dict[str, Any]) -> str:

@@ -15,11 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from dacflnode.algorithms.rounds import NodeState
 from dacflnode.cli.daemon_cmds import load_for_start
 from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
+from dacflnode.node.checkpoint import save_checkpoint
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.peers import load_peers
@@ -86,12 +89,39 @@ def test_a_control_token_is_required_and_read_from_the_peers_file_or_the_environ
         assert proc.poll() is None  # the refused stop stopped nothing
         table = cli("status", "--peers", str(path))
         assert "NOT authenticated (no TLS)" in " ".join(table.stdout.split())
+        assert "no missed, late or refused rounds" in " ".join(table.stdout.split())
+        neighbour = status["neighbours"][0]  # type: ignore[index]
+        assert {"state", "missed_rounds", "late_states", "refused", "corrections"} <= set(
+            neighbour)
+        assert status["leaving"] is False and status["reanchored"] == 0
     finally:
         code = stop(path, proc)
     assert code == 0
     log = (tmp_path / "node-0" / "daemon.log").read_text()
     assert log.count(WARNING) == 1
     assert "refused: missing or wrong token" in log
+
+
+def test_invariant_live_fetches_a_running_nodes_checkpoint_with_its_token(tmp_path):
+    path, proc = start_alone(tmp_path, token=TOKEN)
+    try:
+        wait_for_status("--peers", str(path))
+        before = cli("invariant", "--live", str(path))  # the token of the peers file
+        assert before.returncode == 1 and "no checkpoint yet" in before.stderr
+        # the node waits for node-1 and writes nothing: give it a checkpoint to serve
+        x = torch.arange(3.0)
+        save_checkpoint(tmp_path / "node-0", NodeState(4, x, x.clone(), x.clone()), {},
+                        {"node": "node-0"}, tracked="omega_prev")
+        live = cli("invariant", "--live", "--json", str(path))
+        assert live.returncode == 0, live.stderr
+        data = json.loads(live.stdout)
+        assert data["nodes"] == ["node-0"] and data["rounds"] == {"node-0": 4}
+        assert data["raw_residual"] == 0.0
+        refused = cli("invariant", "--live", "--token", TOKEN + "-wrong", str(path))
+        assert refused.returncode == 1 and "refused the control token" in refused.stderr
+    finally:
+        code = stop(path, proc)
+    assert code == 0
 
 
 def test_status_shows_a_tls_node_and_it_logs_no_warning(tmp_path):

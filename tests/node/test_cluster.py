@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,22 +17,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports, launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
-
-TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
-                 synthetic_test=200, device="cpu")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def max_diff(a: Path, b: Path) -> float:
-    ta, tb = load_file(str(a)), load_file(str(b))
-    assert ta.keys() == tb.keys()
-    return max(float((ta[k].double() - tb[k].double()).abs().max()) for k in ta)
+from tests.node.cluster_helpers import ENV, TINY, max_diff
 
 
 @pytest.mark.parametrize("algorithm", ["dacfl", "cdsgd"])
@@ -110,9 +99,14 @@ def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_path):
         assert {n.node_id for n in status.neighbours} == {"node-1", "node-2"}
         assert all(n.connected and n.bytes_received > 0 for n in status.neighbours)
         prom = asyncio.run(fetch_metrics(addr, "prometheus"))
-        assert 'dacfl_round{node="node-0"}' in prom and "dacfl_peer_bytes_received" in prom
+        assert 'dacfl_round{node="node-0"}' in prom
+        assert 'dacfl_peer_received_bytes_total{node="node-0",peer="node-1"}' in prom
+        assert 'dacfl_peer_missed_rounds_total{node="node-0",peer="node-1"}' in prom
+        assert 'dacfl_reanchored_total{node="node-0"} 0.0' in prom
+        assert {n.state for n in status.neighbours} == {"active"}
         data = json.loads(asyncio.run(fetch_metrics(addr, "json")))
         assert data["node_id"] == "node-0" and "last_round" in data
+        assert data["neighbours"][0]["missed_rounds"] == 0 and data["reanchored"] == 0
     finally:
         for path in paths:
             subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--peers", str(path)],
@@ -149,6 +143,25 @@ def test_a_killed_node_restarted_from_its_checkpoint_rejoins_the_cluster(tmp_pat
     for i in range(3):
         rounds = [m["round"] for m in read_metrics(tmp_path / f"node-{i}" / "metrics.jsonl")]
         assert rounds[-1] == 25 and sorted(set(rounds)) == list(range(1, 26))
+
+
+def test_stop_drain_ends_the_node_with_exit_0_and_the_others_finish_without_it(tmp_path):
+    paths, procs = start_cluster(tmp_path, 4, rounds=300, eval_every=100)
+    wait_for_rounds(tmp_path / "node-0", 3)
+    drain = subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--drain", "--peers",
+                            str(paths[2])], capture_output=True, text=True, timeout=60, env=ENV)
+    assert drain.returncode == 0 and "leaves the network" in drain.stdout
+    assert procs[2].wait(timeout=60) == 0
+    assert "left the network" in (tmp_path / "node-2" / "daemon.log").read_text()
+    assert wait_all(procs, 180) == [0, 0, 0, 0]
+    result = subprocess.run([sys.executable, "-m", "dacflnode", "invariant", "--json",
+                             *(str(tmp_path / f"node-{i}") for i in range(4))],
+                            capture_output=True, text=True, timeout=60, env=ENV)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["left"] == ["node-2"] and report["nodes"] == ["node-0", "node-1", "node-3"]
+    assert report["rounds"] == {"node-0": 300, "node-1": 300, "node-3": 300}
+    assert report["unresolved"] == 0 and report["resolved_residual"] <= 1e-4
 
 
 def test_a_neighbour_with_other_run_settings_is_refused(tmp_path):

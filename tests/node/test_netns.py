@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
+from tests.node.netns_lab import COMMAND_TIMEOUT, hosts, sh
 
 NODES = 3
 ROUNDS = 3
@@ -41,18 +41,10 @@ PREFIX = f"dacfl{os.getpid()}"
 NETEM_DELAY_S = 0.020
 NETEM = ["netem", "delay", "20ms", "rate", "50mbit", "loss", "0%"]
 TBF = ["tbf", "rate", "50mbit", "burst", "32kbit", "latency", "400ms"]
-COMMAND_TIMEOUT = 20  # one ip/tc command
 CLUSTER_TIMEOUT = 200  # all daemons, from start to exit
 CFG = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
                 synthetic_test=200, device="cpu", nodes=NODES, rounds=ROUNDS)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def sh(*args: str) -> str:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout
 
 
 @dataclass
@@ -77,43 +69,9 @@ def shape(ns: str) -> bool:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    if not sys.platform.startswith("linux"):
-        pytest.skip("network namespaces are a Linux feature")
-    if os.geteuid() != 0:
-        pytest.skip("creating network namespaces needs root")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"'{tool}' (iproute2) is not installed")
-    hub = f"{PREFIX}-hub"
-    created: list[str] = []
-    try:
-        try:
-            sh("ip", "netns", "add", hub)
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"cannot create a network namespace here: {exc}")
-        created.append(hub)
-        sh("ip", "-n", hub, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", hub, "link", "set", "br0", "up")
-        namespaces, ips, netem = [], [], True
-        for i in range(NODES):
-            ns, ip = f"{PREFIX}-n{i}", f"10.213.0.{i + 1}"
-            sh("ip", "netns", "add", ns)
-            created.append(ns)
-            sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth",
-               "peer", "name", f"port{i}", "netns", hub)
-            sh("ip", "-n", hub, "link", "set", f"port{i}", "master", "br0")
-            sh("ip", "-n", hub, "link", "set", f"port{i}", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            netem = shape(ns) and netem
-            namespaces.append(ns)
-            ips.append(ip)
-        yield Lab(hub, namespaces, ips, netem)
-    finally:
-        for ns in reversed(created):  # deleting a namespace deletes its veth ends and bridge
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True,
-                           timeout=COMMAND_TIMEOUT, check=False)
+    with hosts(PREFIX, "10.213.0", NODES, tools=("ip", "tc")) as made:
+        netem = all([shape(ns) for ns in made.namespaces])
+        yield Lab(made.hub, made.namespaces, made.ips, netem)
 
 
 @dataclass

@@ -3,30 +3,16 @@ TLS changes how states travel, never what the nodes compute."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
-from safetensors.torch import load_file
-
-from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers
 from dacflnode.sim.experiment import run_experiment
-
-TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
-                 synthetic_test=200, device="cpu")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def max_diff(a: Path, b: Path) -> float:
-    ta, tb = load_file(str(a)), load_file(str(b))
-    assert ta.keys() == tb.keys()
-    return max(float((ta[k].double() - tb[k].double()).abs().max()) for k in ta)
+from tests.node.cluster_helpers import ENV, TINY, max_diff
 
 
 def test_three_tls_daemons_finish_with_the_simulators_models(tmp_path):

@@ -19,13 +19,14 @@ from dacflnode._proto.dacfl.v1 import control_pb2, control_pb2_grpc, neighbor_pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.security.tls import TlsMaterial
-from dacflnode.transport import channels
+from dacflnode.transport import channels, grpc_control
 from dacflnode.transport.base import HandshakeRefused, Identity, Inbox, PeerUnavailable
-from dacflnode.transport.control_types import ControlAuth, NodeStatus
+from dacflnode.transport.control_types import ControlAuth, NeighbourInfo, NodeStatus
 from dacflnode.transport.grpc_control import (
     ControlUnauthenticated,
     add_control_service,
     control_interceptors,
+    fetch_checkpoint,
     fetch_status,
     request_stop,
     status_from_proto,
@@ -182,6 +183,8 @@ async def test_a_member_cannot_pull_as_another_node(pki, bob):
 class Provider:
     def __init__(self) -> None:
         self.stopped = False
+        self.drained = False
+        self.checkpoint: bytes | None = None
 
     def status(self) -> NodeStatus:
         return NodeStatus("bob", "dacfl", 3, 10, "training", tls=True)
@@ -189,8 +192,12 @@ class Provider:
     def metrics(self, fmt: str) -> tuple[str, str]:
         return "application/json", "{}"
 
-    def stop(self) -> None:
+    def stop(self, drain: bool = False) -> None:
         self.stopped = True
+        self.drained = drain
+
+    async def checkpoint_bytes(self) -> bytes | None:
+        return self.checkpoint
 
 
 async def serve_control(tls: TlsMaterial | None, token: str | None
@@ -250,3 +257,50 @@ def test_status_carries_whether_neighbours_are_authenticated():
         status = NodeStatus("n", "dacfl", 1, 2, "done", tls=tls)
         assert status_from_proto(status_to_proto(status)).tls is tls
         assert status.to_json()["tls"] is tls
+
+
+def test_status_carries_the_fault_counters_of_each_neighbour():
+    status = NodeStatus(
+        "n", "dacfl", 7, 9, "exchanging",
+        neighbours=[NeighbourInfo("m", "127.0.0.1:1", True, 6, 10, 20, 1.5, state="gone",
+                                  missed_rounds=4, late_states=2, refused=3, corrections=1)],
+        anchors=[12, 15], reanchored=2, leaving=True, last_accuracy=0.5, last_loss=1.0,
+        consensus_residual=0.1)
+    back = status_from_proto(status_to_proto(status))
+    assert back == status
+    assert back.to_json()["neighbours"][0]["missed_rounds"] == 4
+
+
+async def test_stop_with_drain_reaches_the_node():
+    server, provider, address = await serve_control(None, TOKEN)
+    try:
+        assert await request_stop(address, auth=ControlAuth(token=TOKEN))
+        assert provider.stopped and not provider.drained
+        assert await request_stop(address, auth=ControlAuth(token=TOKEN), drain=True)
+        assert provider.drained
+    finally:
+        await server.stop(0)
+
+
+async def test_the_checkpoint_streams_in_chunks_and_wants_the_token(monkeypatch):
+    monkeypatch.setattr(grpc_control, "CHUNK_BYTES", 10)
+    server, provider, address = await serve_control(None, TOKEN)
+    auth = ControlAuth(token=TOKEN)
+    try:
+        assert await fetch_checkpoint(address, auth=auth) is None  # none written yet
+        provider.checkpoint = bytes(range(35))
+        assert await fetch_checkpoint(address, auth=auth) == bytes(range(35))
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = control_pb2_grpc.ControlStub(channel)
+            chunks = [c.data async for c in stub.Checkpoint(
+                control_pb2.CheckpointRequest(), timeout=3.0,
+                metadata=(("authorization", f"Bearer {TOKEN}"),))]
+            assert [len(c) for c in chunks] == [10, 10, 10, 5]
+            with pytest.raises(grpc.aio.AioRpcError) as raw:  # a streaming call is refused too
+                _ = [c async for c in stub.Checkpoint(control_pb2.CheckpointRequest(),
+                                                      timeout=3.0)]
+        assert raw.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(ControlUnauthenticated):
+            await fetch_checkpoint(address, auth=ControlAuth(token=TOKEN + "x"))
+    finally:
+        await server.stop(0)

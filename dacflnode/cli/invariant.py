@@ -1,0 +1,152 @@
+"""``dacflnode invariant``: the network-wide consensus residual from the nodes' checkpoints (files
+on disk, or fetched from running nodes); the computation is :mod:`dacflnode.node.invariant`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from dacflnode.cli.daemon_cmds import TOKEN_ENV, control_endpoint
+from dacflnode.cli.errors import config_errors
+
+if TYPE_CHECKING:
+    from dacflnode.node.invariant import InvariantReport, Skipped
+
+
+@click.command("invariant")
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--peers", "peers_files", multiple=True,
+              type=click.Path(exists=True, dir_okay=False),
+              help="A node's peers.yaml: read its node.state_dir (or, with --live, ask the node). "
+                   "Repeatable; PATHS that are not directories or .safetensors files are read as "
+                   "peers files too.")
+@click.option("--live", is_flag=True,
+              help="Fetch each node's latest checkpoint from the running node through its "
+                   "control service (needs peers files), instead of reading its state directory.")
+@click.option("--token", default=None,
+              help=f"Control token for --live [default: ${TOKEN_ENV}, or node.control_token of "
+                   "each peers file].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@config_errors
+def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: bool,
+                  token: str | None, as_json: bool) -> None:
+    """Check DACFL's consensus invariant over a set of nodes: the relative residual
+    |Σx − Σtracked| / |Σtracked| of their estimates x and the models they track.
+
+    PATHS are state directories (their checkpoint.safetensors is read), checkpoint files, or
+    peers files. The raw residual is what the checkpoints hold; the resolved one first undoes
+    the one-sided edge uses the checkpoints can decide (docs/faults.md). Nodes at different
+    rounds (a running network) give an estimate only, and the output says so.
+
+    \b
+    Examples:
+      dacflnode invariant runs/cluster/node-*
+      dacflnode invariant --live cluster/*.yaml
+      dacflnode invariant --peers cluster/node-0.yaml --peers cluster/node-1.yaml --json
+    """
+    from dacflnode.node.invariant import compute_invariant, read_snapshots
+
+    state_sources: list[tuple[str, Path | bytes | None]] = []
+    peers = list(peers_files)
+    for path in paths:
+        if path.is_dir() or path.suffix == ".safetensors":
+            state_sources.append((str(path), path))
+        else:
+            peers.append(str(path))
+    if not state_sources and not peers:
+        raise click.UsageError("give state directories, checkpoint files or peers files")
+    if live and state_sources:
+        raise click.UsageError("--live asks running nodes: give peers files, not "
+                               f"{state_sources[0][0]}")
+    skipped: list[Skipped] = []
+    if live:
+        fetched, skipped = _fetch_live(peers, token)
+        state_sources.extend(fetched)
+    else:
+        from dacflnode.node.peers import load_peers
+
+        for peers_file in peers:
+            state_sources.append((peers_file, load_peers(peers_file).node.state_dir))
+    snapshots, unreadable = read_snapshots(state_sources)
+    skipped.extend(unreadable)
+    if not snapshots:
+        click.echo("error: no checkpoint could be read:", err=True)
+        for s in skipped:
+            click.echo(f"  {s.source}: {s.reason}", err=True)
+        sys.exit(1)
+    try:
+        report = compute_invariant(snapshots)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps({**report.to_json(), "skipped": [
+            {"source": s.source, "reason": s.reason} for s in skipped]}))
+    else:
+        _print(report, skipped)
+
+
+def _fetch_live(peers_files: list[str], token: str | None
+                ) -> tuple[list[tuple[str, Path | bytes | None]], list[Skipped]]:
+    """Each node's checkpoint bytes (``None``: it has none yet), fetched concurrently; the nodes
+    that did not answer, or refused the token, are skipped."""
+    from dacflnode.node.invariant import Skipped
+    from dacflnode.transport.base import PeerUnavailable
+    from dacflnode.transport.grpc_control import (
+        ControlCallFailed,
+        ControlUnauthenticated,
+        fetch_checkpoint,
+    )
+
+    targets = [(f, *control_endpoint(None, f, token, None, None)) for f in peers_files]
+
+    async def fetch_all() -> list[bytes | BaseException | None]:
+        return await asyncio.gather(*(fetch_checkpoint(address, auth=auth)
+                                      for _, address, auth in targets), return_exceptions=True)
+
+    sources: list[tuple[str, Path | bytes | None]] = []
+    skipped: list[Skipped] = []
+    for (peers_file, address, _), result in zip(targets, asyncio.run(fetch_all()), strict=True):
+        label = f"{peers_file} ({address})"
+        if isinstance(result, PeerUnavailable | ControlUnauthenticated | ControlCallFailed):
+            skipped.append(Skipped(label, str(result)))
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            sources.append((label, result))
+    return sources, skipped
+
+
+def _num(value: float) -> str:
+    return "—" if math.isnan(value) else format(value, ".3g")
+
+
+def _print(report: InvariantReport, skipped: list[Skipped]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"consensus invariant over {len(report.nodes)} node(s)",
+                  title_justify="left")
+    for col in ("node", "round", "tracks", "|x − tracked|", "pending", "undone", "not needed",
+                "unresolved"):
+        table.add_column(col)
+    for n in report.nodes:
+        table.add_row(n.node, str(n.round), n.tracked, _num(n.deviation), str(n.pending),
+                      str(n.applied), str(n.dropped), str(n.unresolved))
+    console = Console()
+    console.print(table)
+    click.echo(f"residual |Σx − Σtracked| / |Σtracked|: raw {_num(report.raw_residual)}, "
+               f"resolved {_num(report.resolved_residual)} "
+               f"({len(report.unresolved)} unresolved correction(s))")
+    if report.left:
+        click.echo(f"left the network, not summed: {', '.join(report.left)}")
+    for w in report.warnings:
+        click.echo(f"warning: {w}")
+    for s in skipped:
+        click.echo(f"skipped {s.source}: {s.reason}")

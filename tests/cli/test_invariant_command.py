@@ -1,0 +1,170 @@
+"""``dacflnode invariant``: from state directories, checkpoint files and peers files, or from
+running nodes' Control services (``--live``); its table, its JSON and its exit status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+from dacflnode.algorithms.rounds import NodeState
+from dacflnode.cli.main import cli
+from dacflnode.config import RunConfig
+from dacflnode.node.checkpoint import save_checkpoint
+from dacflnode.node.cluster import generate_cluster
+from dacflnode.node.launcher import free_ports
+from dacflnode.transport import channels
+from dacflnode.transport.control_types import NodeStatus
+from dacflnode.transport.grpc_control import add_control_service, control_interceptors
+
+TINY = RunConfig(dataset="synthetic", model="tiny-cnn", nodes=2, rounds=2)
+TOKEN = "control-token-for-tests-0123456789"
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), env={"DACFLNODE_CONTROL_TOKEN": None})
+
+
+def write_pair(root: Path) -> tuple[Path, Path]:
+    """node-0 and node-1 of round 3; node-0 mixed node-1's round-2 state one-sidedly and
+    keeps the correction pending, node-1's log says it did not mix node-0's."""
+    t0, t1 = torch.arange(4.0), torch.ones(4)
+    c = (t1 - t0) / 3
+    paths = []
+    for node, x, tracked, log, pending in (
+        ("node-0", t0 + c, t0, ((2, ("node-1",)),), {"pending.2.node-1": c}),
+        ("node-1", t1.clone(), t1, ((2, ()),), {}),
+    ):
+        state_dir = root / node
+        state_dir.mkdir(parents=True, exist_ok=True)
+        paths.append(save_checkpoint(
+            state_dir, NodeState(3, x, tracked.clone(), tracked), {},
+            {"node": node, "run_fingerprint": "r"}, used_log=log, pending=pending,
+            tracked="omega_prev"))
+    return paths[0], paths[1]
+
+
+def test_state_directories_give_a_table_and_both_residuals(tmp_path):
+    write_pair(tmp_path)
+    result = run("invariant", str(tmp_path / "node-0"), str(tmp_path / "node-1"))
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "node-0" in out and "node-1" in out
+    assert "residual |Σx − Σtracked| / |Σtracked|: raw " in out
+    assert "(0 unresolved correction(s))" in out and "warning" not in out
+
+
+def test_json_is_one_object_and_an_undecidable_correction_is_counted(tmp_path):
+    first, _ = write_pair(tmp_path)
+    (tmp_path / "empty").mkdir()
+    result = run("invariant", "--json", str(first), str(tmp_path / "empty"))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["nodes"] == ["node-0"] and data["unresolved"] == 1
+    assert data["resolved_residual"] == data["raw_residual"] > 0
+    assert data["skipped"] == [{"source": str(tmp_path / "empty"),
+                                "reason": "no checkpoint yet"}]
+
+    both = json.loads(run("invariant", "--json", str(tmp_path / "node-0"),
+                          str(tmp_path / "node-1")).stdout)
+    assert both["unresolved"] == 0 and both["per_node"]["node-0"]["applied"] == 1
+    assert both["resolved_residual"] < 1e-6 < both["raw_residual"]
+
+
+def test_peers_files_are_read_for_their_state_directories(tmp_path):
+    write_pair(tmp_path)
+    peers = generate_cluster("complete", 2, TINY, tmp_path / "peers", state_root=tmp_path)
+    as_option = run("invariant", "--json", "--peers", str(peers[0]), "--peers", str(peers[1]))
+    as_paths = run("invariant", "--json", *map(str, peers))  # what a shell glob gives
+    for result in (as_option, as_paths):
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["nodes"] == ["node-0", "node-1"]
+
+
+def test_nothing_readable_exits_1_and_says_why(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b.safetensors").write_bytes(b"garbage")
+    result = run("invariant", str(tmp_path / "a"), str(tmp_path / "b.safetensors"))
+    assert result.exit_code == 1
+    assert "no checkpoint could be read" in result.output
+    assert "no checkpoint yet" in result.output
+
+
+def test_live_needs_peers_files_and_some_path_is_needed(tmp_path):
+    (tmp_path / "a").mkdir()
+    assert run("invariant", "--live", str(tmp_path / "a")).exit_code == 2
+    assert run("invariant").exit_code == 2
+
+
+class CheckpointProvider:
+    def __init__(self, data: bytes | None) -> None:
+        self.data = data
+
+    def status(self) -> NodeStatus:
+        return NodeStatus("node-0", "dacfl", 3, 10, "training")
+
+    def metrics(self, fmt: str) -> tuple[str, str]:
+        return "application/json", "{}"
+
+    def stop(self, drain: bool = False) -> None:
+        pass
+
+    async def checkpoint_bytes(self) -> bytes | None:
+        return self.data
+
+
+@pytest.fixture
+def control_server() -> Iterator[tuple[CheckpointProvider, int]]:
+    """A Control service with a token, served from its own thread (the command under test runs
+    its own event loop)."""
+    provider = CheckpointProvider(None)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    port: list[int] = []
+    done = asyncio.Event()
+
+    async def serve() -> None:
+        server = channels.create_server(interceptors=control_interceptors(TOKEN))
+        add_control_service(server, provider)
+        port.append(channels.bind(server, "127.0.0.1:0", None, require_client_auth=False))
+        await server.start()
+        started.set()
+        await done.wait()
+        await server.stop(0)
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    yield provider, port[0]
+    loop.call_soon_threadsafe(done.set)
+    thread.join(10)
+    loop.close()
+
+
+def test_live_fetches_each_nodes_checkpoint_and_skips_those_that_do_not_answer(
+        tmp_path, control_server):
+    provider, port = control_server
+    first, _ = write_pair(tmp_path / "files")
+    peers = generate_cluster("complete", 2, TINY, tmp_path / "peers", state_root=tmp_path,
+                             control_ports=[port, free_ports(1)[0]])
+    provider.data = None
+    none_yet = run("invariant", "--live", "--token", TOKEN, *map(str, peers))
+    assert none_yet.exit_code == 1
+    assert "no checkpoint yet" in none_yet.output and "no dacflnode daemon answers" in \
+        none_yet.output
+
+    provider.data = first.read_bytes()
+    result = run("invariant", "--live", "--json", "--token", TOKEN, *map(str, peers))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["nodes"] == ["node-0"] and data["unresolved"] == 1
+    assert [s["source"].split(" ")[0] for s in data["skipped"]] == [str(peers[1])]
+
+    refused = run("invariant", "--live", "--token", TOKEN + "-wrong", str(peers[0]))
+    assert refused.exit_code == 1 and "refused the control token" in refused.output

@@ -1,0 +1,101 @@
+"""The daemon's side of the Control service, without servers: what stop, drain and the signals
+ask of the runner, the checkpoint it serves, and the fault counters its status shows."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from unittest.mock import Mock
+
+import pytest
+import yaml
+
+from dacflnode.config import RunConfig
+from dacflnode.node.cluster import generate_cluster
+from dacflnode.node.daemon import Daemon, anchor_delay
+from dacflnode.node.membership import PeerState, PeerTrack
+from dacflnode.node.peers import PeersFile, load_peers
+from dacflnode.node.runner import NodeRunner
+from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.receiver import Receiver
+from dacflnode.wire.errors import Reason, WireError
+
+TINY = RunConfig(dataset="synthetic", model="tiny-cnn", nodes=3, rounds=2)
+
+
+def peers_file(tmp_path: Path, **run: object) -> PeersFile:
+    path = generate_cluster("ring", 3, TINY, tmp_path / "peers", state_root=tmp_path)[0]
+    data = yaml.safe_load(path.read_text())
+    data["run"].update(run)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_peers(path)
+
+
+def with_runner(daemon: Daemon) -> Mock:
+    runner = Mock(spec=NodeRunner)
+    daemon.runner = runner
+    return runner
+
+
+@pytest.mark.parametrize("drain_on_sigterm", [False, True])
+def test_sigterm_drains_only_when_configured_and_sigint_always_stops(tmp_path, drain_on_sigterm):
+    daemon = Daemon(peers_file(tmp_path, drain_on_sigterm=drain_on_sigterm))
+    runner = with_runner(daemon)
+    daemon.on_signal(signal.SIGTERM)
+    assert runner.request_leave.called is drain_on_sigterm
+    assert runner.request_stop.called is not drain_on_sigterm
+    runner.reset_mock()
+    daemon.on_signal(signal.SIGINT)
+    runner.request_stop.assert_called_once_with()
+    runner.request_leave.assert_not_called()
+
+
+def test_a_drain_asked_before_the_runner_exists_is_kept(tmp_path):
+    daemon = Daemon(peers_file(tmp_path))
+    daemon.stop(drain=True)
+    assert daemon._leave_early and not daemon._stop_early
+    assert daemon.status().leaving
+    runner = with_runner(daemon)
+    daemon.stop(drain=True)
+    runner.request_leave.assert_called_once_with()
+
+
+async def test_the_checkpoint_served_is_the_state_directorys_file(tmp_path):
+    pf = peers_file(tmp_path)
+    daemon = Daemon(pf)
+    assert await daemon.checkpoint_bytes() is None
+    pf.node.state_dir.mkdir(parents=True, exist_ok=True)
+    (pf.node.state_dir / "checkpoint.safetensors").write_bytes(b"0123")
+    assert await daemon.checkpoint_bytes() == b"0123"
+
+
+def test_status_shows_each_neighbours_track_and_the_refusals_it_caused(tmp_path):
+    pf = peers_file(tmp_path)
+    daemon = Daemon(pf)
+    first, second = pf.neighbour_ids()
+    runner = with_runner(daemon)
+    runner.transport = Mock(stats={})
+    runner.peers = {first: PeerTrack(state=PeerState.GONE, missed=5, corrections=2)}
+    runner.anchors, runner.reanchored, runner.leaving = {9, 7}, 1, False
+    runner.round, runner.phase, runner.last_accuracy, runner.last_loss = 4, "training", 0.5, 1.0
+    runner.residual.return_value = 0.25
+    receiver = Receiver(Identity(pf.node.id, "m", "r"),
+                        Inbox(senders=frozenset(pf.neighbour_ids()), current_round=lambda: 4),
+                        {}, {})
+    for reason in (Reason.ROUND_PASSED, Reason.DUPLICATE):
+        receiver._refused("push", first, "peer", 3, WireError("X", "m", reason))
+    daemon.receiver = receiver
+    status = daemon.status()
+    by_id = {n.node_id: n for n in status.neighbours}
+    a, b = by_id[first], by_id[second]
+    assert (a.state, a.missed_rounds, a.corrections, a.late_states, a.refused) == (
+        "gone", 5, 2, 1, 2)
+    assert (b.state, b.missed_rounds, b.late_states, b.refused) == ("", 0, 0, 0)
+    assert status.anchors == [7, 9] and status.reanchored == 1 and not status.leaving
+    assert 'dacfl_peer_missed_rounds_total{node="node-0",peer="' + first + '"} 5.0' in \
+        daemon.metrics.prometheus()
+
+
+def test_an_automatic_anchor_delay_follows_the_number_of_members(tmp_path):
+    assert anchor_delay(peers_file(tmp_path / "a")) == 4  # 3 members: at least 4
+    assert anchor_delay(peers_file(tmp_path / "b", anchor_delay=7)) == 7

@@ -1,0 +1,380 @@
+"""The Prometheus endpoint: series names and types by the conventions, ``node.metrics`` in peers
+files and generated clusters, the message counters of both transports, and a live daemon's
+``/metrics`` over HTTP (the same exposition as the Control service's; ``promtool check metrics``
+finds nothing to say about it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from dacflnode.config import RunConfig
+from dacflnode.errors import ConfigError
+from dacflnode.node.cluster import generate_cluster
+from dacflnode.node.launcher import free_ports
+from dacflnode.node.metrics_log import read_metrics
+from dacflnode.node.peers import load_peers, parse_peers
+from dacflnode.node.peers_yaml import dump_peers
+from dacflnode.node.status import PHASES, MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
+from dacflnode.transport.base import Identity, Inbox, Transport
+from dacflnode.transport.grpc_control import fetch_metrics
+from dacflnode.transport.grpc_transport import GrpcTransport
+from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
+from dacflnode.wire.codec import RoundMessage
+
+TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
+                 synthetic_test=200, device="cpu")
+ENV_THREADS = {"OMP_NUM_THREADS": "1"}
+#: urllib without the environment's proxies: every address here is on loopback
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+Families = dict[str, tuple[str, frozenset[str]]]
+
+
+def families(text: str) -> Families:
+    """name -> (type, label names of its samples) of an exposition."""
+    return {f.name: (f.type, frozenset(k for s in f.samples for k in s.labels))
+            for f in text_string_to_metric_families(text)}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def get(url: str, timeout: float = 10) -> str:
+    with HTTP.open(url, timeout=timeout) as reply:
+        return str(reply.read().decode())
+
+
+def busy_status() -> NodeStatus:
+    return NodeStatus(
+        "n0", "dacfl", 3, 10, "training", refusals={"non-finite": 2}, last_accuracy=0.5,
+        last_loss=1.25, consensus_residual=0.01, reanchored=1,
+        neighbours=[NeighbourInfo("n1", "a:1", True, 2, 100, 200, 1.5, messages_received=2,
+                                  messages_sent=3, missed_rounds=1),
+                    NeighbourInfo("n2", "a:2")])
+
+
+# ------------------------------------------------------------------------------ names and types
+def test_series_follow_the_prometheus_naming_conventions():
+    metrics = NodeMetrics("n0", process=False)
+    metrics.update(busy_status())
+    metrics.observe_round(0.3, 0.1, 0.2, 0.9)
+    got = families(metrics.prometheus())
+    assert {name for name in got if not name.startswith("dacfl_")} == set()
+    for name, (kind, labels) in got.items():
+        assert "node" in labels, name
+        if kind == "counter":  # the family name is the counter's name without _total
+            assert f"{name}_total" in {s for s, _ in samples(metrics.prometheus())}, name
+        if kind == "histogram":
+            assert name.endswith("_seconds"), name
+        if name.startswith("dacfl_peer_"):
+            assert "peer" in labels, name
+    counters = {name for name, (kind, _) in got.items() if kind == "counter"}
+    assert counters == {
+        "dacfl_refusals", "dacfl_reanchored", "dacfl_peer_received_bytes", "dacfl_peer_sent_bytes",
+        "dacfl_peer_received_messages", "dacfl_peer_sent_messages", "dacfl_peer_missed_rounds",
+        "dacfl_peer_late_states", "dacfl_peer_refused", "dacfl_peer_corrections"}
+    histograms = {name for name, (kind, _) in got.items() if kind == "histogram"}
+    assert histograms == {"dacfl_round_seconds", "dacfl_exchange_seconds", "dacfl_train_seconds"}
+    assert got["dacfl_phase"] == ("gauge", frozenset({"node", "phase"}))
+    assert got["dacfl_refusals"] == ("counter", frozenset({"node", "reason"}))
+    for gauge in ("dacfl_round", "dacfl_test_accuracy_ratio", "dacfl_test_loss",
+                  "dacfl_train_loss", "dacfl_consensus_residual"):
+        assert got[gauge][0] == "gauge", gauge
+
+
+def test_the_exposition_shows_the_status_it_was_given():
+    metrics = NodeMetrics("n0", process=False)
+    metrics.update(busy_status())
+    metrics.observe_round(0.3, 0.1, 0.2, 0.9)
+    got = samples(metrics.prometheus())
+    node, peer = (("node", "n0"),), (("node", "n0"), ("peer", "n1"))
+    assert got[("dacfl_round", node)] == 3
+    assert got[("dacfl_test_accuracy_ratio", node)] == 0.5
+    assert got[("dacfl_train_loss", node)] == 0.9
+    assert got[("dacfl_peer_received_bytes_total", peer)] == 100
+    assert got[("dacfl_peer_sent_bytes_total", peer)] == 200
+    assert got[("dacfl_peer_received_messages_total", peer)] == 2
+    assert got[("dacfl_peer_sent_messages_total", peer)] == 3
+    assert got[("dacfl_peer_missed_rounds_total", peer)] == 1
+    assert got[("dacfl_peer_push_latency_seconds", peer)] == 0.0015
+    assert got[("dacfl_refusals_total", (("node", "n0"), ("reason", "non-finite")))] == 2
+    assert got[("dacfl_exchange_seconds_count", node)] == 1
+    assert got[("dacfl_train_seconds_sum", node)] == 0.2
+    phases = {dict(labels)["phase"]: v for (name, labels), v in got.items()
+              if name == "dacfl_phase"}
+    assert phases == {p: float(p == "training") for p in PHASES}
+
+
+def test_what_is_not_measured_yet_is_absent_rather_than_nan():
+    metrics = NodeMetrics("n0", process=False)
+    metrics.update(NodeStatus("n0", "dacfl", 0, 10, "waiting-for-peers"))
+    got = samples(metrics.prometheus())
+    names = {name for name, _ in got}
+    assert "dacfl_test_accuracy_ratio" not in names and "dacfl_train_loss" not in names
+    assert got[("dacfl_round", (("node", "n0"),))] == 0
+    assert got[("dacfl_round_seconds_count", (("node", "n0"),))] == 0  # empty, but there
+
+
+def test_the_process_collectors_are_in_the_nodes_registry_only():
+    from prometheus_client import REGISTRY
+
+    before = {f.name for f in REGISTRY.collect()}
+    text = NodeMetrics("n0").prometheus()
+    assert "process_cpu_seconds_total" in text and "python_info" in text
+    assert {f.name for f in REGISTRY.collect()} == before
+
+
+# ------------------------------------------------------------------------------ HTTP server
+def test_the_http_server_refreshes_before_each_scrape_and_serves_only_metrics():
+    metrics = NodeMetrics("n0", process=False)
+    scrapes: list[int] = []
+
+    def refresh() -> None:
+        scrapes.append(1)
+        metrics.update(NodeStatus("n0", "dacfl", len(scrapes), 10, "training"))
+
+    server = MetricsServer(metrics.registry, "127.0.0.1", 0, refresh)
+    port = server.start()
+    try:
+        assert 'dacfl_round{node="n0"} 1.0' in get(f"http://127.0.0.1:{port}/metrics")
+        assert 'dacfl_round{node="n0"} 2.0' in get(f"http://127.0.0.1:{port}/metrics")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            get(f"http://127.0.0.1:{port}/")
+        assert err.value.code == 404
+    finally:
+        server.stop()
+    with pytest.raises(urllib.error.URLError):
+        get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_a_failing_refresh_serves_the_last_status():
+    metrics = NodeMetrics("n0", process=False)
+    metrics.update(NodeStatus("n0", "dacfl", 7, 10, "training"))
+
+    def refresh() -> None:
+        raise RuntimeError("the loop is gone")
+
+    server = MetricsServer(metrics.registry, "127.0.0.1", 0, refresh)
+    port = server.start()
+    try:
+        assert 'dacfl_round{node="n0"} 7.0' in get(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------------ node.metrics
+def peers_data(**node: object) -> dict[str, object]:
+    return {"node": {"id": "a", "listen": "127.0.0.1:7000", "share": 0, **node},
+            "neighbours": [{"id": "b", "address": "127.0.0.1:7001"}],
+            "run": {"nodes": 2, "dataset": "synthetic"}}
+
+
+def test_node_metrics_is_optional_and_round_trips_through_the_written_file(tmp_path):
+    assert parse_peers(peers_data(), tmp_path / "a.yaml").node.metrics is None
+    pf = parse_peers(peers_data(metrics="0.0.0.0:9100"), tmp_path / "a.yaml")
+    assert pf.node.metrics == "0.0.0.0:9100"  # another host's reach, asked for explicitly
+    back = parse_peers(yaml.safe_load(dump_peers(pf)), pf.path)
+    assert back.node == pf.node
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("127.0.0.1:7000", "node.listen address"),
+    ("127.0.0.1:8000", "node.control address"),
+    ("127.0.0.1", "host:port"),
+    ("127.0.0.1:70000", "0..65535"),
+])
+def test_a_bad_node_metrics_is_refused_naming_the_key(tmp_path, value, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        parse_peers(peers_data(metrics=value), tmp_path / "a.yaml")
+    assert err.value.field == "node.metrics"
+
+
+def test_topology_puts_metrics_on_loopback_at_the_listen_port_plus_2000(tmp_path):
+    paths = generate_cluster("ring", 3, TINY, tmp_path / "a", base_port=7100)
+    assert [load_peers(p).node.metrics for p in paths] == [
+        "127.0.0.1:9100", "127.0.0.1:9101", "127.0.0.1:9102"]
+
+
+def test_generated_clusters_take_metrics_ports_and_host_as_given(tmp_path):
+    paths = generate_cluster("ring", 3, TINY, tmp_path / "a", ports=[7100, 7101, 7102],
+                             control_ports=[7200, 7201, 7202],
+                             metrics_ports=[7300, 7301, 7302], metrics_host="0.0.0.0")
+    assert [load_peers(p).node.metrics for p in paths] == [
+        "0.0.0.0:7300", "0.0.0.0:7301", "0.0.0.0:7302"]
+    # control ports picked one by one (free ones) leave the metrics to be picked the same way
+    paths = generate_cluster("ring", 3, TINY, tmp_path / "b", ports=[7100, 7101, 7102],
+                             control_ports=[7200, 7201, 7202])
+    assert [load_peers(p).node.metrics for p in paths] == [None] * 3
+    with pytest.raises(ConfigError, match="taken twice"):
+        generate_cluster("ring", 3, TINY, tmp_path / "c", ports=[7100, 7101, 7102],
+                         control_ports=[7200, 7201, 7202], metrics_ports=[7300, 7300, 7100])
+
+
+# ------------------------------------------------------------------------------ message counts
+@pytest.mark.parametrize("kind", ["memory", "grpc"])
+async def test_both_transports_count_the_states_they_exchange(kind):
+    import torch
+
+    tensors = {"x": (8,)}
+    inboxes = {n: Inbox(senders=frozenset({o}), current_round=lambda: 0)
+               for n, o in (("a", "b"), ("b", "a"))}
+    network = MemoryNetwork()
+    nodes: dict[str, Transport] = {}
+    for n, other in (("a", "b"), ("b", "a")):
+        identity = Identity(n, "model", "run")
+        nodes[n] = (MemoryTransport(network, identity, [other], inboxes[n], tensors)
+                    if kind == "memory" else
+                    GrpcTransport(identity, "127.0.0.1:0", {other: ""}, inboxes[n], tensors))
+        await nodes[n].start()
+    try:
+        for n, other in (("a", "b"), ("b", "a")):
+            transport = nodes[n]
+            if isinstance(transport, GrpcTransport):
+                peer = nodes[other]
+                assert isinstance(peer, GrpcTransport)
+                transport.peers[other] = f"127.0.0.1:{peer.port}"
+        a, b = nodes["a"], nodes["b"]
+        await a.push("b", RoundMessage("a", 0, 1, {"x": torch.ones(8)}), timeout=5)
+        await a.push("b", RoundMessage("a", 1, 1, {"x": torch.ones(8)}), timeout=5)
+        await b.pull("a", 1)
+        assert (a.stats["b"].messages_sent, a.stats["b"].messages_received) == (2, 0)
+        assert (b.stats["a"].messages_sent, b.stats["a"].messages_received) == (0, 3)
+    finally:
+        for t in nodes.values():
+            await t.stop(grace=0)
+
+
+# ------------------------------------------------------------------------------ live daemons
+class MetricsCluster:
+    """Real ``dacflnode start`` processes on 127.0.0.1, each serving ``/metrics`` on a port
+    from bind(0); stopped through their Control services."""
+
+    def __init__(self, root: Path, nodes: int, rounds: int = 100_000, **run_kw: object) -> None:
+        ports = free_ports(3 * nodes)
+        cfg = replace(TINY, nodes=nodes, rounds=rounds, **run_kw)  # type: ignore[arg-type]
+        self.root = root
+        self.paths = generate_cluster(
+            "ring" if nodes >= 3 else "complete", nodes, cfg, root / "peers",
+            ports=ports[:nodes], control_ports=ports[nodes:2 * nodes],
+            metrics_ports=ports[2 * nodes:], state_root=root, round_deadline=30, hello_timeout=60)
+        self.metrics = [f"127.0.0.1:{p}" for p in ports[2 * nodes:]]
+        self.controls = [load_peers(p).node.control for p in self.paths]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> MetricsCluster:
+        env = {**os.environ, **ENV_THREADS}
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-m", "dacflnode", "start", "--peers", str(p)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) for p in self.paths]
+        return self
+
+    def wait_for_rounds(self, rounds: int, timeout: float = 90) -> None:
+        end = time.monotonic() + timeout
+        for i, proc in enumerate(self.procs):
+            while len(read_metrics(self.root / f"node-{i}" / "metrics.jsonl")) < rounds:
+                assert proc.poll() is None, self.stderr(i)
+                assert time.monotonic() < end, f"node-{i} did not reach round {rounds}"
+                time.sleep(0.1)
+
+    def scrape(self, i: int) -> str:
+        return get(f"http://{self.metrics[i]}/metrics")
+
+    def stderr(self, i: int) -> str:
+        proc = self.procs[i]
+        if proc.poll() is None or proc.stderr is None:
+            return ""
+        return proc.stderr.read().decode(errors="replace")[-3000:]
+
+    def stop(self) -> list[int]:
+        """Ask every node to stop (SIGINT), then kill what is still running; the exit codes."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=60))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(proc.wait())
+        return codes
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsCluster]:
+    cluster = MetricsCluster(tmp_path_factory.mktemp("live"), 2, eval_every=1).start()
+    try:
+        cluster.wait_for_rounds(2)
+        yield cluster
+    finally:
+        codes = cluster.stop()
+    assert codes == [0, 0]
+
+
+def test_promtool_finds_nothing_to_say_about_a_live_daemons_exposition(live, tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    text = live.scrape(0)
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                           text=True, timeout=60)
+    assert (check.returncode, check.stdout, check.stderr) == (0, "", "")
+
+
+def test_http_and_the_control_service_serve_the_same_exposition(live):
+    over_http = live.scrape(0)
+    over_control = asyncio.run(fetch_metrics(live.controls[0], "prometheus"))
+    assert families(over_http) == families(over_control)
+    assert samples(over_http).keys() == samples(over_control).keys()
+
+
+def test_a_live_daemon_counts_what_it_exchanges_per_neighbour(live):
+    got = samples(live.scrape(0))
+    node, peer = (("node", "node-0"),), (("node", "node-0"), ("peer", "node-1"))
+    assert got[("dacfl_round", node)] >= 2
+    for name in ("dacfl_peer_received_bytes_total", "dacfl_peer_sent_bytes_total",
+                 "dacfl_peer_received_messages_total", "dacfl_peer_sent_messages_total"):
+        assert got[(name, peer)] >= 1, name
+    # each state is one message of the same size: bytes per message are the same both ways
+    per_message = got[("dacfl_peer_received_bytes_total", peer)] / \
+        got[("dacfl_peer_received_messages_total", peer)]
+    assert per_message == got[("dacfl_peer_sent_bytes_total", peer)] / \
+        got[("dacfl_peer_sent_messages_total", peer)]
+    assert got[("dacfl_round_seconds_count", node)] >= 2
+    assert 0 <= got[("dacfl_test_accuracy_ratio", node)] <= 1
+    assert sum(v for (name, _), v in got.items() if name == "dacfl_phase") == 1
+    assert got[("dacfl_peer_missed_rounds_total", peer)] == 0
+
+
+def test_a_taken_metrics_port_stops_the_start_with_a_message_naming_node_metrics(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = free_ports(4)
+        path = generate_cluster("complete", 2, TINY, tmp_path / "peers", ports=ports[:2],
+                                control_ports=ports[2:], metrics_ports=[port, port + 1],
+                                state_root=tmp_path)[0]
+        run = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, **ENV_THREADS})
+    assert run.returncode == 2, run.stderr
+    assert "node.metrics" in run.stderr and f"127.0.0.1:{port}" in run.stderr
