@@ -27,18 +27,56 @@ The guard is a :class:`logging.Filter` put on every handler of the tree (a filte
 never sees the records of its children). A record is judged once, by the first handler that
 sees it, and the verdict is stored on the record, so two handlers neither double-count nor
 double-escape.
+
+**Two formats** (``dacflnode start --log-format``), for the console and the file alike:
+
+* ``text`` (the default): :data:`LINE_FORMAT`, for people.
+* ``json``: one JSON object per line, for log collectors, with exactly the keys of
+  :data:`JSON_KEYS` in that order:
+
+  ``time``
+      when the record was made, ISO 8601 in UTC with milliseconds (``2026-05-04T12:00:00.123Z``);
+  ``level``, ``logger``
+      ``INFO``, ``WARNING``, …; the logger's name (``dacflnode.node``, ``dacflnode.transport``);
+  ``node``
+      the node the line is about: the node a message names first, else the daemon's own id;
+  ``round``
+      the round the message is about (an integer), or null;
+  ``neighbour``
+      the neighbour it is about, or null; where a message names several (a deadline nobody
+      met), their ids joined by ``", "``;
+  ``event``
+      a stable name for what happened (``push_refused``, ``state_missing``, ``neighbour_up``,
+      …; the table :data:`EVENTS`), or null for a message that has none;
+  ``reason``
+      on a refusal, its reason code (``round-passed``, ``not-neighbour``, … the
+      :class:`~dacflnode.wire.errors.Reason` values of docs/wire-format.md), else null;
+  ``message``
+      the line the text format writes after the logger's name;
+  ``traceback``
+      the traceback of a logged exception, or null.
+
+  A key whose value is not known is null, never left out. A call site can give the fields
+  itself with ``extra={"round": t, "neighbour": peer, "event": "...", ...}``; otherwise they are
+  read off the record's arguments by its format string, through :data:`EVENTS`. Fields are
+  checked like arguments (a sender id with a newline is escaped and cut as in the message), and
+  :func:`json.dumps` writes every control and non-ASCII character as a ``\\u`` escape, so a
+  peer's value can neither end a JSON line nor reach the operator's terminal unescaped.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 import logging.handlers
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 #: Longest string value written as it is; longer ones are cut (``%r``-escaped) with a marker.
 MAX_VALUE_CHARS = 100
@@ -60,6 +98,104 @@ LOG_FILE_BYTES = 10 * 1024 * 1024
 LOG_FILE_BACKUPS = 5
 #: The daemon's line format: human-readable, one record per line.
 LINE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: The formats :func:`install` writes (see the module docstring).
+LOG_FORMATS = ("text", "json")
+LogFormat = Literal["text", "json"]
+#: The keys of every JSON line, in the order written.
+JSON_KEYS = ("time", "level", "logger", "node", "round", "neighbour", "event", "reason",
+             "message", "traceback")
+#: The fields a record carries beside its message (``extra=``, or read off its arguments).
+FIELDS = ("node", "round", "neighbour", "event", "reason")
+
+#: What the JSON format reads off a record, by the record's format string: its event name and,
+#: per field, the index of the argument that holds it. (A call site may pass the fields with
+#: ``extra=`` instead; those win.) tests/test_logs.py checks that every format string of the
+#: package is here and every one here is still in the package.
+EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
+    # dacflnode.node: the runner
+    "%s: stop requested in round %d (%s)": ("stop_requested", {"node": 0, "round": 1}),
+    "%s: leave requested in round %d (%s)": ("leave_requested", {"node": 0, "round": 1}),
+    "%s: all %d rounds done": ("rounds_done", {"node": 0, "round": 1}),
+    "%s: stopped at round %d": ("stopped", {"node": 0, "round": 1}),
+    "%s: neighbour %s is up": ("neighbour_up", {"node": 0, "neighbour": 1}),
+    "%s: %s did not answer within %.0fs; going on without them (they join when they come up)":
+        ("neighbours_silent", {"node": 0, "neighbour": 1}),
+    "%s: could not pull a model from %s to join: %s":
+        ("join_pull_failed", {"node": 0, "neighbour": 1}),
+    "%s: joining at round %d from the round-%d model of %s":
+        ("joining", {"node": 0, "round": 1, "neighbour": 3}),
+    "%s: no neighbour handed a model; joining at round %d with its own":
+        ("joining_alone", {"node": 0, "round": 1}),
+    "%s: %s did not agree on the join: %s": ("join_refused", {"node": 0, "neighbour": 1}),
+    "%s: re-anchored at round %d (x := %s; |x - %s| was %.3g)":
+        ("reanchored", {"node": 0, "round": 1}),
+    "%s: round %d: no state from %s by the deadline; mixing without them":
+        ("state_missing", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: round %d: no closing state from %s":
+        ("closing_state_missing", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: %d one-sided uses unsettled at leave; re-anchor proposed":
+        ("unsettled_at_leave", {"node": 0}),
+    "%s: left the network at round %d; handed |x - %s| = %.3g to %s (heard from %d of %d)":
+        ("left", {"node": 0, "round": 1, "neighbour": 4}),
+    "%s: left at round %d with no neighbour to hand its share to":
+        ("left_alone", {"node": 0, "round": 1}),
+    "%s: round %d state not delivered to %s by the deadline":
+        ("push_timeout", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: %s refused round %d: %s (%s): %s":
+        ("push_refused", {"node": 0, "neighbour": 1, "round": 2, "reason": 4}),
+    "%s: pulled round %d state of %s": ("pulled", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: pull of round %d from %s failed: %s":
+        ("pull_failed", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: pull of round %d from %s failed unexpectedly":
+        ("pull_failed", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: push of round %d to %s failed unexpectedly; retrying":
+        ("push_failed", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: handshake with %s failed unexpectedly": ("handshake_failed", {"node": 0, "neighbour": 1}),
+    # dacflnode.node: the edges and the daemon
+    "%s: round %d: %s did not mix this node's round-%d state; undid the one-sided use":
+        ("one_sided_undone", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: %s leaves the network (round %d)":
+        ("neighbour_leaving", {"node": 0, "neighbour": 1, "round": 2}),
+    "%s: took over the share of %s": ("handover_received", {"node": 0, "neighbour": 1}),
+    "%s: re-anchor at round %d (heard from %s)":
+        ("reanchor_heard", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: heard of the round-%d re-anchor only in round %d; proposing round %d":
+        ("reanchor_late", {"node": 0, "round": 2}),
+    "%s: %s missed %d rounds in a row: declared gone; re-anchor at round %d":
+        ("neighbour_gone", {"node": 0, "neighbour": 1}),
+    "%s: the handover of %s did not come; re-anchor at round %d":
+        ("handover_missing", {"node": 0, "neighbour": 1}),
+    "%s: %d one-sided uses of %s could not be settled; re-anchor at round %d":
+        ("unsettled", {"node": 0, "neighbour": 2}),
+    "%s: edge to %s mixed from round %d":
+        ("edge_active", {"node": 0, "neighbour": 1, "round": 2}),
+    "%s: writing the %s to %s failed: %s; trying again in %.1fs": ("write_retry", {"node": 0}),
+    "%s: resuming from round %d": ("resuming", {"node": 0, "round": 1}),
+    "%s: %s: %s": ("signal", {"node": 0}),
+    "%s: neighbours are not authenticated (no node.tls): anyone who reaches %s can push states "
+    "in a neighbour's name or pull this node's model; set node.tls (see `dacflnode certs` and "
+    "docs/security.md)": ("unauthenticated", {"node": 0}),
+    "%s: Prometheus metrics on http://%s/metrics%s": ("metrics_serving", {"node": 0}),
+    "%s: control service on %s (%s, %s)": ("control_serving", {"node": 0}),
+    "%s: serving neighbours on %s with %s (round %d of %d, %s on %s)":
+        ("serving", {"node": 0, "round": 3}),
+    "%s: left the network after round %d": ("left", {"node": 0, "round": 1}),
+    "%s: %s": ("failed", {"node": 0}),
+    "%s: status not refreshed within %.0fs: serving the last one":
+        ("status_stale", {"node": 0}),
+    "open-files limit %d (was %d)": ("open_files_limit", {}),
+    "metrics: could not refresh the status": ("status_failed", {}),
+    # dacflnode.transport and dacflnode.control: refusals of what peers and callers send
+    "%s from %r (peer %r, round %d) refused: %s: %s (%s)":
+        ("{0}_refused", {"neighbour": 1, "round": 3, "reason": 6}),
+    "control call from %.100r refused: missing or wrong token%s": ("control_refused", {}),
+    # dacflnode.learning
+    "no Dirichlet(%g) draw gave all %d nodes at least %d samples in %d tries; moving samples "
+    "from the largest nodes to the smallest": ("partition_rebalanced", {}),
+    # this module
+    "suppressed %d similar messages: %s": ("suppressed", {}),
+}
 
 _VERDICT = "_dacflnode_guard"
 
@@ -185,12 +321,15 @@ class LogGuard(logging.Filter):
 
 
 def sanitize(record: logging.LogRecord) -> None:
-    """Rewrite ``record`` in place: safe arguments, then a safe, one-line, bounded message."""
+    """Rewrite ``record`` in place: safe arguments and fields (:data:`FIELDS`, read off the
+    arguments where the call did not give them), then a safe, one-line, bounded message."""
     args = record.args
     if isinstance(args, tuple):
         record.args = tuple(safe_arg(a) for a in args)
     elif isinstance(args, dict):
         record.args = {k: safe_arg(v) for k, v in args.items()}
+    for name, value in record_fields(record).items():
+        setattr(record, name, _field_value(value))
     try:
         message = record.getMessage()
     except Exception:  # a format string that does not match its arguments: keep the parts
@@ -199,6 +338,39 @@ def sanitize(record: logging.LogRecord) -> None:
     record.args = None
     if record.exc_info and record.exc_info[1] is not None:  # also over a text cached by
         record.exc_text = format_exception(record.exc_info)  # a formatter that ran before
+
+
+def record_fields(record: logging.LogRecord) -> dict[str, object]:
+    """The :data:`FIELDS` of ``record`` that are known: those the call gave with ``extra=``, else
+    those :data:`EVENTS` reads off its arguments (before :func:`sanitize` has formatted them)."""
+    fields = {name: getattr(record, name) for name in FIELDS
+              if getattr(record, name, None) is not None}
+    spec = EVENTS.get(record.msg) if isinstance(record.msg, str) else None
+    args = record.args if isinstance(record.args, tuple) else ()
+    if spec is not None and args:
+        event, positions = spec
+        if "event" not in fields:
+            try:
+                fields["event"] = event.format(*args)
+            except (IndexError, KeyError, ValueError):
+                fields["event"] = event
+        for name, index in positions.items():
+            value = args[index] if index < len(args) else None
+            if name == "round" and isinstance(value, int) and value < 0:
+                value = None  # a refused Hello is about no round (the receiver writes -1)
+            if name not in fields and value is not None:
+                fields[name] = value
+    elif spec is not None:
+        fields.setdefault("event", spec[0])
+    return fields
+
+
+def _field_value(value: object) -> object:
+    """A field as JSON writes it: numbers as they are, anything else as checked text."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    safe = safe_arg(value if isinstance(value, str) else str(value))
+    return str(safe) if isinstance(safe, str) else safe
 
 
 def format_exception(
@@ -227,12 +399,52 @@ def format_exception(
     return "\n".join(one_line(line, MAX_OBJECT_CHARS) for line in lines)
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line, with the keys :data:`JSON_KEYS` (see the module
+    docstring); ``node`` is the id written where a record names no node."""
+
+    def __init__(self, node: str | None = None) -> None:
+        super().__init__()
+        self.node = node
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, _VERDICT, None) is None:  # not through a guard: check it here
+            sanitize(record)
+        fields = {name: _field_value(value) for name, value in record_fields(record).items()}
+        created = dt.datetime.fromtimestamp(record.created, tz=dt.UTC)
+        tb = record.exc_text or (format_exception(record.exc_info) if record.exc_info else "")
+        line = {
+            "time": created.strftime("%Y-%m-%dT%H:%M:%S.") + f"{created.microsecond // 1000:03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "node": fields.get("node", self.node),
+            "round": fields.get("round"),
+            "neighbour": fields.get("neighbour"),
+            "event": fields.get("event"),
+            "reason": fields.get("reason"),
+            "message": one_line(record.getMessage(), MAX_MESSAGE_CHARS),
+            "traceback": tb or None,
+        }
+        return json.dumps(line, ensure_ascii=True, default=str)
+
+
+def make_formatter(log_format: LogFormat, node: str | None = None) -> logging.Formatter:
+    """The formatter of ``log_format`` (one of :data:`LOG_FORMATS`)."""
+    if log_format == "json":
+        return JsonFormatter(node)
+    if log_format == "text":
+        return logging.Formatter(LINE_FORMAT)
+    raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+
+
 def install(logger: logging.Logger, state_dir: Path, *, console: bool = True,
-            guard: LogGuard | None = None) -> LogGuard:
+            guard: LogGuard | None = None, log_format: LogFormat = "text",
+            node: str | None = None) -> LogGuard:
     """Log ``logger``'s tree to ``state_dir/daemon.log`` (rotating) and, with ``console``, to
-    stderr, every record through one :class:`LogGuard`; returns the guard."""
+    stderr, every record through one :class:`LogGuard`, in ``log_format`` (``node``: the id a
+    JSON line names when its record names none); returns the guard."""
     guard = guard or LogGuard()
-    fmt = logging.Formatter(LINE_FORMAT)
+    fmt = make_formatter(log_format, node)
     handlers: list[logging.Handler] = [logging.handlers.RotatingFileHandler(
         state_dir / "daemon.log", maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS,
         encoding="utf-8")]

@@ -1,14 +1,28 @@
-"""The daemon's log guard: peers' values cannot forge or flood a log line; the file rotates."""
+"""The daemon's log guard: peers' values cannot forge or flood a log line; the file rotates; the
+JSON format is one parseable object per line with the same guard."""
 
 from __future__ import annotations
 
+import ast
+import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+import yaml
 
 from dacflnode import logs
+from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
+from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
+from dacflnode.node.daemon import setup_logging
+from dacflnode.node.launcher import free_ports
+from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.receiver import Receiver
+from dacflnode.wire.codec import PROTOCOL_VERSION, WireError
 
 
 class Clock:
@@ -167,3 +181,169 @@ def test_install_writes_a_rotating_daemon_log(tmp_path, logger, monkeypatch):
     assert all((tmp_path / f).stat().st_size <= 4096 for f in files)
     assert "line 399 " in (tmp_path / "daemon.log").read_text()
 
+
+
+# ---------------------------------------------------------------- --log-format json
+HOSTILE = "evil\n2026-01-01 INFO forged\x1b[2J\"}{\"event\": \"x"
+
+
+def json_lines(path: Path) -> list[dict[str, object]]:
+    """Every line of the file, each parsed on its own (a line that is not one JSON object fails)."""
+    text = path.read_text(encoding="utf-8")
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.fixture
+def json_daemon_log(tmp_path: Path) -> Iterator[Path]:
+    """The daemon's own logging setup (``start --log-format json``) for node ``bob``, undone
+    after."""
+    root = logging.getLogger("dacflnode")
+    before = (list(root.handlers), root.level)
+    setup_logging(tmp_path, "INFO", "json", node="bob")
+    try:
+        yield tmp_path / "daemon.log"
+    finally:
+        for h in list(root.handlers):
+            if h not in before[0]:
+                root.removeHandler(h)
+                h.close()
+        root.setLevel(before[1])
+
+
+async def test_every_line_of_a_json_daemon_log_parses_with_every_key(json_daemon_log):
+    receiver = Receiver(Identity("bob", "m", "r"),
+                        Inbox(senders=frozenset({"alice"}), current_round=lambda: 3), {}, {})
+    for claimed in (HOSTILE, "A" * 100_000):  # a stranger's Hello, through the real receiver
+        with pytest.raises(WireError):
+            receiver.hello(pb.HelloRequest(node_id=claimed, protocol_version=PROTOCOL_VERSION,
+                                           model_fingerprint="m", run_fingerprint="r"))
+    node_log = logging.getLogger("dacflnode.node")
+    node_log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
+                     "bob", 4, "alice, carol")
+    node_log.info("%s: neighbour %s is up", "bob", HOSTILE)
+    node_log.info("custom %s", "line", extra={"round": 7, "neighbour": HOSTILE, "event": "mine"})
+    try:
+        raise ValueError(HOSTILE)
+    except ValueError:
+        node_log.exception("%s: %s", "bob", "failed\nforged")
+    for _ in range(3 * logs.RATE_LIMIT_COUNT):  # a flood: rate-limited as the text format is
+        node_log.warning("%s: %s refused round %d: %s (%s): %s", "bob", "carol", 5,
+                         "ABORTED", "round-passed", "too late")
+
+    lines = json_lines(json_daemon_log)
+    assert all(list(line) == list(logs.JSON_KEYS) for line in lines)
+    assert all(isinstance(line["time"], str) and line["time"].endswith("Z") for line in lines)
+    raw = json_daemon_log.read_text(encoding="utf-8")
+    assert "\x1b" not in raw and raw.count("\n") == len(lines)
+    by_event: dict[object, list[dict[str, object]]] = {}
+    for line in lines:
+        by_event.setdefault(line["event"], []).append(line)
+
+    hostile, long_id = by_event["hello_refused"]
+    assert (hostile["node"], hostile["round"], hostile["reason"]) == ("bob", None, "not-neighbour")
+    assert hostile["level"] == "WARNING" and hostile["logger"] == "dacflnode.transport"
+    assert hostile["neighbour"] == repr(HOSTILE)  # escaped as in the text format, then JSON
+    assert repr(HOSTILE) in str(hostile["message"])
+    assert len(str(long_id["neighbour"])) < logs.MAX_VALUE_CHARS + 30
+    assert "…[+" in str(long_id["neighbour"])
+
+    (missing,) = by_event["state_missing"]
+    assert (missing["node"], missing["round"], missing["neighbour"]) == ("bob", 4, "alice, carol")
+    (up,) = by_event["neighbour_up"]
+    assert up["neighbour"] == repr(HOSTILE) and up["round"] is None and up["reason"] is None
+    (mine,) = by_event["mine"]
+    assert (mine["round"], mine["neighbour"], mine["message"]) == (7, repr(HOSTILE), "custom line")
+    (failed,) = by_event["failed"]
+    assert failed["level"] == "ERROR" and failed["message"] == "bob: " + repr("failed\nforged")
+    assert str(failed["traceback"]).startswith("Traceback (most recent call last):")
+    assert str(failed["traceback"]).endswith("ValueError: " + logs.one_line(HOSTILE, 400))
+    refused = by_event["push_refused"]
+    assert len(refused) == logs.RATE_LIMIT_COUNT
+    assert (refused[0]["neighbour"], refused[0]["round"], refused[0]["reason"]) == (
+        "carol", 5, "round-passed")
+    (limit,) = by_event["open_files_limit"]
+    assert limit["node"] == "bob"  # named by the daemon where the message names no node
+
+
+def test_the_json_format_is_one_line_without_a_guard_too():
+    record = logging.LogRecord("dacflnode.x", logging.INFO, __file__, 1, "a %s", (HOSTILE,), None)
+    line = logs.JsonFormatter(node="n").format(record)
+    assert "\n" not in line and "\x1b" not in line
+    assert json.loads(line)["message"] == "a " + repr(HOSTILE)
+
+
+def test_the_text_format_is_unchanged_by_the_fields(tmp_path, logger):
+    logs.install(logger, tmp_path, console=False)
+    logger.info("%s: neighbour %s is up", "bob", "alice", extra={"round": 3})
+    (line,) = (tmp_path / "daemon.log").read_text().splitlines()
+    assert line.endswith(f"INFO {logger.name}: bob: neighbour alice is up")
+
+
+def logged_templates() -> set[str]:
+    """The format string of every logging call in the package whose first argument is one."""
+    found = set()
+    for path in (Path(logs.__file__).parent).rglob("*.py"):
+        if "_proto" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in {"debug", "info", "warning", "error", "exception",
+                                           "critical"}
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id.lower().endswith(("log", "logger"))
+                    and node.args and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)):
+                found.add(node.args[0].value)
+    return found
+
+
+def test_every_logged_format_string_has_an_event_and_every_event_is_still_logged():
+    logged = logged_templates()
+    own = {"suppressed %d similar messages: %s"}  # made by the guard itself
+    missing = sorted(logged - set(logs.EVENTS))
+    assert missing == [], "add these format strings to dacflnode.logs.EVENTS (an event name and " \
+                          "the arguments holding node, round, neighbour, reason)"
+    stale = sorted(set(logs.EVENTS) - logged - own)
+    assert stale == [], "these EVENTS entries match no logging call any more: update them"
+
+
+def test_event_argument_positions_exist_in_their_format_strings():
+    for template, (_, positions) in logs.EVENTS.items():
+        count = template.count("%") - 2 * template.count("%%")
+        assert all(i < count for i in positions.values()), template
+
+
+def test_a_real_daemon_with_json_logs_writes_one_object_per_line_despite_a_hostile_hello(
+        tmp_path):
+    """``dacflnode start --log-format json`` as a process: a stranger's Hello whose id holds a
+    newline and an escape sequence is refused and logged; the neighbour never answers, so the
+    node ends soon after; every line of its daemon.log, and of its stderr, parses on its own."""
+    listen, control, silent = free_ports(3)
+    (tmp_path / "node-0.yaml").write_text(yaml.safe_dump({
+        "node": {"id": "node-0", "listen": f"127.0.0.1:{listen}",
+                 "control": f"127.0.0.1:{control}", "share": 0},
+        "neighbours": [{"id": "node-1", "address": f"127.0.0.1:{silent}"}],
+        "run": {"dataset": "synthetic", "model": "mlp", "nodes": 2, "rounds": 1, "lr": 0.05,
+                "round_deadline": 1, "hello_timeout": 3}}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dacflnode", "start", "--peers", str(tmp_path / "node-0.yaml"),
+         "--log-format", "json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{listen}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+            with pytest.raises(grpc.RpcError) as refused:
+                neighbor_pb2_grpc.NeighborStub(channel).Hello(pb.HelloRequest(
+                    node_id=HOSTILE, protocol_version=PROTOCOL_VERSION), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = json_lines(tmp_path / "node-0" / "daemon.log")
+    assert [json.loads(x) for x in stderr.decode().splitlines()] == lines  # the console too
+    assert all(list(line) == list(logs.JSON_KEYS) and line["node"] == "node-0" for line in lines)
+    events = {str(line["event"]): line for line in lines}
+    assert {"serving", "hello_refused"} <= set(events)
+    assert events["hello_refused"]["neighbour"] == repr(HOSTILE)
+    assert events["hello_refused"]["reason"] == "not-neighbour"

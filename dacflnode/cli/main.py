@@ -15,7 +15,9 @@ from dacflnode import __version__
 from dacflnode.cli.certs import certs_cmd
 from dacflnode.cli.consensus_demo import consensus_demo_cmd
 from dacflnode.cli.daemon_cmds import metrics, start, status, stop
+from dacflnode.cli.invariant import invariant_cmd
 from dacflnode.cli.launch import launch
+from dacflnode.cli.report import report_cmd
 from dacflnode.cli.simulate import simulate
 from dacflnode.cli.topology import topology_cmd
 
@@ -41,6 +43,8 @@ for _command in (
     status,
     metrics,
     stop,
+    invariant_cmd,
+    report_cmd,
     consensus_demo_cmd,
 ):
     cli.add_command(_command)

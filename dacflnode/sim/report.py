@@ -1,0 +1,207 @@
+"""``dacflnode report``: the runs found under some folders, summarised and drawn.
+
+A *run* is one algorithm on one set of nodes: the ``metrics.jsonl`` files of its nodes. They are
+found anywhere below the folders given, so the same code reads
+
+* ``launch`` and ``simulate`` output: ``DIR/<node-id>/metrics.jsonl``, and
+  ``DIR/<algorithm>/<node-id>/metrics.jsonl`` when several algorithms ran;
+* state directories copied off devices into one folder: ``DIR/<anything>/metrics.jsonl``.
+
+The files below one folder are grouped by the ``algorithm`` their lines name. Where a node id
+then occurs twice in a group (a folder of several runs of the same algorithm, such as the
+reproduction script's output) the group is split by the folder that holds the node
+directories. A run is labelled by its folder's name, followed by that split (the algorithm's
+folder, or the algorithm) when the folder holds several runs.
+
+Every number comes from :func:`~dacflnode.node.metrics_log.summarize`, the function
+``simulate`` and ``launch`` write ``summary.json`` with, so a report and a summary agree: a round
+counts when every node of the run has written it. The mean round time is the mean of the
+``seconds`` of those lines.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
+
+#: The figures :func:`write_figures` draws, each written as PNG and SVG.
+FIGURES = ("accuracy", "nodes")
+FORMATS = ("png", "svg")
+
+
+class ReportError(ValueError):
+    """The folders hold nothing to report, or runs that cannot be told apart."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """The nodes of one run, in node order, with every line each has written."""
+
+    label: str
+    source: Path  # the folder it was found under, as given
+    algorithm: str
+    node_dirs: tuple[Path, ...]
+    lines: dict[str, list[dict[str, Any]]]  # node id -> lines
+
+    def summary(self) -> dict[str, Any]:
+        """What :func:`summarize` makes of the run's node directories."""
+        return summarize(self.node_dirs, self.algorithm, 0.0, engine="report")
+
+    def row(self) -> dict[str, Any]:
+        """The run's line of the report (``--json`` prints these, the table shows them)."""
+        s = self.summary()
+        rounds = len(s["train_loss"])
+        seconds = [line["seconds"] for lines in self.lines.values() for line in lines[:rounds]
+                   if isinstance(line.get("seconds"), int | float)]
+        mean_s = sum(seconds) / len(seconds) if seconds else None
+        return {
+            "label": self.label,
+            "source": str(self.source),
+            "algorithm": self.algorithm,
+            "nodes": len(self.node_dirs),
+            "node_ids": list(self.lines),
+            "rounds": rounds,
+            "final_round": s["final"]["round"],
+            "avg_acc": s["final"]["avg_acc"],
+            "var_acc": s["final"]["var_acc"],
+            "train_loss": s["final"]["train_loss"],
+            "consensus_residual": _finite_or_none(s["final"]["consensus_residual"]),
+            "mean_round_s": None if mean_s is None else round(mean_s, 4),
+            "curve": {"round": s["rounds"], "avg_acc": s["avg_acc"], "var_acc": s["var_acc"]},
+        }
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _natural(text: str) -> list[Any]:
+    """Sort key that puts node-2 before node-10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _metrics_files(source: Path) -> list[Path]:
+    if source.is_file():
+        if source.name != METRICS_FILE:
+            raise ReportError(f"{source} is a file, not a run folder: give the folder a "
+                              f"`launch` or `simulate` wrote (--out), or a node's state directory")
+        return [source]
+    if not source.is_dir():
+        raise ReportError(f"{source} does not exist: give the --out folder of a `launch` or "
+                          f"`simulate` run, or a folder of state directories")
+    files = sorted(p for p in source.rglob(METRICS_FILE) if p.is_file())
+    if not files:
+        raise ReportError(f"no {METRICS_FILE} found under {source}: give the --out folder of a "
+                          f"`launch` or `simulate` run, or a folder holding the state "
+                          f"directories (node.state_dir) copied off the devices")
+    return files
+
+
+def _split(source: Path, read: dict[Path, list[dict[str, Any]]]
+           ) -> list[tuple[str, list[Path], str]]:
+    """Group the files of one folder into runs: (algorithm, files, name within the folder)."""
+    files = list(read)
+    algorithm = {f: str(lines[0].get("algorithm")) for f, lines in read.items() if lines}
+    by_alg: dict[str, list[Path]] = defaultdict(list)
+    for f in files:
+        if f in algorithm:
+            by_alg[algorithm[f]].append(f)
+    for f in files:  # a node with no line yet joins the run its siblings belong to
+        if f in algorithm:
+            continue
+        siblings = {algorithm[g] for g in algorithm if g.parent.parent == f.parent.parent}
+        known = siblings or set(by_alg)
+        by_alg[next(iter(known)) if len(known) == 1 else "unknown"].append(f)
+    groups: list[tuple[str, list[Path], str]] = []
+    for alg, members in sorted(by_alg.items()):
+        ids = Counter(_node_id(f, read[f]) for f in members)
+        if max(ids.values()) == 1:
+            groups.append((alg, members, _where(source, members) or alg))
+            continue
+        by_folder: dict[Path, list[Path]] = defaultdict(list)
+        for f in members:
+            by_folder[f.parent.parent].append(f)
+        for folder, part in sorted(by_folder.items()):
+            twice = [n for n, k in Counter(_node_id(f, read[f]) for f in part).items() if k > 1]
+            if twice:
+                shown = ", ".join(str(f) for f in part if _node_id(f, read[f]) == twice[0])
+                raise ReportError(f"{folder} holds several runs of {alg} ({twice[0]} in "
+                                  f"{shown}): give each run's folder on its own")
+            groups.append((alg, part, _where(source, part) or alg))
+    return groups
+
+
+def _node_id(path: Path, lines: list[dict[str, Any]]) -> str:
+    return str(lines[0].get("node")) if lines else path.parent.name
+
+
+def _where(source: Path, files: list[Path]) -> str:
+    """The folder holding the run's node directories, relative to ``source`` ('' for itself)."""
+    parents = {f.parent.parent for f in files}
+    if len(parents) != 1 or not source.is_dir():
+        return ""
+    rel = next(iter(parents)).relative_to(source)
+    return "" if str(rel) == "." else rel.as_posix()
+
+
+def find_runs(sources: Sequence[str | Path]) -> list[Run]:
+    """Every run below ``sources`` (see the module docstring), in the order given."""
+    if not sources:
+        raise ReportError("give at least one run folder")
+    found: list[tuple[Path, str, list[Path], str, bool]] = []
+    read: dict[Path, list[dict[str, Any]]] = {}
+    seen: set[Path] = set()
+    for given in sources:
+        source = Path(given)
+        if source.resolve() in seen:
+            continue
+        seen.add(source.resolve())
+        here = {f: read_metrics(f) for f in _metrics_files(source)}
+        read.update(here)
+        groups = _split(source, here)
+        for alg, files, name in groups:
+            found.append((source, alg, files, name, len(groups) > 1))
+    bases = Counter(_base(source) for source in {s for s, *_ in found})
+    labels: Counter[str] = Counter()
+    runs = []
+    for source, alg, files, name, several in found:
+        base = _base(source) if bases[_base(source)] == 1 else str(source)
+        label = f"{base}/{name}" if several else base
+        labels[label] += 1
+        if labels[label] > 1:
+            label = f"{label} ({labels[label]})"
+        order = sorted(files, key=lambda f: _natural(_node_id(f, read[f])))
+        runs.append(Run(label, source, alg, tuple(f.parent for f in order),
+                        {_node_id(f, read[f]): read[f] for f in order}))
+    return runs
+
+
+def _base(source: Path) -> str:
+    name = source.resolve().name if source.is_dir() else source.resolve().parent.name
+    return name or str(source)
+
+
+def write_figures(runs: Sequence[Run], out_dir: Path) -> list[Path]:
+    """Draw ``accuracy`` (Average and Var of Acc per round, one line per run) and ``nodes``
+    (each run's residual and round time per node) into ``out_dir`` as PNG and SVG."""
+    from dacflnode.sim.plots import plot_accuracy, plot_nodes
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {name: [out_dir / f"{name}.{fmt}" for fmt in FORMATS] for name in FIGURES}
+    plot_accuracy({r.label: r.summary() for r in runs}, paths["accuracy"])
+    plot_nodes({r.label: r.lines for r in runs}, paths["nodes"])
+    return [p for name in FIGURES for p in paths[name]]
+
+
+def build_report(sources: Sequence[str | Path], out_dir: Path) -> dict[str, Any]:
+    """Find the runs, draw the figures; returns ``{"runs": [row, ...], "files": [...]}``."""
+    runs = find_runs(sources)
+    files = write_figures(runs, out_dir)
+    return {"runs": [r.row() for r in runs], "files": [str(p) for p in files]}

@@ -1,0 +1,342 @@
+"""The deployment files in deploy/, checked offline with the tools deploy/README.md names.
+
+* Kubernetes manifests: kubernetes-validate --strict against the Kubernetes 1.30 schemas it
+  ships (a resource whose schema it does not find is a failure here, not the tool's warning);
+  the StatefulSet, the headless Service and the generated peers ConfigMap must agree with each
+  other and with what the daemon accepts; the in-container gRPC health probe must pass on a
+  serving TLS node and fail once it stops.
+* The compose file: check-jsonschema against the Compose Specification schema it vendors.
+* The Dockerfile: hadolint, no finding at any level.
+* The systemd unit: systemd-analyze verify, where it is installed.
+
+Each checker also gets a file with a known mistake, so a checker that silently checks nothing
+fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dacflnode.node.peers import parse_peers
+from dacflnode.security.certs import tls_files, write_certs
+from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.grpc_transport import GrpcTransport
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+MANIFESTS = [K8S / "service.yaml", K8S / "statefulset.yaml", K8S / "peers-configmap.yaml"]
+COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+UNIT = DEPLOY / "systemd" / "dacflnode.service"
+#: the oldest Kubernetes the manifests are meant for is 1.28 (the pod-index label); 1.30 is the
+#: oldest one still supported upstream when they were written
+KUBERNETES = "1.30.0"
+
+
+def run(*command: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(c) for c in command], capture_output=True, text=True,
+                          check=False, cwd=ROOT, timeout=120)
+
+
+def kubernetes_validate(*files: Path) -> subprocess.CompletedProcess[str]:
+    return run(sys.executable, "-m", "kubernetes_validate", "--strict", "-k", KUBERNETES, *files)
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def load(path: Path) -> dict[str, Any]:
+    (doc,) = load_all(path)
+    return doc
+
+
+def named(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (item,) = [i for i in items if i.get("name") == name]
+    return item
+
+
+# ------------------------------------------------------------------------------ Kubernetes
+def test_kubernetes_manifests_validate_strictly_against_the_bundled_schemas():
+    done = kubernetes_validate(*MANIFESTS)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    # WARN is how the tool says it found no schema for a kind: that checked nothing
+    assert lines and all(line.startswith("INFO ") for line in lines), done.stdout
+    assert len(lines) == sum(len(load_all(m)) for m in MANIFESTS)
+
+
+def test_kubernetes_validate_rejects_a_misspelt_field(tmp_path):
+    sts = load(K8S / "statefulset.yaml")
+    sts["spec"]["replica"] = sts["spec"].pop("replicas")
+    bad = tmp_path / "statefulset.yaml"
+    bad.write_text(yaml.safe_dump(sts))
+    done = kubernetes_validate(bad)
+    assert done.returncode != 0
+    assert "'replica' was unexpected" in done.stdout
+
+
+def test_kustomization_applies_every_manifest_with_one_image():
+    kustomization = load(K8S / "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == sorted(m.name for m in MANIFESTS)
+    assert sorted(p.name for p in K8S.glob("*.yaml")) == sorted(
+        [m.name for m in MANIFESTS] + ["kustomization.yaml"])
+    (image,) = kustomization["images"]
+    pod = load(K8S / "statefulset.yaml")["spec"]["template"]["spec"]
+    assert {c["image"].split(":")[0] for c in pod["containers"] + pod["initContainers"]} == {
+        image["name"]}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kustomize_renders_manifests_that_validate(tmp_path):
+    done = run("kubectl", "kustomize", K8S)
+    assert done.returncode == 0, done.stderr
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(done.stdout)
+    checked = kubernetes_validate(rendered)
+    assert checked.returncode == 0, checked.stdout
+    assert len(checked.stdout.splitlines()) == 3
+    assert all(line.startswith("INFO ") for line in checked.stdout.splitlines())
+
+
+def test_statefulset_service_and_peers_configmap_agree():
+    sts = load(K8S / "statefulset.yaml")
+    svc = load(K8S / "service.yaml")
+    configmap = load(K8S / "peers-configmap.yaml")
+    name, spec = sts["metadata"]["name"], sts["spec"]
+    pod = spec["template"]["spec"]
+    node = named(pod["containers"], "node")
+    mounts = {m["name"]: m["mountPath"] for m in node["volumeMounts"]}
+    port = named(node["ports"], "peer")["containerPort"]
+
+    # the headless Service names every pod, ready or not, and selects exactly these pods
+    assert svc["metadata"]["name"] == spec["serviceName"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert spec["selector"]["matchLabels"] == svc["spec"]["selector"]
+    assert named(svc["spec"]["ports"], "peer")["port"] == port
+    # Prometheus finds node.metrics on the port named metrics
+    metrics = named(node["ports"], "metrics")["containerPort"]
+    assert metrics == named(svc["spec"]["ports"], "metrics")["port"] == 9100
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(metrics)
+    # every container has requests and limits
+    for container in pod["containers"] + pod["initContainers"]:
+        for key in ("requests", "limits"):
+            assert set(container["resources"][key]) == {"cpu", "memory"}, container["name"]
+
+    # pod i runs node-i with the ConfigMap's node-i.yaml
+    index = named(node["env"], "POD_INDEX")["valueFrom"]["fieldRef"]["fieldPath"]
+    assert index == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert node["args"] == ["start", "--peers", f"{mounts['peers']}/node-$(POD_INDEX).yaml"]
+    assert named(pod["volumes"], "peers")["configMap"]["name"] == configmap["metadata"]["name"]
+    files = configmap["data"]
+    n = spec["replicas"]
+    assert sorted(files) == sorted(f"node-{i}.yaml" for i in range(n))
+    addresses = {f"node-{j}": f"{name}-{j}.{spec['serviceName']}:{port}" for j in range(n)}
+    for i in range(n):
+        node_id = f"node-{i}"
+        pf = parse_peers(yaml.safe_load(files[f"{node_id}.yaml"]),
+                         Path(mounts["peers"]) / f"{node_id}.yaml", check_run=i == 0)
+        assert pf.node.id == node_id
+        assert pf.node.listen == f"0.0.0.0:{port}"
+        assert pf.node.state_dir == Path(mounts["data"]) / node_id
+        assert pf.node.tls == tls_files(Path(mounts["tls"]), node_id)
+        assert pf.node.metrics == f"0.0.0.0:{metrics}"
+        assert pf.run.nodes == n
+        assert pf.neighbours and all(nb.address == addresses[nb.id] for nb in pf.neighbours)
+
+
+def test_peers_configmap_is_what_the_generator_writes_for_the_statefulset():
+    done = run(sys.executable, K8S / "peers.py", "--check", "--json")
+    result = json.loads(done.stdout)
+    assert "error" not in result, result["error"]
+    assert result["current"], result["diff"]
+    assert done.returncode == 0
+
+
+def test_peers_generator_refuses_an_option_the_statefulset_fixes(tmp_path):
+    done = run(sys.executable, K8S / "peers.py", "--certs", tmp_path, "--out",
+               tmp_path / "peers.yaml", "--json", "--", "--rounds", "5", "--hosts", "a,b,c")
+    assert done.returncode == 2
+    assert "--hosts is set from statefulset.yaml" in json.loads(done.stdout)["error"]
+    assert not (tmp_path / "peers.yaml").exists()
+
+
+def run_tls_init(tmp_path: Path, secret_files: list[str], pod_index: int,
+                 ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the init container's script in ``sh`` as pod ``pod_index``, with a Secret of
+    ``secret_files``; its two paths are replaced by folders under ``tmp_path``."""
+    pod = load(K8S / "statefulset.yaml")["spec"]["template"]["spec"]
+    init = named(pod["initContainers"], "tls")
+    assert init["command"][:2] == ["sh", "-c"]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert named(named(pod["containers"], "node")["volumeMounts"], "tls")["mountPath"] == (
+        mounts["tls"])
+    secret, tls = tmp_path / "secret", tmp_path / "tls"
+    secret.mkdir(exist_ok=True)
+    tls.mkdir(exist_ok=True)
+    for name in secret_files:
+        (secret / name).write_text(name)
+    script = init["command"][2]
+    for pod_path, here in ((mounts["tls-secret"], secret), (mounts["tls"], tls)):
+        assert pod_path in script
+        script = script.replace(pod_path, str(here))
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False,
+                          env={**os.environ, "POD_INDEX": str(pod_index)}, timeout=30)
+    return done, tls
+
+
+def test_tls_init_container_gives_the_node_only_its_own_files(tmp_path):
+    every = ["ca.crt", "ca.key"] + [f"node-{i}.{ext}" for i in range(3) for ext in ("crt", "key")]
+    for _ in range(2):  # a rerun replaces the read-only copies of the first run
+        done, tls = run_tls_init(tmp_path, every, pod_index=1)
+        assert done.returncode == 0, done.stderr
+        assert sorted(p.name for p in tls.iterdir()) == ["ca.crt", "node-1.crt", "node-1.key"]
+        assert (tls / "node-1.key").read_text() == "node-1.key"
+        assert (tls / "node-1.key").stat().st_mode & 0o777 == 0o400
+
+
+def test_tls_init_container_fails_for_a_node_the_secret_lacks(tmp_path):
+    done, _ = run_tls_init(tmp_path, ["ca.crt", "node-0.crt", "node-0.key"], pod_index=2)
+    assert done.returncode != 0
+    assert "Secret dacflnode-tls has no node-2.crt" in done.stderr
+
+
+def health_probe() -> list[str]:
+    """The exec command of the node container's probes (all three are the same check)."""
+    node = named(load(K8S / "statefulset.yaml")["spec"]["template"]["spec"]["containers"], "node")
+    probes = [node[p]["exec"]["command"] for p in ("startupProbe", "readinessProbe",
+                                                   "livenessProbe")]
+    assert probes[0] == probes[1] == probes[2]
+    command: list[str] = probes[0]
+    return command
+
+
+async def run_probe(command: list[str], tls_dir: Path, port: int) -> int:
+    """Run the probe as the kubelet would in pod 1, with the pod's paths and port replaced by
+    this test's."""
+    assert command[:2] == ["python", "-c"]
+    script = command[2]
+    for pod_value in ("/etc/dacflnode/tls/", "127.0.0.1:7000"):
+        assert script.count(pod_value) == 1, pod_value
+    script = script.replace("/etc/dacflnode/tls/", f"{tls_dir}/")
+    script = script.replace("127.0.0.1:7000", f"127.0.0.1:{port}")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, env={**os.environ, "POD_INDEX": "1"},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    return await asyncio.wait_for(process.wait(), timeout=60)
+
+
+async def test_grpc_health_probe_passes_on_a_serving_tls_node_and_fails_once_it_stops(tmp_path):
+    write_certs(tmp_path, ["node-0", "node-1"])
+    inbox = Inbox(senders={"node-0"}, current_round=lambda: 0)
+    transport = GrpcTransport(Identity("node-1", "model", "run"), "127.0.0.1:0",
+                              {"node-0": ""}, inbox, {"x": (4,)},
+                              tls=tls_files(tmp_path, "node-1").load())
+    await transport.start()
+    assert transport.port is not None
+    try:
+        assert await run_probe(health_probe(), tmp_path, transport.port) == 0
+    finally:
+        await transport.stop(grace=0)
+    assert await run_probe(health_probe(), tmp_path, transport.port) != 0
+
+
+# ------------------------------------------------------------------------------ compose
+def check_compose(path: Path) -> subprocess.CompletedProcess[str]:
+    return run(sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+               "vendor.compose-spec", path)
+
+
+def test_compose_file_matches_the_compose_specification():
+    done = check_compose(COMPOSE)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_compose_check_rejects_an_unknown_service_key(tmp_path):
+    text = COMPOSE.read_text()
+    assert "stop_grace_period:" in text
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text(text.replace("stop_grace_period:", "stop_grace_periods:"))
+    done = check_compose(bad)
+    assert done.returncode != 0
+    assert "'stop_grace_periods' was unexpected" in done.stdout
+
+
+# ------------------------------------------------------------------------------ Dockerfile
+def hadolint(path: Path) -> tuple[int, list[dict[str, Any]]]:
+    """hadolint's exit status and findings (of every level, style included) on ``path``."""
+    binary = Path(sysconfig.get_path("scripts")) / "hadolint"
+    done = run(binary, "--no-color", "--format", "json", path)
+    findings: list[dict[str, Any]] = json.loads(done.stdout)
+    return done.returncode, findings
+
+
+def test_dockerfile_has_no_hadolint_finding():
+    assert hadolint(DOCKERFILE) == (0, [])
+
+
+def test_hadolint_flags_an_unpinned_pip_install(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text(DOCKERFILE.read_text().replace('"torch==${TORCH_VERSION}"', "torch"))
+    status, findings = hadolint(bad)
+    assert status != 0
+    assert "DL3013" in {f["code"] for f in findings}
+
+
+# ------------------------------------------------------------------------------ systemd
+def verify_unit(unit: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``systemd-analyze verify`` of a copy of ``unit`` whose ExecStart runs a stub.
+
+    verify refuses a unit whose ExecStart binary does not exist, and this machine has no
+    /opt/dacflnode virtual environment. The copy differs from the unit in that one path only:
+    the stub is an executable file in ``tmp_path``; the arguments and every other line are
+    checked as they are. Nothing is installed or started.
+    """
+    stub = tmp_path / "bin" / "dacflnode"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\n")
+    stub.chmod(0o755)
+    text = unit.read_text()
+    exec_start = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+    assert len(exec_start) == 1
+    binary = exec_start[0].removeprefix("ExecStart=").split()[0]
+    copy = tmp_path / unit.name
+    copy.write_text(text.replace(f"ExecStart={binary} ", f"ExecStart={stub} "))
+    assert copy.read_text() != text
+    return run("systemd-analyze", "verify", copy)
+
+
+needs_systemd_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+
+
+@needs_systemd_analyze
+def test_systemd_unit_verifies_without_a_warning(tmp_path):
+    done = verify_unit(UNIT, tmp_path)
+    # verify exits 0 on an unknown key or a bad value, and only says so
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+@needs_systemd_analyze
+def test_systemd_verify_reports_a_bad_value(tmp_path):
+    bad = tmp_path / "dacflnode.service"
+    bad.write_text(UNIT.read_text().replace("MemoryMax=80%", "MemoryMax=lots"))
+    (tmp_path / "stub").mkdir()
+    done = verify_unit(bad, tmp_path / "stub")
+    assert "Invalid memory limit 'lots'" in done.stdout + done.stderr

@@ -1,0 +1,146 @@
+"""Which runs ``report`` finds below a folder, what it says about them, and the files it draws."""
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dacflnode.node.metrics_log import LINE_KEYS, METRICS_FILE, append_line, summarize
+from dacflnode.sim.report import ReportError, build_report, find_runs, write_figures
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def line(node: str, r: int, algorithm: str = "dacfl", **kw: Any) -> dict[str, Any]:
+    base = {
+        "round": r, "node": node, "algorithm": algorithm, "lr": 0.05, "train_loss": 2.0 / r,
+        "samples": 100, "accuracy": 0.1 * r + 0.01 * int(node[-1]), "test_loss": 1.0,
+        "consensus_residual": 1.0 / r, "neighbours_used": [], "neighbours_missing": [],
+        "exchange_s": 0.01, "train_s": 0.1, "seconds": 0.1 * r,
+    }
+    base.update(kw)
+    return {k: base[k] for k in LINE_KEYS}
+
+
+def write_node(folder: Path, node: str, rounds: int, algorithm: str = "dacfl") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / METRICS_FILE).touch()
+    for r in range(1, rounds + 1):
+        append_line(folder / METRICS_FILE, line(node, r, algorithm))
+    return folder
+
+
+def test_a_launch_folder_is_one_run_labelled_by_its_name(tmp_path):
+    dirs = [write_node(tmp_path / "cluster" / f"node-{i}", f"node-{i}", 3) for i in range(3)]
+    (run,) = find_runs([tmp_path / "cluster"])
+    assert (run.label, run.algorithm, list(run.lines)) == (
+        "cluster", "dacfl", ["node-0", "node-1", "node-2"])
+    assert list(run.node_dirs) == dirs
+
+
+def test_node_ids_sort_numerically(tmp_path):
+    for i in (10, 2, 1):
+        write_node(tmp_path / f"node-{i}", f"node-{i}", 1)
+    (run,) = find_runs([tmp_path])
+    assert list(run.lines) == ["node-1", "node-2", "node-10"]
+
+
+def test_a_simulate_folder_of_several_algorithms_is_one_run_each(tmp_path):
+    for alg in ("dacfl", "cdsgd"):
+        for i in range(2):
+            write_node(tmp_path / "sim" / alg / f"node-{i}", f"node-{i}", 2, alg)
+    runs = find_runs([tmp_path / "sim"])
+    assert [(r.label, r.algorithm) for r in runs] == [("sim/cdsgd", "cdsgd"),
+                                                      ("sim/dacfl", "dacfl")]
+
+
+def test_state_directories_copied_off_devices_are_one_run(tmp_path):
+    write_node(tmp_path / "states" / "pi-1", "node-0", 2)
+    write_node(tmp_path / "states" / "pi-2" / "var" / "dacflnode", "node-1", 2)
+    (run,) = find_runs([tmp_path / "states"])
+    assert run.label == "states" and list(run.lines) == ["node-0", "node-1"]
+
+
+def test_several_runs_of_one_algorithm_are_split_by_their_folder(tmp_path):
+    for setting in ("iid", "shards"):
+        for i in range(2):
+            write_node(tmp_path / "paper" / setting / "dacfl" / f"node-{i}", f"node-{i}", 2)
+    runs = find_runs([tmp_path / "paper"])
+    assert [r.label for r in runs] == ["paper/iid/dacfl", "paper/shards/dacfl"]
+    assert all(len(r.node_dirs) == 2 for r in runs)
+
+
+def test_two_copies_of_a_node_in_one_folder_are_refused_with_what_to_do(tmp_path):
+    write_node(tmp_path / "mixed" / "a", "node-0", 1)
+    write_node(tmp_path / "mixed" / "b", "node-0", 1)
+    with pytest.raises(ReportError, match=r"several runs of dacfl .*node-0.*each run's folder"):
+        find_runs([tmp_path / "mixed"])
+
+
+def test_a_node_without_lines_yet_belongs_to_its_siblings_run(tmp_path):
+    write_node(tmp_path / "node-0", "node-0", 2)
+    (tmp_path / "node-1").mkdir()
+    (tmp_path / "node-1" / METRICS_FILE).write_text("")
+    (run,) = find_runs([tmp_path])
+    assert list(run.lines) == ["node-0", "node-1"]
+    assert run.row()["rounds"] == 0 and run.row()["avg_acc"] is None
+
+
+def test_folders_of_the_same_name_are_labelled_by_their_path(tmp_path):
+    for parent in ("a", "b"):
+        write_node(tmp_path / parent / "out" / "node-0", "node-0", 1)
+    runs = find_runs([tmp_path / "a" / "out", tmp_path / "b" / "out"])
+    assert [r.label for r in runs] == [str(tmp_path / "a" / "out"), str(tmp_path / "b" / "out")]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p / "missing", "does not exist"),
+    (lambda p: p, f"no {METRICS_FILE} found under"),
+])
+def test_a_folder_without_metrics_names_what_to_give(tmp_path, make, message):
+    with pytest.raises(ReportError, match=message) as info:
+        find_runs([make(tmp_path)])
+    assert "launch" in str(info.value) and "simulate" in str(info.value)
+
+
+def test_a_running_cluster_counts_the_rounds_every_node_has_written(tmp_path):
+    dirs = [write_node(tmp_path / "node-0", "node-0", 5),
+            write_node(tmp_path / "node-1", "node-1", 3)]
+    (run,) = find_runs([tmp_path])
+    row = run.row()
+    expected = summarize(dirs, "dacfl", 0.0, engine="x")
+    assert row["rounds"] == 3 and row["final_round"] == 3
+    assert (row["avg_acc"], row["var_acc"]) == (expected["final"]["avg_acc"],
+                                                expected["final"]["var_acc"])
+    assert row["curve"]["avg_acc"] == expected["avg_acc"]
+    assert row["mean_round_s"] == pytest.approx(0.2)  # rounds 1-3 of both nodes: 0.1, 0.2, 0.3
+
+
+def test_figures_are_valid_png_and_svg_with_a_line_per_run(tmp_path):
+    for name in ("first", "second"):
+        for i in range(2):
+            write_node(tmp_path / name / f"node-{i}", f"node-{i}", 3)
+    report = build_report([tmp_path / "first", tmp_path / "second"], tmp_path / "out")
+    files = [Path(f) for f in report["files"]]
+    assert sorted(f.name for f in files) == ["accuracy.png", "accuracy.svg", "nodes.png",
+                                             "nodes.svg"]
+    for f in files:
+        if f.suffix == ".png":
+            assert f.read_bytes()[:8] == PNG_SIGNATURE
+        else:
+            assert ET.parse(f).getroot().tag == "{http://www.w3.org/2000/svg}svg"
+    text = (tmp_path / "out" / "accuracy.svg").read_text()
+    assert "first" in text and "second" in text and "Var of Acc" in text
+    assert "consensus residual" in (tmp_path / "out" / "nodes.svg").read_text()
+
+
+def test_figures_are_drawn_for_runs_without_accuracy_or_residual(tmp_path):
+    folder = tmp_path / "node-0"
+    folder.mkdir()
+    for r in (1, 2):
+        append_line(folder / METRICS_FILE, line("node-0", r, accuracy=None,
+                                                consensus_residual=float("nan")))
+    runs = find_runs([tmp_path])
+    assert runs[0].row()["consensus_residual"] is None
+    assert all(p.stat().st_size > 0 for p in write_figures(runs, tmp_path / "out"))
