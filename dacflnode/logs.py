@@ -180,6 +180,7 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: control service on %s (%s, %s)": ("control_serving", {"node": 0}),
     "%s: serving neighbours on %s with %s (round %d of %d, %s on %s)":
         ("serving", {"node": 0, "round": 3}),
+    "%s: grpc.health.v1 alone, in plaintext, on %s": ("health_serving", {"node": 0}),
     "%s: left the network after round %d": ("left", {"node": 0, "round": 1}),
     "%s: %s": ("failed", {"node": 0}),
     "%s: status not refreshed within %.0fs: serving the last one":

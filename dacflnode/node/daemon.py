@@ -334,7 +334,8 @@ class Daemon:
         transport = GrpcTransport(built.identity, pf.node.listen,
                                   {nb.id: nb.address for nb in pf.neighbours}, inbox, tensors,
                                   tls=tls, idle_timeout=pf.daemon.stream_idle_timeout,
-                                  stream_timeout=pf.daemon.stream_timeout)
+                                  stream_timeout=pf.daemon.stream_timeout,
+                                  health_listen=pf.node.health)
         runner = NodeRunner(built.setup, transport, built.state, resume=built.checkpoint)
         self.receiver = transport.receiver
 
@@ -358,6 +359,9 @@ class Daemon:
         log.info("%s: serving neighbours on %s with %s (round %d of %d, %s on %s)", pf.node.id,
                  pf.node.listen, "mutual TLS" if tls else "no authentication", runner.round,
                  pf.run.rounds, pf.run.algorithm[0], self.device)
+        if pf.node.health is not None:
+            log.info("%s: grpc.health.v1 alone, in plaintext, on %s", pf.node.id,
+                     pf.node.health)
         code = 0
         try:
             await runner.run()

@@ -7,6 +7,7 @@
       listen: 0.0.0.0:7000           # required: the peer (Neighbor service) address
       control: 127.0.0.1:8000        # default: 127.0.0.1:<listen port + 1000>
       metrics: 127.0.0.1:9000        # Prometheus /metrics over HTTP; default: not served
+      health: 0.0.0.0:7100           # plaintext grpc.health.v1 only (probes); default: none
       state_dir: ./node-0            # default: <folder of this file>/<node id>
       share: 0                       # data partition index; default: index of node.id in members
       tls:                           # mutual TLS with the neighbours (see: dacflnode certs)
@@ -90,7 +91,8 @@ __all__ = [
 
 _TOP_KEYS = ("node", "neighbours", "run")
 _NODE_KEYS = (
-    "id", "listen", "control", "metrics", "state_dir", "share", "tls", "insecure", "control_token"
+    "id", "listen", "control", "metrics", "health", "state_dir", "share", "tls", "insecure",
+    "control_token",
 )
 
 #: ``dacflnode topology`` puts node.metrics on 127.0.0.1 at the listen port plus this.
@@ -124,6 +126,9 @@ class NodeSection:
     control_token: str | None = dataclasses.field(default=None, repr=False)
     #: ``host:port`` of the Prometheus endpoint (``/metrics`` over HTTP); None: not served
     metrics: str | None = None
+    #: ``host:port`` of a plaintext gRPC port serving only ``grpc.health.v1`` (for probes that
+    #: cannot present a client certificate, such as Kubernetes' native gRPC probes); None: none
+    health: str | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,9 @@ class _Parser:
         if port and control == listen:
             raise self.err("node.control", f"is the listen address {listen}")
         metrics = self.metrics(raw.get("metrics"), listen, control)
+        health = self.extra_address(raw.get("health"), "node.health",
+                                    {"node.listen": listen, "node.control": control,
+                                     "node.metrics": metrics})
         state_dir = (
             self.path(raw["state_dir"], "node.state_dir")
             if raw.get("state_dir") is not None
@@ -330,19 +338,24 @@ class _Parser:
         token = self.token(raw.get("control_token"))
         self.exposure(host, control, tls, insecure, token)
         return NodeSection(
-            node_id, listen, control, state_dir, share, tls, insecure, token, metrics
+            node_id, listen, control, state_dir, share, tls, insecure, token, metrics, health
         )
 
     def metrics(self, value: Any, listen: str, control: str) -> str | None:
         """``node.metrics``: absent, or a ``host:port`` other than the peer and control ones."""
+        return self.extra_address(value, "node.metrics",
+                                  {"node.listen": listen, "node.control": control})
+
+    def extra_address(self, value: Any, field: str, others: dict[str, str | None]) -> str | None:
+        """An optional ``host:port`` (``field``) that must differ from the ``others``."""
         if value is None:
             return None
-        host, port = parse_address(value, "node.metrics", self.file)
-        metrics = format_address(host, port)
-        for other, key in ((listen, "node.listen"), (control, "node.control")):
-            if port and metrics == other:
-                raise self.err("node.metrics", f"is the {key} address {other}: use another port")
-        return metrics
+        host, port = parse_address(value, field, self.file)
+        address = format_address(host, port)
+        for key, other in others.items():
+            if port and address == other:
+                raise self.err(field, f"is the {key} address {other}: use another port")
+        return address
 
     def tls(self, value: Any) -> TlsFiles | None:
         if value is None:

@@ -74,6 +74,8 @@ def node_section(pf: PeersFile) -> dict[str, Any]:
     }
     if node.metrics is not None:
         out["metrics"] = node.metrics
+    if node.health is not None:
+        out["health"] = node.health
     out["state_dir"] = _relative(node.state_dir, pf.path.parent)
     out["share"] = node.share
     if node.tls is not None:

@@ -232,6 +232,10 @@ class GrpcTransport(Transport):
     ``tls``: serve on a TLS-only port that requires a client certificate from ``tls.ca``, and
     connect to each neighbour with this node's certificate, requiring the neighbour's to carry
     the neighbour's id (see :mod:`~dacflnode.transport.channels`).
+
+    ``health_listen``: also serve ``grpc.health.v1`` alone, in plaintext, on that address (the
+    same health status as the peer port). A probe that cannot present a client certificate,
+    such as Kubernetes' native gRPC probe, checks the node there; nothing else is served on it.
     """
 
     def __init__(
@@ -247,9 +251,13 @@ class GrpcTransport(Transport):
         tls: TlsMaterial | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         stream_timeout: float = STREAM_TIMEOUT,
+        health_listen: str | None = None,
     ) -> None:
         self.identity = identity
         self.tls = tls
+        self.health_listen = health_listen
+        self.health_port: int | None = None
+        self._health_server: grpc.aio.Server | None = None
         self.listen = listen
         self.peers: dict[str, str] = dict(peers)
         self.inbox = inbox
@@ -284,6 +292,17 @@ class GrpcTransport(Transport):
             raise
         await server.start()
         self._server = server
+        if self.health_listen is not None:
+            probe = channels.create_server()
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, probe)
+            try:
+                self.health_port = channels.bind(probe, self.health_listen)
+            except OSError:
+                await server.stop(None)
+                self._state = "stopped"
+                raise
+            await probe.start()
+            self._health_server = probe
         self._state = "serving"
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -297,6 +316,8 @@ class GrpcTransport(Transport):
             await self._health.enter_graceful_shutdown()
             assert self._server is not None
             await self._server.stop(grace)
+            if self._health_server is not None:
+                await self._health_server.stop(None)
         channels_, self._channels, self._stubs = self._channels, {}, {}
         for channel in channels_.values():
             await channel.close()

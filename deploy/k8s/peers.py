@@ -5,10 +5,11 @@ Pod ``<statefulset>-<i>`` runs node ``node-<i>`` and reads ``node-<i>.yaml`` fro
 The files come from ``dacflnode topology``, run with what the StatefulSet fixes: the number of
 nodes (``spec.replicas``), each neighbour's stable DNS name ``<statefulset>-<j>.<service>``, the
 peer port (the container port named ``peer``), the Prometheus endpoint (``node.metrics`` on all
-addresses at the port named ``metrics``), the state folder (the ``data`` mount) and the
-certificates (the ``tls`` mount). The certificates themselves go into a Secret, never into the
-ConfigMap: ``dacflnode topology --tls CERTS`` creates what is missing in CERTS (a CA and one
-certificate per node), and the peers files name their in-pod copies instead of CERTS.
+addresses at the port named ``metrics``), the plaintext health port of the kubelet's gRPC probes
+(``node.health`` on all addresses at the port named ``health``), the state folder (the ``data``
+mount) and the certificates (the ``tls`` mount). The certificates themselves go into a Secret,
+never into the ConfigMap: ``dacflnode topology --tls CERTS`` creates what is missing in CERTS (a
+CA and one certificate per node), and the peers files name their in-pod copies instead of CERTS.
 
 The run options (``--dataset``, ``--rounds``, ...) are recorded in the ConfigMap's annotation
 ``dacflnode/topology``, so ``--check`` can regenerate the file with a throwaway CA and say
@@ -60,6 +61,7 @@ class Pods:
     replicas: int
     port: int
     metrics_port: int
+    health_port: int
     peers_dir: str
     tls_dir: str
     data_dir: str
@@ -73,6 +75,12 @@ class Pods:
     def metrics_address(self) -> str:
         """node.metrics in a pod: every address, so that Prometheus reaches it at the pod IP."""
         return f"0.0.0.0:{self.metrics_port}"
+
+    @property
+    def health_address(self) -> str:
+        """node.health in a pod: every address, so that the kubelet's probes reach it at the
+        pod IP."""
+        return f"0.0.0.0:{self.health_port}"
 
 
 def _named(items: list[dict[str, Any]], name: str, what: str) -> dict[str, Any]:
@@ -102,6 +110,7 @@ def read_pods(path: Path = STATEFULSET) -> Pods:
         replicas=replicas,
         port=int(_named(node["ports"], "peer", "container port")["containerPort"]),
         metrics_port=int(_named(node["ports"], "metrics", "container port")["containerPort"]),
+        health_port=int(_named(node["ports"], "health", "container port")["containerPort"]),
         peers_dir=mounts["peers"],
         tls_dir=mounts["tls"],
         data_dir=mounts["data"],
@@ -146,7 +155,8 @@ def generate(pods: Pods, kind: str, options: list[str], certs: Path) -> str:
             node = f"node-{i}"
             text = (Path(out) / f"{node}.yaml").read_text()
             text = text.replace(f"{certs}/", f"{pods.tls_dir.rstrip('/')}/")
-            text = _set_metrics(text, pods.metrics_address)
+            text = _set_node_key(text, "metrics", pods.metrics_address, after="control")
+            text = _set_node_key(text, "health", pods.health_address, after="metrics")
             _check_file(yaml.safe_load(text), node, pods)
             files[f"{node}.yaml"] = text if text.endswith("\n") else text + "\n"
     configmap = {
@@ -170,18 +180,19 @@ def generate(pods: Pods, kind: str, options: list[str], certs: Path) -> str:
     return header + body
 
 
-def _set_metrics(text: str, address: str) -> str:
-    """``text`` with ``node.metrics: address``, replacing the loopback address topology writes
-    (it never exposes an endpoint on its own)."""
+def _set_node_key(text: str, key: str, address: str, after: str) -> str:
+    """``text`` with ``node.<key>: address`` (placed after ``node.<after>`` when new), replacing
+    the address topology writes: it puts node.metrics on loopback and writes no node.health (it
+    never exposes an endpoint on its own)."""
     lines = text.splitlines(keepends=True)
     start = lines.index("node:\n") + 1
     end = next((k for k in range(start, len(lines)) if not lines[k].startswith(" ")), len(lines))
-    entry = f"  metrics: {address}\n"
+    entry = f"  {key}: {address}\n"
     keys = [line.split(":", 1)[0].strip() for line in lines[start:end]]
-    if "metrics" in keys:
-        lines[start + keys.index("metrics")] = entry
+    if key in keys:
+        lines[start + keys.index(key)] = entry
     else:
-        lines.insert(start + keys.index("control") + 1, entry)
+        lines.insert(start + keys.index(after) + 1, entry)
     return "".join(lines)
 
 
@@ -195,9 +206,10 @@ def _check_file(peers: dict[str, Any], node: str, pods: Pods) -> None:
     }
     if peers["node"]["id"] != node or tls != want:
         raise Refused(f"{node}: node.tls is {tls}, expected {want}: is --certs a plain folder?")
-    if peers["node"].get("metrics") != pods.metrics_address:
-        raise Refused(f"{node}: node.metrics is {peers['node'].get('metrics')!r}, expected"
-                      f" {pods.metrics_address!r}")
+    for key, address in (("metrics", pods.metrics_address), ("health", pods.health_address)):
+        if peers["node"].get(key) != address:
+            raise Refused(f"{node}: node.{key} is {peers['node'].get(key)!r}, expected"
+                          f" {address!r}")
 
 
 def secret_command(pods: Pods, certs: Path) -> list[str]:

@@ -3,8 +3,9 @@
 * Kubernetes manifests: kubernetes-validate --strict against the Kubernetes 1.30 schemas it
   ships (a resource whose schema it does not find is a failure here, not the tool's warning);
   the StatefulSet, the headless Service and the generated peers ConfigMap must agree with each
-  other and with what the daemon accepts; the in-container gRPC health probe must pass on a
-  serving TLS node and fail once it stops.
+  other and with what the daemon accepts; the native gRPC probes check the port peers.py writes
+  into node.health, which answers them in plaintext on a serving TLS node (and serves nothing
+  else) and stops answering once the node stops.
 * The compose file: check-jsonschema against the Compose Specification schema it vendors.
 * The Dockerfile: hadolint, no finding at any level.
 * The systemd unit: systemd-analyze verify, where it is installed.
@@ -15,7 +16,6 @@ fails here.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -25,9 +25,12 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dacflnode._proto.dacfl.v1 import neighbor_pb2, neighbor_pb2_grpc
 from dacflnode.node.peers import parse_peers
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.transport.base import Identity, Inbox
@@ -157,6 +160,7 @@ def test_statefulset_service_and_peers_configmap_agree():
         assert pf.node.state_dir == Path(mounts["data"]) / node_id
         assert pf.node.tls == tls_files(Path(mounts["tls"]), node_id)
         assert pf.node.metrics == f"0.0.0.0:{metrics}"
+        assert pf.node.health == f"0.0.0.0:{named(node['ports'], 'health')['containerPort']}"
         assert pf.run.nodes == n
         assert pf.neighbours and all(nb.address == addresses[nb.id] for nb in pf.neighbours)
 
@@ -217,44 +221,64 @@ def test_tls_init_container_fails_for_a_node_the_secret_lacks(tmp_path):
     assert "Secret dacflnode-tls has no node-2.crt" in done.stderr
 
 
-def health_probe() -> list[str]:
-    """The exec command of the node container's probes (all three are the same check)."""
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+def grpc_probe() -> dict[str, Any]:
+    """The ``grpc`` action of the node container's probes (all three are the same check)."""
     node = named(load(K8S / "statefulset.yaml")["spec"]["template"]["spec"]["containers"], "node")
-    probes = [node[p]["exec"]["command"] for p in ("startupProbe", "readinessProbe",
-                                                   "livenessProbe")]
-    assert probes[0] == probes[1] == probes[2]
-    command: list[str] = probes[0]
-    return command
+    actions = [node[p] for p in PROBES]
+    assert all(set(a) & {"exec", "httpGet", "tcpSocket"} == set() for a in actions)
+    assert actions[0]["grpc"] == actions[1]["grpc"] == actions[2]["grpc"]
+    action: dict[str, Any] = actions[0]["grpc"]
+    return action
 
 
-async def run_probe(command: list[str], tls_dir: Path, port: int) -> int:
-    """Run the probe as the kubelet would in pod 1, with the pod's paths and port replaced by
-    this test's."""
-    assert command[:2] == ["python", "-c"]
-    script = command[2]
-    for pod_value in ("/etc/dacflnode/tls/", "127.0.0.1:7000"):
-        assert script.count(pod_value) == 1, pod_value
-    script = script.replace("/etc/dacflnode/tls/", f"{tls_dir}/")
-    script = script.replace("127.0.0.1:7000", f"127.0.0.1:{port}")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, env={**os.environ, "POD_INDEX": "1"},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    return await asyncio.wait_for(process.wait(), timeout=60)
+def test_grpc_probes_check_the_health_port_peers_py_writes_into_every_peers_file():
+    node = named(load(K8S / "statefulset.yaml")["spec"]["template"]["spec"]["containers"], "node")
+    probe = grpc_probe()
+    assert probe == {"port": named(node["ports"], "health")["containerPort"], "service": ""}
+    files = load(K8S / "peers-configmap.yaml")["data"]
+    health = {yaml.safe_load(text)["node"]["health"] for text in files.values()}
+    assert health == {f"0.0.0.0:{probe['port']}"}
 
 
-async def test_grpc_health_probe_passes_on_a_serving_tls_node_and_fails_once_it_stops(tmp_path):
+async def kubelet_probe(port: int, service: str) -> str:
+    """What the kubelet's native gRPC probe sees: Health/Check over a new plaintext channel
+    (it has no client certificate). The status's name, or the failed call's code."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub: Any = health_pb2_grpc.HealthStub(channel)  # no async types shipped
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            return str(exc.code().name)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+async def test_health_port_answers_the_probe_on_a_serving_tls_node_and_fails_once_it_stops(
+        tmp_path):
+    service = grpc_probe()["service"]
     write_certs(tmp_path, ["node-0", "node-1"])
     inbox = Inbox(senders={"node-0"}, current_round=lambda: 0)
     transport = GrpcTransport(Identity("node-1", "model", "run"), "127.0.0.1:0",
                               {"node-0": ""}, inbox, {"x": (4,)},
-                              tls=tls_files(tmp_path, "node-1").load())
+                              tls=tls_files(tmp_path, "node-1").load(),
+                              health_listen="127.0.0.1:0")
     await transport.start()
-    assert transport.port is not None
+    assert transport.port is not None and transport.health_port is not None
     try:
-        assert await run_probe(health_probe(), tmp_path, transport.port) == 0
+        assert await kubelet_probe(transport.health_port, service) == "SERVING"
+        # the peer port needs a client certificate: the reason the health port exists
+        assert await kubelet_probe(transport.port, service) == "UNAVAILABLE"
+        # the health port serves nothing but the status
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{transport.health_port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await neighbor_pb2_grpc.NeighborStub(channel).Hello(
+                    neighbor_pb2.HelloRequest(node_id="node-0"), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         await transport.stop(grace=0)
-    assert await run_probe(health_probe(), tmp_path, transport.port) != 0
+    assert await kubelet_probe(transport.health_port, service) == "UNAVAILABLE"
 
 
 # ------------------------------------------------------------------------------ compose

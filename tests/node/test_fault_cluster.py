@@ -253,6 +253,7 @@ def test_three_stalls_beyond_the_deadline_keep_every_node_and_the_invariant(tmp_
             assert any(missed(c, i, j) for nb in ring_neighbours(node, 5)
                        for i, j in ((nb, node), (node, nb))), (node, after)
         residual = c.residual(range(5))
+        print(f"residual {residual:.2e}")  # shown with -s: the figure of the run
         assert residual <= TOLERANCE, residual
 
 
@@ -279,6 +280,7 @@ def test_a_drained_node_leaves_and_its_neighbours_go_on_without_waiting(tmp_path
                     if int(m["round"]) > last + 1 and m["exchange_s"] >= deadline / 2]
             assert slow == [], (f"node-{i}", last, slow)
         residual = c.residual(stay)
+        print(f"residual {residual:.2e}")  # shown with -s: the figure of the run
         assert residual <= TOLERANCE, residual
 
 
@@ -301,6 +303,7 @@ def test_a_member_started_after_the_others_joins_and_finishes(tmp_path):
             assert any(f"node-{late}" in m["neighbours_used"] for m in c.metrics(i)), i
         assert any(m["neighbours_used"] for m in c.metrics(late))
         residual = c.residual(range(6))
+        print(f"residual {residual:.2e}")  # shown with -s: the figure of the run
         assert residual <= TOLERANCE, residual
 
 
@@ -362,4 +365,5 @@ def test_a_partitioned_ring_runs_on_both_sides_and_merges_when_it_heals(lab: Lab
         for observer, peer in ((1, 2), (2, 1), (0, 4), (4, 0)):  # the cut edges work again
             assert used_across(c, observer, peer, healed_at), (observer, peer, healed_at)
         residual = c.residual(range(5))
+        print(f"residual {residual:.2e}")  # shown with -s: the figure of the run
         assert residual <= TOLERANCE, residual

@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dacflnode._proto.dacfl.v1 import control_pb2, control_pb2_grpc, neighbor_pb2_grpc
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
@@ -304,3 +306,27 @@ async def test_the_checkpoint_streams_in_chunks_and_wants_the_token(monkeypatch)
             await fetch_checkpoint(address, auth=ControlAuth(token=TOKEN + "x"))
     finally:
         await server.stop(0)
+
+
+async def test_the_health_port_answers_a_plaintext_probe_and_serves_nothing_else(pki):
+    inbox = Inbox(senders={"alice"}, current_round=lambda: 0)
+    node = GrpcTransport(Identity("bob", MODEL, RUN), "127.0.0.1:0", {"alice": ""}, inbox,
+                         TENSORS, tls=material(pki, "bob"), health_listen="127.0.0.1:0")
+    await node.start()
+    probe_address = f"127.0.0.1:{node.health_port}"
+    try:
+        async with grpc.aio.insecure_channel(probe_address) as channel:
+            health: Any = health_pb2_grpc.HealthStub(channel)  # no async types shipped
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=3.0)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await neighbor_pb2_grpc.NeighborStub(channel).Hello(
+                    pb.HelloRequest(node_id="alice"), timeout=3.0)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await node.stop(grace=0)
+    async with grpc.aio.insecure_channel(probe_address) as channel:
+        stopped: Any = health_pb2_grpc.HealthStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stopped.Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=2.0)
