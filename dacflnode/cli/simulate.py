@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import config_from_options, run_options
+from dacflnode.config import DAEMON_DEFAULTS
 
 if TYPE_CHECKING:
     from dacflnode.sim.simulator import RoundRecord
@@ -29,10 +30,15 @@ if TYPE_CHECKING:
               help="Play the fault plan in FILE (drops, cuts, crashes, leaves, joins; see "
                    "examples/faults/README.md); the summary then reports the consensus "
                    "invariant per round.")
+@click.option("--gone-after", type=click.IntRange(min=1), default=DAEMON_DEFAULTS.gone_after,
+              show_default=True,
+              help="With --faults: consecutive missed rounds before a node declares a neighbour "
+                   "gone (a daemon's run.gone_after; give launch the same to compare).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
-def simulate(out_dir: str | None, faults_file: str | None, as_json: bool, quiet: bool,
+def simulate(out_dir: str | None, faults_file: str | None, gone_after: int, as_json: bool,
+             quiet: bool,
              **options: Any) -> None:
     """Run N nodes in one process with the daemon's round code and record the paper's metrics.
 
@@ -69,7 +75,7 @@ def simulate(out_dir: str | None, faults_file: str | None, as_json: bool, quiet:
                 status += f"  acc {100 * record.avg_acc:.2f}%"
             bar.update(tasks[name], completed=done, status=status)
 
-        summary = run_experiment(cfg, out_dir, progress, faults=faults)
+        summary = run_experiment(cfg, out_dir, progress, faults=faults, gone_after=gone_after)
     if as_json:
         click.echo(json.dumps(summary))
         return

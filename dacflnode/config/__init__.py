@@ -5,7 +5,7 @@
 handshake fingerprint and :mod:`~dacflnode.config.docs` writes ``docs/configuration.md``.
 """
 
-from dacflnode.config.daemon import DAEMON_DEFAULTS, DaemonSettings
+from dacflnode.config.daemon import DAEMON_DEFAULTS, DaemonSettings, anchor_delay
 from dacflnode.config.run import ENGINES, RunConfig, config_from_mapping, load_yaml_config
 from dacflnode.config.schema import Scope
 
@@ -15,6 +15,7 @@ __all__ = [
     "DaemonSettings",
     "RunConfig",
     "Scope",
+    "anchor_delay",
     "config_from_mapping",
     "load_yaml_config",
 ]

@@ -88,5 +88,17 @@ class DaemonSettings:
     )
 
 
+#: The least rounds between declaring a neighbour gone and the re-anchor round.
+MIN_ANCHOR_DELAY = 4
+
+
+def anchor_delay(setting: int, nodes: int) -> int:
+    """``anchor_delay`` as a node uses it: the setting, or when it is 0 (auto) the number of
+    nodes, at least :data:`MIN_ANCHOR_DELAY`. News of a re-anchor needs up to the graph's
+    diameter in rounds to reach every node, and the diameter is less than the number of
+    nodes."""
+    return setting or max(MIN_ANCHOR_DELAY, nodes)
+
+
 #: The defaults, for code that takes a deadline as an argument.
 DAEMON_DEFAULTS = DaemonSettings()

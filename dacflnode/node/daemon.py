@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
+from dacflnode.config import anchor_delay
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import eval_subset, load_dataset
 from dacflnode.learning.layout import StateLayout
@@ -112,24 +113,14 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
         eval_every=run.eval_every, round_deadline=pf.daemon.round_deadline,
         hello_timeout=pf.daemon.hello_timeout, active_neighbours=active,
         state_dir=pf.node.state_dir, run_info=run_info, gone_after=pf.daemon.gone_after,
-        anchor_delay=anchor_delay(pf), faults=faults,
+        anchor_delay=anchor_delay(pf.daemon.anchor_delay, len(pf.daemon.members)),
+        faults=faults,
     )
     return BuiltNode(setup, state, identity, str(device), checkpoint)
 
 
 #: How long a scrape waits for the event loop to refresh the status before it serves the last.
 METRICS_REFRESH_TIMEOUT = 2.0
-
-#: The least rounds between declaring a neighbour gone and the re-anchor round.
-MIN_ANCHOR_DELAY = 4
-
-
-def anchor_delay(pf: PeersFile) -> int:
-    """``run.anchor_delay``, or when it is 0 (auto) the number of ``run.members``, at least
-    :data:`MIN_ANCHOR_DELAY`: news of a re-anchor needs up to the graph's diameter in rounds
-    to reach every node, and the diameter is less than the number of nodes."""
-    return pf.daemon.anchor_delay or max(MIN_ANCHOR_DELAY, len(pf.daemon.members))
-
 
 class Daemon:
     """One node process: servers, runner, signals."""

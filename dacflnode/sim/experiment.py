@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dacflnode import __version__
-from dacflnode.config import RunConfig
+from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
 from dacflnode.node.faults import FaultPlan
@@ -27,11 +27,14 @@ from dacflnode.sim.simulator import ProgressFn, Simulation
 def run_experiment(
     cfg: RunConfig, out_dir: str | Path | None = None, progress: ProgressFn | None = None,
     faults: FaultPlan | None = None,
+    gone_after: int = DAEMON_DEFAULTS.gone_after,
 ) -> dict[str, Any]:
     """Run every algorithm of ``cfg``; return (and write) the summary.
 
     ``faults``: a fault plan every run plays; the summary then has ``invariant``: per FODAC
-    algorithm, the invariant residual of each round and over the nodes that finished."""
+    algorithm, the invariant residual of each round and over the nodes that finished.
+    ``gone_after``: missed rounds in a row before a neighbour is declared gone (as a daemon's
+    ``run.gone_after``)."""
     cfg.validate()
     cfg.apply_threads()
     started = time.perf_counter()
@@ -57,7 +60,8 @@ def run_experiment(
         invariant: dict[str, Any] = {}
         for name in cfg.algorithm:
             folder = root / name if len(cfg.algorithm) > 1 else root
-            sim = Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults)
+            sim = Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults,
+                             gone_after=gone_after)
             result = sim.run(progress)
             results[name] = summarize([folder / node for node in sim.ids], name, result.wall_s,
                                       engine=result.engine)

@@ -44,14 +44,13 @@ import torch
 from dacflnode.algorithms import graphs
 from dacflnode.algorithms.rounds import Algorithm, NodeState, make_algorithm
 from dacflnode.algorithms.topology import GRAPH_KINDS, MixingSchedule
-from dacflnode.config import DAEMON_DEFAULTS, RunConfig
+from dacflnode.config import DAEMON_DEFAULTS, RunConfig, anchor_delay
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import Dataset, eval_subset
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.train import pick_device
 from dacflnode.node.checkpoint import Checkpoint
-from dacflnode.node.daemon import MIN_ANCHOR_DELAY
 from dacflnode.node.faults import Crash, FaultPlan
 from dacflnode.node.metrics_log import METRICS_FILE
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
@@ -125,8 +124,11 @@ class Simulation:
         *,
         out_dir: Path | None = None,
         faults: FaultPlan | None = None,
+        gone_after: int = DAEMON_DEFAULTS.gone_after,
     ) -> None:
         self.cfg = cfg
+        #: consecutive missed rounds before a neighbour is declared gone (as a daemon's)
+        self.gone_after = gone_after
         self.alg: Algorithm = make_algorithm(algorithm, cfg.fodac_variant)
         self.ids = node_ids(cfg.nodes)
         self.out_dir = out_dir
@@ -407,8 +409,8 @@ class _Nodes:
             active_neighbours=None if self.active is None else self.active(node),
             mixing=self.mixing, view=sim._view(node), state_dir=self._state_dirs[node],
             checkpoints=False, executor=OnLoopThread(), absurd_ratio=None,
-            gone_after=DAEMON_DEFAULTS.gone_after,
-            anchor_delay=max(MIN_ANCHOR_DELAY, len(sim.ids)),  # a launched daemon's default
+            gone_after=sim.gone_after,
+            anchor_delay=anchor_delay(0, len(sim.ids)),  # a launched daemon's default
             faults=self.plan, join=join,
         )
 

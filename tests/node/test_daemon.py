@@ -10,9 +10,9 @@ from unittest.mock import Mock
 import pytest
 import yaml
 
-from dacflnode.config import RunConfig
+from dacflnode.config import RunConfig, anchor_delay
 from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.daemon import Daemon, anchor_delay
+from dacflnode.node.daemon import Daemon
 from dacflnode.node.membership import PeerState, PeerTrack
 from dacflnode.node.peers import PeersFile, load_peers
 from dacflnode.node.runner import NodeRunner
@@ -97,5 +97,7 @@ def test_status_shows_each_neighbours_track_and_the_refusals_it_caused(tmp_path)
 
 
 def test_an_automatic_anchor_delay_follows_the_number_of_members(tmp_path):
-    assert anchor_delay(peers_file(tmp_path / "a")) == 4  # 3 members: at least 4
-    assert anchor_delay(peers_file(tmp_path / "b", anchor_delay=7)) == 7
+    daemon = Daemon(peers_file(tmp_path / "a"))  # 3 members: at least 4
+    assert anchor_delay(daemon.pf.daemon.anchor_delay, len(daemon.pf.daemon.members)) == 4
+    assert anchor_delay(0, 9) == 9
+    assert anchor_delay(7, 3) == 7

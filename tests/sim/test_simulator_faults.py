@@ -32,12 +32,13 @@ EXACT = 1e-6
 
 
 def simulate(events: list[dict[str, Any]], cfg: RunConfig = RING,
-             out: Path | None = None) -> tuple[Simulation, SimulationResult]:
+             out: Path | None = None, gone_after: int = 3,
+             ) -> tuple[Simulation, SimulationResult]:
     plan = parse_fault_plan(events, ids=IDS[:cfg.nodes], rounds=cfg.rounds)
     data = load_dataset("synthetic", synthetic_train=cfg.synthetic_train,
                         synthetic_test=cfg.synthetic_test, seed=cfg.seed)
     parts = partition(data.train_y, cfg.nodes, cfg.partition, seed=cfg.seed)
-    sim = Simulation(cfg, "dacfl", data, parts, out_dir=out, faults=plan)
+    sim = Simulation(cfg, "dacfl", data, parts, out_dir=out, faults=plan, gone_after=gone_after)
     # a node waiting for a state that never comes would hang the test: fail it instead
     return sim, asyncio.run(asyncio.wait_for(sim.run_async(), 60))
 
@@ -183,3 +184,11 @@ def test_an_empty_plan_changes_nothing():
     assert planned["algorithms"]["dacfl"]["train_loss"] == plain["algorithms"]["dacfl"][
         "train_loss"]
     assert planned["invariant"]["dacfl"]["final"] <= EXACT
+
+
+@pytest.mark.parametrize(("gone_after", "declared"), [(2, True), (4, False)])
+def test_gone_after_decides_whether_a_stall_makes_the_neighbours_reanchor(gone_after, declared):
+    sim, result = simulate([{"drop": "node-2", "rounds": [3, 5]}], gone_after=gone_after)
+    assert set(phases(sim).values()) == {"done"}
+    assert (sim.runners[1].reanchored > 0) is declared
+    assert result.invariant is not None and result.invariant <= EXACT
