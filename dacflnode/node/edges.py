@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dacflnode.node.ledger import Ledger
+from dacflnode.node.ledger import Entry, Ledger
 from dacflnode.node.membership import PeerState, PeerTrack
 from dacflnode.wire.codec import MAX_ANCHORS, MAX_USED_LOG, Kind, RoundMessage, UsedLog
 
@@ -25,19 +25,30 @@ log = logging.getLogger("dacflnode.node")
 
 @dataclass
 class Absorbed:
-    """What a round's messages change beyond the mix: a vector to add to ``x`` (undone
-    one-sided uses and handed-over shares), and who left."""
+    """What a round's messages change beyond the mix: the terms to add to ``x`` (undone
+    one-sided uses, handed-over shares), and who left. The terms are kept as they are and
+    summed by :attr:`adjust`, a pass over the state per term, which the runner computes off
+    the event loop."""
 
-    adjust: torch.Tensor | None = None
+    terms: list[tuple[float, Entry | torch.Tensor]] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     corrections: int = 0
     shares: int = 0
 
-    def add(self, vector: torch.Tensor, sign: float) -> None:
-        if self.adjust is None:
-            self.adjust = vector * sign if sign != 1.0 else vector.clone()
-        else:
-            self.adjust.add_(vector, alpha=sign)
+    def add(self, term: Entry | torch.Tensor, sign: float) -> None:
+        self.terms.append((sign, term))
+
+    @property
+    def adjust(self) -> torch.Tensor | None:
+        """``Σ sign · term`` (``None`` without terms)."""
+        out: torch.Tensor | None = None
+        for sign, term in self.terms:
+            vector = term.correction() if isinstance(term, Entry) else term
+            if out is None:
+                out = vector * sign  # a new tensor: the terms are never written to
+            else:
+                out.add_(vector, alpha=sign)
+        return out
 
 
 class EdgeBook:
@@ -134,8 +145,8 @@ class EdgeBook:
                     anchor = self.propose_anchor(round_)
                     log.warning("%s: %d one-sided uses of %s could not be settled; re-anchor "
                                 "at round %d", self.node, len(settled.uncovered), sender, anchor)
-                for (r, _), vector in settled.subtract:
-                    out.add(vector, -1.0)
+                for (r, _), entry in settled.undo:
+                    out.add(entry, -1.0)
                     out.corrections += 1
                     track.corrections += 1
                     log.info("%s: round %d: %s did not mix this node's round-%d state; "

@@ -40,14 +40,19 @@ class Entry:
 
 @dataclass
 class Resolution:
-    """What a neighbour's header settled: the corrections to subtract, and how many entries
-    turned out to be two-sided."""
+    """What a neighbour's header settled: the entries to undo, and how many entries turned out
+    to be two-sided."""
 
-    subtract: list[tuple[Key, torch.Tensor]]
+    undo: list[tuple[Key, Entry]]
     confirmed: int
     #: entries of earlier rounds than the header's that it no longer covers: they cannot be
     #: settled any more
     uncovered: list[Key] = field(default_factory=list)
+
+    @property
+    def subtract(self) -> list[tuple[Key, torch.Tensor]]:
+        """The corrections to subtract (computed here: a pass over the state each)."""
+        return [(key, entry.correction()) for key, entry in self.undo]
 
 
 class Ledger:
@@ -70,7 +75,7 @@ class Ledger:
 
     def resolve(self, node: str, message: RoundMessage) -> Resolution:
         """Settle this node's entries for ``message.sender`` that its ``used_log`` covers."""
-        subtract: list[tuple[Key, torch.Tensor]] = []
+        undo: list[tuple[Key, Entry]] = []
         confirmed = 0
         uncovered: list[Key] = []
         for key in [k for k in self.entries if k[1] == message.sender]:
@@ -86,8 +91,8 @@ class Ledger:
             if node in used:
                 confirmed += 1
             else:
-                subtract.append((key, entry.correction()))
-        return Resolution(subtract, confirmed, uncovered)
+                undo.append((key, entry))
+        return Resolution(undo, confirmed, uncovered)
 
     def forget(self, keys: Iterable[Key]) -> None:
         for key in list(keys):

@@ -466,8 +466,11 @@ class NodeRunner:
             self.state = NodeState(state.round, x, state.omega, state.omega_prev)
 
     def _apply(self, absorbed: Absorbed) -> None:
-        if absorbed.adjust is not None:
-            self._set_x(self.state.x + absorbed.adjust)
+        """Add what the round's messages settled to ``x`` (a pass over the state per term:
+        call it off the event loop)."""
+        adjust = absorbed.adjust
+        if adjust is not None:
+            self._set_x(self.state.x + adjust)
 
     def _message(self, t: int, degree: int, kind: Kind = Kind.STATE) -> RoundMessage:
         used_log, anchors = self.book.header(t)
@@ -516,7 +519,8 @@ class NodeRunner:
         train_s = time.perf_counter() - t0
         self.state = await loop.run_in_executor(setup.executor, alg.complete, self.state,
                                                 prepared, result.flat)
-        self._apply(absorbed)
+        if absorbed.terms:
+            await loop.run_in_executor(setup.executor, self._apply, absorbed)
         self.transport.inbox.discard_before(self.state.round)
 
         accuracy = test_loss = None
@@ -554,7 +558,9 @@ class NodeRunner:
         received = await self._until_stopped(
             self._exchange(t, active, handovers, message, deadline))
         absorbed = self.book.absorb(t, received)
-        self._apply(absorbed)
+        if absorbed.terms:
+            await asyncio.get_running_loop().run_in_executor(self.setup.executor, self._apply,
+                                                             absorbed)
         missing = [j for j in active if j not in received]
         if missing:
             log.warning("%s: round %d: no closing state from %s", self.setup.node_id, t,
