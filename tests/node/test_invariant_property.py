@@ -5,48 +5,20 @@ and the run ends exact (after its closing exchange)."""
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from collections.abc import Sequence
 
-import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from dacflnode.algorithms.rounds import NodeState, make_algorithm
-from dacflnode.learning.layout import StateLayout
-from dacflnode.learning.train import TrainResult
+from dacflnode.algorithms.rounds import NodeState
 from dacflnode.node.faults import Drop, FaultPlan
-from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.sim.engine import OnLoopThread
-from dacflnode.transport.base import Identity, Inbox
-from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
+from dacflnode.transport.memory import MemoryNetwork
+from tests.node.fake_network import FakeNetwork, residual, states
 
 ROUNDS = 50
 DROP_RATE = 0.2
-LAYOUT = StateLayout.from_module(torch.nn.Linear(5, 3))
-
-
-class NoisyTrainer:
-    """"Training" adds a random step seeded by node and round: cheap, and different per node,
-    so that every one-sided use moves ``Σ x``."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    async def train(self, start: torch.Tensor, round: int) -> TrainResult:
-        gen = torch.Generator().manual_seed(1000 * round + self.index)
-        step = 0.1 * torch.randn(start.numel(), generator=gen)
-        return TrainResult(start + step, 0.0, 1, 1)
-
-    async def evaluate(self, model: torch.Tensor, round: int) -> tuple[float, float]:
-        return 0.0, 0.0
-
-    def local_buffers(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def lr_at(self, round: int) -> float:
-        return 0.1
 
 
 def ring(n: int) -> list[tuple[int, int]]:
@@ -74,46 +46,23 @@ def random_drops(ids: Sequence[str], edges: list[tuple[int, int]], rng: random.R
 def run_network(n: int, edges: list[tuple[int, int]], plan: FaultPlan, *, copy: bool,
                 repair: bool = True, gone_after: int = 3) -> list[NodeState]:
     ids = [f"n{i}" for i in range(n)]
-    neighbours = {node: sorted({ids[b] for a, b in edges if ids[a] == node}
-                               | {ids[a] for a, b in edges if ids[b] == node})
-                  for node in ids}
-    algorithm = make_algorithm("dacfl", "lagged")
-    x0 = torch.randn(LAYOUT.numel, generator=torch.Generator().manual_seed(7))
-    tensors = {name: (LAYOUT.numel,) for name in algorithm.exchanged}
-    network = MemoryNetwork(copy=copy)
-    runners: dict[str, NodeRunner] = {}
-    for i, node in enumerate(ids):
-        setup = NodeSetup(node_id=node, neighbours=neighbours[node], algorithm=algorithm,
-                          trainer=NoisyTrainer(i), layout=LAYOUT, rounds=ROUNDS,
-                          eval_every=ROUNDS, round_deadline=math.inf, executor=OnLoopThread(),
-                          absurd_ratio=None, faults=plan, repair=repair,
-                          gone_after=gone_after)
-        inbox = Inbox(senders=neighbours[node],
-                      current_round=lambda node=node: runners[node].round)  # type: ignore[misc]
-        transport = MemoryTransport(network, Identity(node, LAYOUT.fingerprint(), "prop"),
-                                    neighbours[node], inbox, tensors)
-        runners[node] = NodeRunner(setup, transport, NodeState.initial(x0))
+    net = FakeNetwork([(ids[a], ids[b]) for a, b in edges], rounds=ROUNDS,
+                      network=MemoryNetwork(copy=copy),
+                      setup_extra={"faults": plan, "repair": repair, "gone_after": gone_after,
+                                   "executor": OnLoopThread(), "eval_every": ROUNDS})
 
     async def scenario() -> None:
-        for runner in runners.values():
-            await runner.transport.start()
+        tasks = await net.start()
         try:
-            async with asyncio.timeout(15), asyncio.TaskGroup() as group:
-                for runner in runners.values():
-                    group.create_task(runner.run())
+            async with asyncio.timeout(15):
+                await asyncio.gather(*tasks)
         finally:
-            for runner in runners.values():
+            for runner in net.runners.values():
                 await runner.transport.stop()
 
     asyncio.run(scenario())
-    assert all(r.phase == "done" and r.round == ROUNDS for r in runners.values())
-    return [r.state for r in runners.values()]
-
-
-def relative_residual(states: Sequence[NodeState]) -> float:
-    sum_x = torch.stack([s.x.double() for s in states]).sum(0)
-    sum_w = torch.stack([s.omega_prev.double() for s in states]).sum(0)
-    return float(torch.linalg.vector_norm(sum_x - sum_w) / torch.linalg.vector_norm(sum_w))
+    assert all(r.phase == "done" and r.round == ROUNDS for r in net.runners.values())
+    return states(net.runners)
 
 
 # no shrinking: the drop pattern comes from a seed, and a smaller seed is not a simpler pattern
@@ -129,7 +78,7 @@ def test_random_one_directional_drops_leave_the_invariant_exact(n, graph, graph_
     edges = ring(n) if graph == "ring" else connected(n, random.Random(graph_seed))
     plan = random_drops([f"n{i}" for i in range(n)], edges, random.Random(drop_seed))
     states = run_network(n, edges, plan, copy=copy, gone_after=ROUNDS)
-    assert relative_residual(states) <= 1e-6
+    assert residual(states) <= 1e-6
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -145,7 +94,7 @@ def test_neighbours_declared_gone_and_back_leave_the_invariant_exact_after_the_a
     plan = random_drops([f"n{i}" for i in range(n)], edges, random.Random(drop_seed),
                         rounds=ROUNDS - 20)
     states = run_network(n, edges, plan, copy=False, gone_after=3)
-    assert relative_residual(states) <= 1e-6
+    assert residual(states) <= 1e-6
 
 
 def test_without_the_repair_the_same_drops_break_the_invariant():
@@ -154,5 +103,5 @@ def test_without_the_repair_the_same_drops_break_the_invariant():
     edges = ring(5)
     plan = random_drops([f"n{i}" for i in range(5)], edges, random.Random(3))
     broken = run_network(5, edges, plan, copy=False, repair=False, gone_after=ROUNDS)
-    assert relative_residual(broken) > 1e-4
-    assert relative_residual(run_network(5, edges, plan, copy=False, gone_after=ROUNDS)) <= 1e-6
+    assert residual(broken) > 1e-4
+    assert residual(run_network(5, edges, plan, copy=False, gone_after=ROUNDS)) <= 1e-6
