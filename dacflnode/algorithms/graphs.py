@@ -76,7 +76,13 @@ def complete(n: int) -> Edges:
 
 
 def random_regular(n: int, degree: int, rng: np.random.Generator) -> Edges:
-    """A connected random ``degree``-regular graph (pairing model with restarts)."""
+    """A connected random ``degree``-regular graph.
+
+    First the pairing model with restarts (up to :data:`MAX_ATTEMPTS` draws). A draw is simple
+    with probability about ``exp((1 − d²) / 4)``, so this finds a graph at once for small degrees
+    but practically never for ``d ≥ 7`` or so; then the graph comes from
+    :func:`_regular_by_switches` instead. Either way the same ``rng`` state gives the same graph.
+    """
     _need_nodes("random-regular", n, 3)
     if not 2 <= degree < n:
         raise ConfigError("degree", f"random-regular needs 2 <= degree < nodes, got {degree}")
@@ -91,6 +97,41 @@ def random_regular(n: int, degree: int, rng: np.random.Generator) -> Edges:
         edges = {(int(min(a, b)), int(max(a, b))) for a, b in pairs}
         if len(edges) != len(pairs):
             continue
+        result = tuple(sorted(edges))
+        if is_connected(n, result):
+            return result
+    return _regular_by_switches(n, degree, rng)
+
+
+def _circulant(n: int, degree: int) -> set[Edge]:
+    """A connected ``degree``-regular graph: ``i`` joined to ``i ± 1 … i ± ⌊d/2⌋`` and, for odd
+    ``d`` (then ``n`` is even), to the opposite node ``i + n/2``."""
+    offsets = list(range(1, degree // 2 + 1)) + ([n // 2] if degree % 2 else [])
+    return {(min(i, (i + k) % n), max(i, (i + k) % n)) for i in range(n) for k in offsets}
+
+
+def _regular_by_switches(n: int, degree: int, rng: np.random.Generator) -> Edges:
+    """A random connected ``degree``-regular graph: a circulant graph randomised by
+    ``10 · |E|`` double-edge switches ``{a, b}, {c, e} → {a, c}, {b, e}`` (or ``{a, e}, {b, c}``),
+    each rejected if it would make a self loop or a second edge, so every degree stays ``d``;
+    more rounds of switches follow while the graph is not connected."""
+    edges = _circulant(n, degree)
+    order = sorted(edges)
+    for _ in range(MAX_ATTEMPTS):
+        picks = rng.integers(0, len(order), size=(10 * len(order), 2))
+        flips = rng.random(len(picks)) < 0.5
+        for (p, q), flip in zip(picks.tolist(), flips.tolist(), strict=True):
+            (a, b), (c, e) = order[p], order[q]
+            if flip:
+                c, e = e, c
+            if len({a, b, c, e}) < 4:
+                continue
+            one, two = (min(a, c), max(a, c)), (min(b, e), max(b, e))
+            if one in edges or two in edges:
+                continue
+            edges -= {order[p], order[q]}
+            edges |= {one, two}
+            order[p], order[q] = one, two
         result = tuple(sorted(edges))
         if is_connected(n, result):
             return result

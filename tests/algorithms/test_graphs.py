@@ -57,3 +57,29 @@ def test_disconnected_edge_list_is_refused(tmp_path):
     path.write_text("0 1\n2 3\n")
     with pytest.raises(ConfigError, match="not connected"):
         graphs.read_edge_list(path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(min_value=3, max_value=120),
+    st.integers(min_value=2, max_value=12),
+    st.integers(min_value=0, max_value=10**6),
+)
+def test_random_regular_graph_of_high_degree_is_simple_regular_connected_and_seeded(n, d, seed):
+    # Degrees of 7 and more are where the pairing model practically never draws a simple graph.
+    degree = min(d, n - 1)
+    if (n * degree) % 2:
+        degree -= 1
+    if degree < 2:
+        return
+    edges = graphs.random_regular(n, degree, np.random.default_rng(seed))
+    assert all(i < j for i, j in edges)
+    assert len(set(edges)) == len(edges)
+    assert graphs.degrees(n, edges) == [degree] * n
+    assert graphs.is_connected(n, edges)
+    assert graphs.random_regular(n, degree, np.random.default_rng(seed)) == edges
+
+
+def test_random_regular_graphs_of_degree_eight_differ_between_seeds():
+    drawn = {graphs.random_regular(100, 8, np.random.default_rng(seed)) for seed in range(5)}
+    assert len(drawn) == 5
