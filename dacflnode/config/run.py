@@ -28,7 +28,7 @@ from dacflnode.config.schema import Scope, setting
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import DATASETS
 from dacflnode.learning.partition import PARTITIONS
-from dacflnode.learning.train import TrainConfig
+from dacflnode.learning.train import PRECISIONS, TrainConfig
 
 ENGINES = ("auto", "batched", "sequential")
 
@@ -204,6 +204,14 @@ class RunConfig:
         default_text="the whole test set",
     )
     device: str = setting("auto", help="auto, cpu, cuda, cuda:N or mps.", scope=NODE)
+    precision: str = setting(
+        "fp32",
+        help="Arithmetic of local training: fp32, or bf16 autocast (bfloat16 convolutions and"
+        " matrix products; float32 weights, SGD and states). bf16 needs a CPU, a CUDA GPU of"
+        " compute capability 8.0+ or MPS on macOS 14+.",
+        scope=NODE,
+        choices=PRECISIONS,
+    )
     threads: int | None = setting(
         None,
         help="PyTorch CPU threads per process (bit-identical results need equal counts).",
@@ -248,6 +256,7 @@ class RunConfig:
             batch_size=self.batch_size,
             local_epochs=self.local_epochs,
             local_steps=self.local_steps,
+            precision=self.precision,
         )
 
     def topology_spec(self) -> TopologySpec:

@@ -10,6 +10,7 @@ engine (:mod:`dacflnode.sim.batched`) reproduces it for N nodes at once and foll
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Mapping
@@ -22,6 +23,10 @@ from torch import nn
 from dacflnode.errors import ConfigError
 from dacflnode.learning.layout import FLAT_DTYPE, StateLayout
 
+#: Arithmetic precisions of local training: ``fp32`` everywhere, or ``bf16`` autocast (matrix
+#: products and convolutions in bfloat16, float32 master weights, SGD and flat states).
+PRECISIONS = ("fp32", "bf16")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -30,6 +35,10 @@ class TrainConfig:
     ``lr`` decays geometrically with the round number (:meth:`lr_at`). Each round runs
     ``local_epochs`` passes over the node's data, or, when ``local_steps`` is set, exactly that
     many mini-batches (however many passes that takes) instead.
+
+    ``precision`` ``bf16`` runs the forward pass (and so the backward pass of the autocast
+    layers) under :func:`torch.autocast` with ``bfloat16``; the weights, the SGD update and the
+    flat state stay float32 (see :func:`autocast_dtype`).
     """
 
     lr: float = 0.001
@@ -39,8 +48,14 @@ class TrainConfig:
     batch_size: int = 20
     local_epochs: int = 1
     local_steps: int | None = None
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                "precision",
+                f"unknown precision {self.precision!r} (choose from {', '.join(PRECISIONS)})",
+            )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError("lr", f"must be > 0, got {self.lr}")
         if not 0 < self.lr_decay <= 1:
@@ -125,6 +140,69 @@ def _check_data(x: torch.Tensor, y: torch.Tensor) -> None:
         )
 
 
+def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
+    """The :func:`torch.autocast` dtype of ``precision`` on ``device``: ``None`` for ``fp32``.
+
+    Raises :class:`ConfigError` (field ``precision``) where the device cannot compute in
+    bfloat16: a CUDA GPU older than compute capability 8.0, an MPS device without bfloat16
+    (macOS before 14), or a PyTorch without autocast for the device type.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            "precision", f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})"
+        )
+    if precision == "fp32":
+        return None
+    dev = torch.device(device)
+    fix = "use --precision fp32"
+    if dev.type not in ("cpu", "cuda", "mps") or not torch.amp.is_autocast_available(dev.type):
+        raise ConfigError(
+            "precision", f"bf16 needs autocast on {dev.type}, which this PyTorch "
+            f"({torch.__version__}) does not offer; {fix} or --device cpu",
+        )
+    if dev.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        name = torch.cuda.get_device_name(dev)
+        raise ConfigError(
+            "precision", f"{name} has no bfloat16 arithmetic (needs compute capability 8.0 or "
+            f"newer); {fix} or --device cpu",
+        )
+    if dev.type == "mps":
+        try:
+            probe = torch.ones(2, 2, dtype=torch.bfloat16, device=dev)
+            (probe @ probe).cpu()
+        except (RuntimeError, TypeError):
+            raise ConfigError(
+                "precision", f"this MPS device has no bfloat16 (needs macOS 14 or newer); {fix} "
+                "or --device cpu",
+            ) from None
+    return torch.bfloat16
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[
+    object
+]:
+    """``torch.autocast(device.type, dtype)``, or nothing at all for ``dtype`` ``None`` (fp32 runs
+    exactly the code it ran before autocast existed)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _channels_last(device: torch.device, dtype: torch.dtype | None) -> bool:
+    """Whether a single model runs in the ``channels_last`` memory format: on the CPU under
+    bf16 autocast, where oneDNN's bf16 convolutions, pooling and batch norm are much faster in
+    it (one ``fmnist-cnn`` trains ~1.45x the samples per CPU-second, evaluates ~2.3x). It pays
+    in float32 too (~1.35x), but changes float32 results in the last bits (another convolution
+    algorithm), so fp32 keeps the layout it always had."""
+    return device.type == "cpu" and dtype is not None
+
+
+def _to_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    if channels_last and x.dim() == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
 class LocalTrainer:
     """Mini-batch SGD of one node's model over its own data.
 
@@ -132,6 +210,12 @@ class LocalTrainer:
     overwrites its state with the round's start vector. ``local`` holds this node's integer
     buffers (batch-norm step counters), which never travel in the flat vector: they start as the
     model's and count this node's own training steps.
+
+    With ``cfg.precision`` ``bf16`` the forward pass runs under :func:`torch.autocast`
+    (bfloat16 convolutions and matrix products, so their backward passes are bfloat16 too); the
+    parameters, their gradients, the SGD update and the flat state stay float32. On the CPU the
+    model then runs in the ``channels_last`` memory format. A device that cannot do bfloat16 is
+    refused here, with a :class:`ConfigError`.
     """
 
     def __init__(
@@ -151,6 +235,10 @@ class LocalTrainer:
         self.cfg = cfg
         self.seed = seed
         self.node_index = node_index
+        self.amp_dtype = autocast_dtype(cfg.precision, self.device)
+        self.channels_last = _channels_last(self.device, self.amp_dtype)
+        if self.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
         self.layout = StateLayout.from_module(self.model)
         self.local: dict[str, torch.Tensor] = self.layout.local_state(self.model)
         # Data stays on the CPU and batches are moved per step, unless training runs on an
@@ -185,10 +273,12 @@ class LocalTrainer:
         samples = 0
         for idx in self.plan(round):
             idx = idx.to(self.device)
-            xb = self.data_x.index_select(0, idx)
+            xb = _to_format(self.data_x.index_select(0, idx), self.channels_last)
             yb = self.data_y.index_select(0, idx)
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xb), yb)
+            with autocast(self.device, self.amp_dtype):
+                logits = model(xb)
+            loss = F.cross_entropy(logits.float(), yb)
             torch.autograd.backward(loss)
             opt.step()
             losses.append(loss.detach())
@@ -213,11 +303,17 @@ def evaluate(
     local: Mapping[str, torch.Tensor] | None = None,
     batch_size: int = 1000,
     device: torch.device | None = None,
+    precision: str = "fp32",
 ) -> tuple[float, float]:
     """``(accuracy in [0, 1], mean cross-entropy)`` of the model ``flat`` on a test set.
 
     ``flat`` (and ``local``, if given) is loaded into ``model``, which is then evaluated in eval
     mode (batch norm uses its running statistics). ``device`` defaults to the model's.
+    ``precision`` ``bf16`` runs the forward passes under bf16 autocast (as training does; on the
+    CPU in ``channels_last``), about 2.3x faster on a CPU with bf16 arithmetic; the logits are
+    cast to float32 and the loss is summed in float64. On an ``fmnist-cnn`` trained for two
+    epochs it changed 14 of the 10,000 Fashion-MNIST test predictions and the accuracy by 0.02
+    point.
     """
     _check_data(test_x, test_y)
     n = int(test_y.shape[0])
@@ -228,19 +324,26 @@ def evaluate(
     if device is None:
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
+    amp_dtype = autocast_dtype(precision, device)
+    channels_last = _channels_last(torch.device(device), amp_dtype)
     model = model.to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     StateLayout.from_module(model).load_into(model, flat, local)
     was_training = model.training
     model.eval()
+    correct = 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    # one autocast region for all batches: each weight is cast to bf16 once, not per batch
     try:
-        correct = 0
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for start in range(0, n, batch_size):
-            xb = test_x[start : start + batch_size].to(device, FLAT_DTYPE)
-            yb = _labels(test_y[start : start + batch_size]).to(device)
-            out = model(xb)
-            loss_sum += F.cross_entropy(out, yb, reduction="sum").double()
-            correct += int((out.argmax(dim=1) == yb).sum())
+        with autocast(torch.device(device), amp_dtype):
+            for start in range(0, n, batch_size):
+                xb = test_x[start : start + batch_size].to(device, FLAT_DTYPE)
+                xb = _to_format(xb, channels_last)
+                yb = _labels(test_y[start : start + batch_size]).to(device)
+                out = model(xb).float()
+                loss_sum += F.cross_entropy(out, yb, reduction="sum").double()
+                correct += int((out.argmax(dim=1) == yb).sum())
     finally:
         model.train(was_training)
     return correct / n, float(loss_sum) / n

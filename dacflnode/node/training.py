@@ -70,7 +70,8 @@ class ThreadedTrainer:
 
     def _evaluate(self, model: torch.Tensor) -> tuple[float, float]:
         t = self.trainer
-        return evaluate(t.model, model, self.test_x, self.test_y, local=t.local, device=t.device)
+        return evaluate(t.model, model, self.test_x, self.test_y, local=t.local, device=t.device,
+                        precision=t.cfg.precision)
 
     def local_buffers(self) -> dict[str, torch.Tensor]:
         return self.trainer.local

@@ -254,3 +254,32 @@ def test_frozen_parameters_stay_frozen():
         assert_same(got, want, batched, sequential)
         for g, start in zip(got, starts, strict=True):
             assert torch.equal(layout.views(g.flat)["0.weight"], layout.views(start)["0.weight"])
+
+
+def test_a_trainer_of_one_slice_of_the_nodes_trains_them_as_the_whole_runs_trainer_does():
+    """``first_node``: a trainer of nodes 2..4 alone (as a Ray worker holds them) gives bit for
+    bit what the trainer of all 5 nodes split over 2 worker threads (nodes 0-1, 2-4) gives them.
+
+    The split itself matters at the last bit (a node's place in its stacked group), which is why
+    the Ray engine cuts its slices exactly where the local engine cuts its groups."""
+    torch.manual_seed(0)
+    model = build_model("tiny-cnn", SHAPE, 10)
+    data = node_data([30] * 5)
+    cfg = TrainConfig(lr=0.05, momentum=0.5, batch_size=10)
+    starts = starts_for(model, 5)
+    threads = torch.get_num_threads()
+    whole = BatchedTrainer(copy.deepcopy(model), data, cfg, seed=3, workers=2)
+    torch.set_num_threads(1)  # a Ray worker's (and each of the whole trainer's threads')
+    try:
+        part = BatchedTrainer(copy.deepcopy(model), data[2:], cfg, seed=3, workers=1,
+                              first_node=2)
+        unshifted = BatchedTrainer(copy.deepcopy(model), data[2:], cfg, seed=3, workers=1)
+        got = part.train(starts[2:], 0)
+        other = unshifted.train(starts[2:], 0)
+    finally:
+        torch.set_num_threads(threads)
+    want = whole.train(starts, 0)[2:]
+    for g, w, o in zip(got, want, other, strict=True):
+        assert torch.equal(g.flat, w.flat) and g.loss == w.loss
+        assert not torch.equal(o.flat, w.flat)  # other batches without the offset
+    assert part.plans(0)[0][0].tolist() == whole.plans(0)[2][0].tolist()
