@@ -37,6 +37,15 @@ A refused push is read to its end before the status is sent (see
 Nothing here blocks the event loop: preparing an outgoing message (copy to host memory if it is
 on a GPU, payload hash; once per message, however many neighbours receive it) and checksum
 verification run in worker threads; chunks are 1 MiB copies.
+
+The state streams skip protobuf's copies of the payload, not its format: PushState and
+PullState are registered with hand-made (de)serializers (:func:`add_neighbor_service`,
+:class:`NeighborCalls`). A data chunk is serialized with one copy of its slice of the tensors
+(:func:`~dacflnode.wire.codec.serialize_data`) and parsed as a view of the received bytes
+(:func:`~dacflnode.wire.codec.parse_chunk`), whose payload is then copied, hashed and summed
+straight into the receive buffer in a worker thread
+(:class:`~dacflnode.transport.receiver.Assembler`). The bytes on the wire are exactly
+protobuf's, so a peer using the generated stubs reads and writes the same streams.
 """
 
 from __future__ import annotations
@@ -73,9 +82,17 @@ from dacflnode.transport.handshake import (
     hello_request,
 )
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
-from dacflnode.transport.pulling import pull_decoder
-from dacflnode.transport.receiver import IDLE_TIMEOUT, STREAM_TIMEOUT, Receiver
-from dacflnode.wire.codec import CHUNK_BYTES, RoundMessage
+from dacflnode.transport.pulling import pull_expectation
+from dacflnode.transport.receiver import IDLE_TIMEOUT, STREAM_TIMEOUT, Assembler, Receiver
+from dacflnode.wire.codec import (
+    CHUNK_BYTES,
+    Chunk,
+    Decoder,
+    RoundMessage,
+    chunk_size,
+    parse_chunk,
+    serialize_chunk,
+)
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
 
 #: Deadline of one Hello call, in seconds.
@@ -147,8 +164,9 @@ def authenticated_ids(context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[
     return frozenset(name.decode("utf-8", "replace") for name in names)
 
 
-class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
-    """``dacfl.v1.Neighbor`` over a :class:`Receiver` (which validates and logs).
+class NeighborServicer:
+    """``dacfl.v1.Neighbor`` over a :class:`Receiver` (which validates and logs); served by
+    :func:`add_neighbor_service`.
 
     ``authenticated`` (a server that requires client certificates): every call passes the
     identities of the verified client certificate to the receiver as ``peer_ids``, and the
@@ -174,8 +192,8 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
             await _abort(context, err)
 
     async def PushState(
-        self, request_iterator: AsyncIterator[pb.StateChunk],
-        context: grpc.aio.ServicerContext[pb.StateChunk, pb.PushReply],
+        self, request_iterator: AsyncIterator[Chunk],
+        context: grpc.aio.ServicerContext[Chunk, pb.PushReply],
     ) -> pb.PushReply:
         try:
             return await self.receiver.push(request_iterator, context.peer(),
@@ -185,7 +203,7 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
                 await self._drain(request_iterator)
             await _abort(context, err)
 
-    async def _drain(self, stream: AsyncIterator[pb.StateChunk]) -> None:
+    async def _drain(self, stream: AsyncIterator[Chunk]) -> None:
         """Read and drop the rest of a refused stream, so the sender half-closes before the
         status is sent.
 
@@ -202,21 +220,70 @@ class NeighborServicer(neighbor_pb2_grpc.NeighborServicer):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(DRAIN_SECONDS):
                 async for chunk in stream:
-                    seen += len(chunk.data)
+                    seen += chunk_size(chunk)
                     if seen > limit:
                         return
 
     async def PullState(
         self, request: pb.PullRequest,
-        context: grpc.aio.ServicerContext[pb.PullRequest, pb.StateChunk],
-    ) -> AsyncIterator[pb.StateChunk]:
-        stream: Iterator[pb.StateChunk]
+        context: grpc.aio.ServicerContext[pb.PullRequest, bytes],
+    ) -> AsyncIterator[bytes]:
+        stream: Iterator[bytes]
         try:
-            stream = self.receiver.pull(request, context.peer(), peer_ids=self._peer_ids(context))
+            stream = self.receiver.pull_serialized(request, context.peer(),
+                                                   peer_ids=self._peer_ids(context))
         except WireError as err:
             await _abort(context, err)
         for chunk in stream:
             yield chunk
+
+
+def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) -> None:
+    """Serve ``dacfl.v1.Neighbor`` on ``server`` as the generated
+    ``add_NeighborServicer_to_server`` does, except for the state streams: PushState's chunks
+    are parsed by :func:`~dacflnode.wire.codec.parse_chunk` (a data chunk's payload stays a
+    view of the received bytes), and PullState sends the bytes
+    :meth:`Receiver.pull_serialized` made."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "Hello": grpc.unary_unary_rpc_method_handler(
+            servicer.Hello,
+            request_deserializer=pb.HelloRequest.FromString,
+            response_serializer=pb.HelloReply.SerializeToString,
+        ),
+        "PushState": grpc.stream_unary_rpc_method_handler(
+            servicer.PushState,
+            request_deserializer=parse_chunk,
+            response_serializer=pb.PushReply.SerializeToString,
+        ),
+        "PullState": grpc.unary_stream_rpc_method_handler(
+            servicer.PullState,
+            request_deserializer=pb.PullRequest.FromString,
+            response_serializer=serialize_chunk,
+        ),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+class NeighborCalls:
+    """The ``dacfl.v1.Neighbor`` calls on one channel: ``hello`` as generated; ``push`` takes
+    serialized chunks (bytes, as :meth:`ChunkStream.serialized` makes them) and ``pull``
+    yields chunks as :func:`~dacflnode.wire.codec.parse_chunk` returns them."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.hello = neighbor_pb2_grpc.NeighborStub(channel).Hello
+        self.push: grpc.aio.StreamUnaryMultiCallable[bytes, pb.PushReply] = channel.stream_unary(
+            f"/{SERVICE_NAME}/PushState",
+            request_serializer=serialize_chunk,
+            response_deserializer=pb.PushReply.FromString,
+        )
+        self.pull: grpc.aio.UnaryStreamMultiCallable[pb.PullRequest, Chunk] = (
+            channel.unary_stream(
+                f"/{SERVICE_NAME}/PullState",
+                request_serializer=pb.PullRequest.SerializeToString,
+                response_deserializer=parse_chunk,
+            ))
 
 
 class GrpcTransport(Transport):
@@ -270,7 +337,7 @@ class GrpcTransport(Transport):
         self._server = server
         self._health: Any = None
         self._state = "new"  # new -> serving -> stopped
-        self._stubs: dict[str, neighbor_pb2_grpc.NeighborAsyncStub] = {}
+        self._stubs: dict[str, NeighborCalls] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._outgoing = HeaderCache(self.receiver)
 
@@ -279,7 +346,7 @@ class GrpcTransport(Transport):
         if self._state != "new":
             raise RuntimeError(f"transport of {self.identity.node_id} is {self._state}")
         server = self._server if self._server is not None else channels.create_server()
-        neighbor_pb2_grpc.add_NeighborServicer_to_server(
+        add_neighbor_service(
             NeighborServicer(self.receiver, authenticated=self.tls is not None), server)
         self._health = health.aio.HealthServicer()
         for service in ("", SERVICE_NAME):
@@ -322,6 +389,7 @@ class GrpcTransport(Transport):
         for channel in channels_.values():
             await channel.close()
         await self._outgoing.close()
+        self.receiver.close()
         for stats in self.stats.values():
             stats.connected = False
 
@@ -329,7 +397,7 @@ class GrpcTransport(Transport):
     def _closed(self) -> TransportClosed:
         return TransportClosed(f"the transport of {self.identity.node_id} is stopped")
 
-    def _stub(self, peer: str) -> neighbor_pb2_grpc.NeighborAsyncStub:
+    def _stub(self, peer: str) -> NeighborCalls:
         if self._state == "stopped":
             raise self._closed()  # never reopen a channel after stop
         stub = self._stubs.get(peer)
@@ -340,7 +408,7 @@ class GrpcTransport(Transport):
             channel = channels.create_channel(
                 address, self.tls, target_name=peer if self.tls is not None else None)
             self._channels[peer] = channel
-            stub = self._stubs[peer] = neighbor_pb2_grpc.NeighborStub(channel)
+            stub = self._stubs[peer] = NeighborCalls(channel)
         return stub
 
     def _stats(self, peer: str) -> PeerStats:
@@ -363,7 +431,7 @@ class GrpcTransport(Transport):
     async def hello(self, peer: str, join_round: int = 0) -> PeerIdentity:
         stub = self._stub(peer)
         started = time.perf_counter()
-        call = stub.Hello(hello_request(self.identity, join_round), timeout=self.hello_timeout)
+        call = stub.hello(hello_request(self.identity, join_round), timeout=self.hello_timeout)
         try:
             reply = await call
         except asyncio.CancelledError:
@@ -396,10 +464,10 @@ class GrpcTransport(Transport):
         stats = self._stats(peer)
         stream = ChunkStream(out)
         remaining = max(0.0, timeout - (time.perf_counter() - started))
-        call = stub.PushState(timeout=remaining)
+        call = stub.push(timeout=remaining)
         try:
             try:
-                for chunk in stream:
+                for chunk in stream.serialized():
                     await call.write(chunk)
                 await call.done_writing()
             except (asyncio.InvalidStateError, grpc.aio.InternalError):
@@ -434,14 +502,16 @@ class GrpcTransport(Transport):
         :class:`TransportClosed` or :class:`WireError` (``NOT_FOUND`` with reason
         ``NOT_KEPT`` if the peer does not keep that round)."""
         stub = self._stub(peer)
-        decoder = pull_decoder(peer, round_, self.tensors if expect_tensors is None
-                               else expect_tensors)
+        decoder = Decoder(pull_expectation(peer, round_, self.tensors if expect_tensors is None
+                                           else expect_tensors), pool=self.receiver.pool)
         what = f"pull of round {round_} from"
-        call = stub.PullState(pb.PullRequest(requester=self.identity.node_id, round=round_),
-                              timeout=timeout)
+        assembler = Assembler(decoder, self.receiver.worker)
+        call = stub.pull(pb.PullRequest(requester=self.identity.node_id, round=round_),
+                         timeout=timeout)
         try:
             async for chunk in call:
-                decoder.take(chunk)
+                await assembler.take(chunk)
+            message = await assembler.finish()
         except asyncio.CancelledError:
             call.cancel()
             if cancelled_by_caller():
@@ -452,9 +522,12 @@ class GrpcTransport(Transport):
                 raise self._unavailable(peer, what, err) from err
             raise wire_error(err) from err
         except WireError:
+            assembler.release()
             call.cancel()  # the peer sent something this node does not accept: stop reading
             raise
-        message = await asyncio.to_thread(decoder.finish)
+        except BaseException:
+            assembler.release()
+            raise
         stats = self._stats(peer)
         stats.bytes_received += decoder.received
         stats.messages_received += 1

@@ -9,13 +9,21 @@ one neighbour, counting what it handed out. See docs/wire-format.md for the stre
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.base import TransportClosed, cancelled_by_caller
 from dacflnode.transport.receiver import Receiver
-from dacflnode.wire.codec import RoundMessage, chunks, make_header
+from dacflnode.wire.codec import (
+    DataSerializer,
+    RoundMessage,
+    chunks,
+    make_header,
+    payload_slices,
+    serialize_chunk,
+)
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,11 @@ class Outgoing:
 
     message: RoundMessage
     header: pb.StateHeader
+
+    @functools.cached_property
+    def header_bytes(self) -> bytes:
+        """The serialized header chunk (made once, sent to every neighbour)."""
+        return serialize_chunk(pb.StateChunk(header=self.header))
 
 
 def on_cpu(message: RoundMessage) -> RoundMessage:
@@ -50,6 +63,17 @@ class ChunkStream:
         for chunk in chunks(self.out.message):
             self.sent += len(chunk.data)
             yield chunk
+
+    def serialized(self) -> Iterator[bytes]:
+        """The same stream, serialized as gRPC sends it: the header made once per message,
+        then each data chunk made with one copy of its slice of the tensors."""
+        yield self.out.header_bytes
+        serialize = DataSerializer()
+        for part in payload_slices(self.out.message):
+            data = serialize(part)
+            self.sent += part.nbytes
+            yield data
+            del data  # the serializer reuses the buffer once nothing holds it
 
 
 def _retrieve(future: asyncio.Future[Outgoing]) -> None:

@@ -43,14 +43,18 @@ with the same codes and reasons, on the fields of the tensors themselves.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.wire.codec import (
+    BufferPool,
+    Chunk,
     Decoder,
     Expectation,
     RoundMessage,
@@ -60,6 +64,8 @@ from dacflnode.wire.codec import (
     dtype_name,
     encode,
     make_header,
+    serialize_chunk,
+    serialized_chunks,
 )
 from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, WireError
 
@@ -73,6 +79,70 @@ IDLE_TIMEOUT = DAEMON_DEFAULTS.stream_idle_timeout
 #: a byte now and then can hold its buffer; generous for a large model on a slow link).
 #: ``run.stream_timeout`` of a peers file.
 STREAM_TIMEOUT = DAEMON_DEFAULTS.stream_timeout
+
+
+#: Data chunks of at least this many bytes are written by the receiver's worker thread; smaller
+#: ones on the event loop (handing them over would cost more than writing them).
+OFFLOAD_BYTES = 64 * 1024
+#: At most this many chunks of one stream wait for the worker (each holds its received bytes);
+#: a stream that gets further ahead waits for the oldest.
+MAX_QUEUED = 2
+
+
+class Assembler:
+    """Drives a :class:`Decoder` from the event loop.
+
+    Every chunk is checked, and a data chunk's place reserved, on the loop, in stream order, so
+    refusals come at the same chunk as with :meth:`Decoder.take`. A large data chunk is then
+    written (copy into the buffer, hash, float sum: all without the GIL) by ``worker``, a
+    single thread, so the writes stay in order, while the loop receives the next chunks; the
+    loop pays a queue put per chunk and waits only when :data:`MAX_QUEUED` chunks are behind,
+    and before :meth:`finish`. Without a worker (or once it is shut down) chunks are written on
+    the loop.
+    """
+
+    def __init__(self, decoder: Decoder, worker: Executor | None = None) -> None:
+        self.decoder = decoder
+        self.worker = worker
+        self._queued: deque[Future[None]] = deque()
+
+    async def take(self, chunk: Chunk) -> None:
+        """:meth:`Decoder.take`, raising the same refusals at the same chunk."""
+        if (self.worker is not None and isinstance(chunk, memoryview)
+                and chunk.nbytes >= OFFLOAD_BYTES):
+            offset = self.decoder.reserve(chunk)
+            queued = self._queued
+            while queued and queued[0].done():
+                queued.popleft().result()  # a write that failed raises here
+            if len(queued) >= MAX_QUEUED:
+                await asyncio.wrap_future(queued.popleft())
+            try:
+                queued.append(self.worker.submit(self.decoder.write, offset, chunk))
+            except RuntimeError:  # the worker was shut down (the transport stops)
+                await self.settle()
+                self.decoder.write(offset, chunk)
+            return
+        await self.settle()
+        self.decoder.take(chunk)
+
+    async def settle(self) -> None:
+        """Wait until every write handed to the worker is done."""
+        queued = self._queued
+        if queued:
+            await asyncio.wrap_future(queued[-1])  # one thread: the last one is the latest
+            while queued:
+                queued.popleft().result()
+
+    async def finish(self) -> RoundMessage:
+        """:meth:`Decoder.finish` after the last write, off the event loop."""
+        await self.settle()
+        return await asyncio.to_thread(self.decoder.finish)
+
+    def release(self) -> None:
+        """Drop the buffer of a refused stream (writes still queued find it gone; one in
+        progress finishes into its own references to it)."""
+        self._queued.clear()
+        self.decoder.release()
 
 
 def check_message(expect: Expectation, message: RoundMessage) -> None:
@@ -126,6 +196,16 @@ class Receiver:
         self.outbox: dict[int, tuple[RoundMessage, pb.StateHeader | None]] = {}
         #: ``(sender, round)`` of the push streams being received now.
         self._receiving: set[tuple[str, int]] = set()
+        #: Receive buffers for reuse: one per neighbour and round of the inbox window.
+        self.pool = BufferPool(keep=2 * max(1, len(inbox.senders)))
+        #: Writes received chunks into their buffers (see :class:`Assembler`); its thread
+        #: starts with the first large chunk and ends with :meth:`close`.
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dacfl-receive")
+
+    def close(self) -> None:
+        """End the worker thread once the writes queued so far are done (later streams are
+        written on the event loop)."""
+        self.worker.shutdown(wait=False)
 
     # ------------------------------------------------------------------ checks
     def _admit(self, claimed: str, peer_ids: frozenset[str] | None, stranger: Reason) -> None:
@@ -191,9 +271,7 @@ class Receiver:
         self._receiving.add(key)
         return key
 
-    async def _chunks(
-        self, stream: AsyncIterator[pb.StateChunk]
-    ) -> AsyncGenerator[pb.StateChunk, None]:
+    async def _chunks(self, stream: AsyncIterator[Chunk]) -> AsyncGenerator[Chunk, None]:
         """The chunks of ``stream``, cut with ``RESOURCE_EXHAUSTED`` (:attr:`~Reason.IDLE`,
         :attr:`~Reason.TOO_SLOW`) at the idle or the total deadline."""
         loop = asyncio.get_running_loop()
@@ -216,29 +294,35 @@ class Receiver:
             yield chunk
 
     async def push(
-        self, stream: AsyncIterator[pb.StateChunk], peer: str = "?", *,
+        self, stream: AsyncIterator[Chunk], peer: str = "?", *,
         peer_ids: frozenset[str] | None = None,
     ) -> pb.PushReply:
-        """Validate and assemble one pushed stream, then put it into the inbox."""
-        decoder = Decoder(self._expectation())
+        """Validate and assemble one pushed stream, then put it into the inbox. The chunks
+        are messages, or data payloads as :func:`~dacflnode.wire.codec.parse_chunk` returns
+        them."""
+        decoder = Decoder(self._expectation(), pool=self.pool)
+        assembler = Assembler(decoder, self.worker)
         sender = "?"
         round_ = -1
         key: tuple[str, int] | None = None
         chunks = self._chunks(stream)
         try:
             async for chunk in chunks:
-                if key is None and chunk.HasField("header"):
+                if key is None and isinstance(chunk, pb.StateChunk) and chunk.HasField("header"):
                     sender, round_ = chunk.header.sender, int(chunk.header.round)
                     self._admit(sender, peer_ids, Reason.UNKNOWN_SENDER)
                     key = self._reserve(sender, round_)
                     decoder.take(chunk)  # validates the header, then allocates
                     continue
-                decoder.take(chunk)
-            message = await asyncio.to_thread(decoder.finish)  # checksum: off the event loop
+                await assembler.take(chunk)
+            message = await assembler.finish()  # checksum: off the event loop
             await self.inbox.put(message)  # guard, duplicate, and the round moving on
         except WireError as exc:
-            decoder.release()
+            assembler.release()
             self._refused("push", sender, peer, round_, exc)
+            raise
+        except BaseException:
+            assembler.release()
             raise
         finally:
             await chunks.aclose()
@@ -303,8 +387,20 @@ class Receiver:
     ) -> Iterator[pb.StateChunk]:
         """The stream of the message kept for the requested round (see :meth:`published`)."""
         message = self.published(request, peer, peer_ids=peer_ids)
+        return encode(message, header=self._header_of(message))
+
+    def pull_serialized(
+        self, request: pb.PullRequest, peer: str = "?", *,
+        peer_ids: frozenset[str] | None = None,
+    ) -> Iterator[bytes]:
+        """:meth:`pull`, serialized for gRPC (the data chunks made with one copy each)."""
+        message = self.published(request, peer, peer_ids=peer_ids)
+        header = serialize_chunk(pb.StateChunk(header=self._header_of(message)))
+        return itertools.chain((header,), serialized_chunks(message))
+
+    def _header_of(self, message: RoundMessage) -> pb.StateHeader:
         header = self.outbox[message.round][1]
         if header is None:
             header = make_header(message)
             self.outbox[message.round] = (message, header)
-        return encode(message, header=header)
+        return header

@@ -1,9 +1,12 @@
 """Round state ↔ a stream of :class:`StateChunk` messages (header, then ~1 MiB of raw bytes each).
 
-Sending reads the tensors through ``memoryview`` slices, one chunk at a time. Receiving validates
-the header completely (sender, round, degree, tensor names, dtypes, shapes and the total size)
-*before* it allocates anything, then writes every chunk straight into one preallocated buffer,
-hashing each chunk as it arrives, and checks size and XXH3-128 checksum at the end. The checksum
+Sending reads the tensors through ``memoryview`` slices, one chunk at a time; over gRPC each
+data chunk is serialized by hand with one copy of its slice (:func:`serialized_chunks`, the
+same bytes protobuf writes). Receiving validates the header completely (sender, round, degree,
+tensor names, dtypes, shapes and the total size) *before* it allocates anything, then writes
+every chunk straight into one preallocated buffer, hashing each chunk and summing its floats as
+it arrives (a data chunk received over gRPC is parsed by :func:`parse_chunk` without building a
+protobuf copy of its payload), and checks size and XXH3-128 checksum at the end. The checksum
 guards against corruption and truncation, not tampering: anyone can compute it for a forged
 payload. Only mutual TLS between neighbours (``node.tls``) guards a connection against tampering
 and spoofing; without it nothing does. XXH3 runs at memory speed, so it costs a few percent of a
@@ -11,13 +14,18 @@ transfer instead of doubling it. Nothing is ever unpickled: the payload is raw l
 float32 bytes, and a payload that holds NaN or an infinity is refused (:func:`check_finite`)
 before anyone can mix it.
 
-Receiving a state of ``B`` bytes costs ``B`` bytes plus one chunk; sending costs one chunk.
+Receiving a state of ``B`` bytes costs ``B`` bytes plus the chunks in flight (its buffer comes
+from a :class:`BufferPool` and is reused in later rounds); sending costs two chunks.
+The wire bytes are protobuf's own: a peer that serializes with protobuf reads and writes the
+same streams.
 """
 
 from __future__ import annotations
 
 import enum
+import io
 import sys
+import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +39,11 @@ from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, Refusal, WireError
 
 __all__ = [
     "CHECKSUM_BYTES", "CHUNK_BYTES", "DTYPES", "MAX_ANCHORS", "MAX_USED_LOG",
-    "PROTOCOL_VERSION", "Decoder", "Expectation", "Kind", "Reason", "Refusal", "RoundMessage",
-    "UsedLog", "WireError", "check_fields", "check_finite", "check_log", "checksum", "chunks",
-    "decode", "dtype_name", "encode", "make_header",
+    "PROTOCOL_VERSION", "BufferPool", "Chunk", "DataSerializer", "Decoder", "Expectation",
+    "Kind", "Reason", "Refusal", "RoundMessage", "UsedLog", "WireError", "check_fields",
+    "check_finite", "check_log", "checksum", "chunk_size", "chunks", "decode", "dtype_name",
+    "encode", "make_header", "parse_chunk", "payload_slices", "serialize_chunk",
+    "serialize_data", "serialized_chunks",
 ]
 
 PROTOCOL_VERSION = 2
@@ -143,9 +153,119 @@ def make_header(message: RoundMessage) -> pb.StateHeader:
 
 def chunks(message: RoundMessage, chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.StateChunk]:
     """The payload of ``message`` as data chunks of at most ``chunk_bytes`` (no header)."""
+    for part in payload_slices(message, chunk_bytes):
+        yield pb.StateChunk(data=bytes(part))
+
+
+#: The first byte of a serialized data chunk: protobuf's key of ``StateChunk.data`` (field 2,
+#: length-delimited), followed by the payload length as a varint and the payload.
+_DATA_KEY = 0x12
+#: A varint of more bytes than this cannot be the length of a message under gRPC's limits.
+_MAX_VARINT = 5
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _data_key(size: int) -> bytes:
+    return bytes((_DATA_KEY,)) + _varint(size)
+
+
+def serialize_data(view: memoryview) -> bytes:
+    """``StateChunk(data=view).SerializeToString()``, byte for byte, made with one copy of
+    ``view`` (protobuf would copy it into the message, then again into the serialized
+    bytes)."""
+    return b"".join((_data_key(view.nbytes), view))
+
+
+class DataSerializer:
+    """:func:`serialize_data` into a few reused buffers, for one stream of chunks.
+
+    Each chunk is written into the buffer of an ``io.BytesIO`` and handed out as its value,
+    which CPython returns without a copy; once the caller (and gRPC, which copies a message as
+    it sends it) has dropped that value, the next chunk but ``slots - 1`` is written into the
+    same memory. So the chunks cost one copy each into memory that stays in the cache and is
+    never faulted in again. ``BytesIO`` keeps its values immutable: while a value is still
+    referenced its buffer is copied before it is written, so a caller that keeps chunks only
+    makes it slower.
+    """
+
+    def __init__(self, slots: int = 2) -> None:
+        self._slots: list[tuple[io.BytesIO, int] | None] = [None] * slots
+        self._next = 0
+
+    def __call__(self, view: memoryview) -> bytes:
+        key = _data_key(view.nbytes)
+        size = len(key) + view.nbytes
+        at = self._next
+        self._next = (at + 1) % len(self._slots)
+        slot = self._slots[at]
+        if slot is None or slot[1] != size:
+            slot = self._slots[at] = (io.BytesIO(bytes(size)), size)
+        buffer = slot[0].getbuffer()
+        try:
+            out = np.frombuffer(buffer, dtype=np.uint8)
+            out[: len(key)] = np.frombuffer(key, dtype=np.uint8)
+            np.copyto(out[len(key) :], np.frombuffer(view, dtype=np.uint8))
+            del out
+        finally:
+            buffer.release()
+        return slot[0].getvalue()
+
+
+def payload_slices(message: RoundMessage, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """The payload of ``message`` as views of at most ``chunk_bytes`` (what each data chunk
+    carries), without a copy."""
     for view in _views(message):
         for start in range(0, view.nbytes, chunk_bytes):
-            yield pb.StateChunk(data=bytes(view[start : start + chunk_bytes]))
+            yield view[start : start + chunk_bytes]
+
+
+def serialized_chunks(message: RoundMessage, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """:func:`chunks`, serialized: what gRPC sends for each data chunk of ``message`` (made by
+    a :class:`DataSerializer`: drop each chunk before asking for the next one but one)."""
+    serialize = DataSerializer()
+    for part in payload_slices(message, chunk_bytes):
+        yield serialize(part)
+
+
+#: A chunk as received: a message, or (from :func:`parse_chunk`) the payload of a data chunk.
+Chunk = pb.StateChunk | memoryview
+
+
+def parse_chunk(raw: bytes) -> Chunk:
+    """``StateChunk.FromString(raw)``, except that a data chunk (``raw`` holds the field
+    ``data`` and nothing else, as every sender writes it) comes back as a ``memoryview`` of its
+    payload inside ``raw``: no protobuf message, no copy. Anything else, header or malformed,
+    is parsed by protobuf itself, so its errors and its meaning are protobuf's."""
+    end = len(raw)
+    if end >= 2 and raw[0] == _DATA_KEY:
+        size = shift = 0
+        for at in range(1, min(end, 1 + _MAX_VARINT)):
+            byte = raw[at]
+            size |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                if at + 1 + size == end:
+                    return memoryview(raw)[at + 1 :]
+                break
+            shift += 7
+    return pb.StateChunk.FromString(raw)
+
+
+def serialize_chunk(chunk: pb.StateChunk | bytes) -> bytes:
+    """The serialized form of ``chunk``; bytes (already serialized) pass unchanged."""
+    return chunk if isinstance(chunk, bytes) else chunk.SerializeToString()
+
+
+def chunk_size(chunk: Chunk) -> int:
+    """The payload bytes a chunk carries (0 for a header)."""
+    return chunk.nbytes if isinstance(chunk, memoryview) else len(chunk.data)
 
 
 def encode(
@@ -255,16 +375,74 @@ def dtype_name(tensor: torch.Tensor) -> str:
     return _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
 
 
+class BufferPool:
+    """Receive buffers, reused once nothing refers to them any more.
+
+    A node receives states of the same size every round. A fresh buffer costs a page fault
+    for every 4 KiB the first time it is written, which takes longer than copying the bytes
+    into it; a buffer written before does not. So a receiver keeps the buffers of the states it
+    received and lends one out again once the last tensor that views it is gone (its lease, a
+    ``memoryview`` the tensors hold, has died). A buffer is never lent twice at once, and a
+    decoder writes every byte of it before anything reads it. At most ``keep`` buffers are
+    held; beyond that a free one is dropped, or, when none is free, a new one is not kept.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._held: list[tuple[np.ndarray[Any, np.dtype[np.float32]],
+                               weakref.ref[memoryview] | None]] = []
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def _free(self, at: int) -> bool:
+        lease = self._held[at][1]
+        return lease is None or lease() is None
+
+    def take(self, numel: int) -> torch.Tensor:
+        """A float32 tensor of ``numel`` elements (contents undefined)."""
+        for at, (array, _) in enumerate(self._held):
+            if array.size == numel and self._free(at):
+                return self._lend(at)
+        array = np.empty(numel, dtype=np.float32)
+        if len(self._held) >= self.keep:
+            free = [at for at in range(len(self._held)) if self._free(at)]
+            if not free:
+                return torch.from_numpy(array)
+            del self._held[free[0]]
+        self._held.append((array, None))
+        return self._lend(len(self._held) - 1)
+
+    def _lend(self, at: int) -> torch.Tensor:
+        array = self._held[at][0]
+        lease = memoryview(array)  # type: ignore[arg-type]  # the tensors hold it
+        self._held[at] = (array, weakref.ref(lease))
+        return torch.frombuffer(lease, dtype=torch.float32)
+
+
 @dataclass
 class Decoder:
     """Assembles one stream: :meth:`take` every chunk (or :meth:`header` once and :meth:`feed`
-    per data chunk), then :meth:`finish`."""
+    per data chunk), then :meth:`finish`.
+
+    :meth:`feed` is :meth:`reserve` (the checks, on the caller's thread) then :meth:`write` (the
+    copy into the buffer, the hash and the float sum). A caller may run the writes in a worker
+    thread, one at a time and in the order of their reservations, and :meth:`finish` once the
+    last one has returned.
+    """
 
     expect: Expectation
+    #: Where the receive buffer comes from (``None``: a new one per stream).
+    pool: BufferPool | None = None
     _header: pb.StateHeader | None = None
     _buffer: torch.Tensor | None = None
-    _bytes: memoryview | None = None
+    #: The buffer, and its bytes and floats as arrays (:meth:`write` reads the three at once).
+    _target: tuple[torch.Tensor, np.ndarray[Any, np.dtype[np.uint8]],
+                   np.ndarray[Any, np.dtype[np.float32]]] | None = None
+    _size: int = 0
     _filled: int = 0
+    _summed: int = 0  # floats summed so far (each sum checks a run of written floats)
+    _finite: bool = True  # every sum so far was finite
     _digest: Any = None
     _shapes: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
 
@@ -297,32 +475,66 @@ class Decoder:
         # every field checked: now allocate
         self._header = h
         self._shapes = shapes
-        self._buffer = torch.empty(total // 4, dtype=torch.float32)
-        self._bytes = memoryview(self._buffer.numpy()).cast("B")  # type: ignore[arg-type]
+        pool = self.pool
+        buffer = (torch.empty(total // 4, dtype=torch.float32) if pool is None
+                  else pool.take(total // 4))
+        floats = buffer.numpy()
+        self._buffer = buffer
+        self._target = (buffer, floats.view(np.uint8), floats)
+        self._size = total
         self._digest = xxhash.xxh3_128()
         return h
 
-    def feed(self, data: bytes) -> None:
-        if self._bytes is None:
+    def reserve(self, data: bytes | memoryview) -> int:
+        """Check that ``data`` may follow what came so far (a header came, the announced size
+        is not exceeded) and claim its place: returns its offset in the payload. Raises
+        :class:`WireError` exactly as :meth:`feed` does."""
+        if self._target is None:
             raise WireError("INVALID_ARGUMENT", "data before the header", Reason.BAD_HEADER)
-        end = self._filled + len(data)
-        if end > self._bytes.nbytes:
+        start = self._filled
+        end = start + len(data) if isinstance(data, bytes) else start + data.nbytes
+        if end > self._size:
             raise WireError(
-                "INVALID_ARGUMENT", f"more than the announced {self._bytes.nbytes} bytes",
+                "INVALID_ARGUMENT", f"more than the announced {self._size} bytes",
                 Reason.BAD_PAYLOAD,
             )
-        self._bytes[self._filled : end] = data
-        self._digest.update(data)
         self._filled = end
+        return start
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """Copy reserved ``data`` to ``offset`` of the buffer, hash it, and sum the floats it
+        completes (a sum is finite when all its terms are; see :func:`check_finite`). Copy,
+        hash and sum release the GIL, so this may run in a worker thread while the event loop
+        receives the next chunk."""
+        held = self._target  # holds the buffer (and a pooled one's lease) until done
+        if held is None:
+            return  # released: the stream was refused
+        _, target, floats = held
+        src = np.frombuffer(data, dtype=np.uint8)
+        np.copyto(target[offset : offset + src.nbytes], src)
+        self._digest.update(data)
+        done = (offset + src.nbytes) // 4
+        if done > self._summed:
+            with np.errstate(over="ignore", invalid="ignore"):  # a hostile sum: no warning
+                total = np.add.reduce(floats[self._summed : done])
+            if not np.isfinite(total):
+                self._finite = False
+            self._summed = done
+
+    def feed(self, data: bytes | memoryview) -> None:
+        self.write(self.reserve(data), data)
 
     def release(self) -> None:
         """Drop the receive buffer of a refused stream now, not when the last reference to
         this decoder (a traceback, say) goes."""
         self._buffer = None
-        self._bytes = None
+        self._target = None
 
-    def take(self, chunk: pb.StateChunk) -> None:
+    def take(self, chunk: Chunk) -> None:
         """Hand over one chunk of the stream, header or data."""
+        if isinstance(chunk, memoryview):  # a data chunk's payload (parse_chunk)
+            self.feed(chunk)
+            return
         kind = chunk.WhichOneof("part")
         if kind == "header":
             self.header(chunk.header)
@@ -332,14 +544,15 @@ class Decoder:
             raise WireError("INVALID_ARGUMENT", "empty chunk", Reason.BAD_HEADER)
 
     def finish(self) -> RoundMessage:
-        """The assembled message, once size, checksum and finiteness check out (a pass over
-        the payload: call it off the event loop)."""
-        if self._header is None or self._buffer is None or self._bytes is None:
+        """The assembled message, once size, checksum and finiteness check out (call it after
+        the last :meth:`write` has returned). Finiteness was summed chunk by chunk; only a
+        suspicious sum costs a pass over the payload here (off the event loop, then)."""
+        if self._header is None or self._buffer is None:
             raise WireError("INVALID_ARGUMENT", "stream ended without a header",
                             Reason.BAD_HEADER)
-        if self._filled != self._bytes.nbytes:
+        if self._filled != self._size:
             raise WireError(
-                "DATA_LOSS", f"stream truncated: {self._filled} of {self._bytes.nbytes} bytes",
+                "DATA_LOSS", f"stream truncated: {self._filled} of {self._size} bytes",
                 Reason.TRUNCATED,
             )
         if self._digest.digest() != self._header.checksum:
@@ -350,7 +563,8 @@ class Decoder:
         for name, shape, numel in self._shapes:
             tensors[name] = self._buffer[offset : offset + numel].view(shape)
             offset += numel
-        check_finite(tensors)
+        if not self._finite or self._summed != self._buffer.numel():
+            check_finite(tensors)
         h = self._header
         return RoundMessage(h.sender, int(h.round), int(h.degree), tensors, _used_log(h),
                             Kind(int(h.kind)), tuple(int(a) for a in h.anchors))
@@ -360,7 +574,7 @@ def _used_log(h: pb.StateHeader) -> UsedLog:
     return tuple((int(u.round), tuple(u.peers)) for u in h.used_log)
 
 
-def decode(chunks: Iterator[pb.StateChunk], expect: Expectation) -> RoundMessage:
+def decode(chunks: Iterator[Chunk], expect: Expectation) -> RoundMessage:
     """Assemble a whole stream (synchronous helper, used by tests and the in-memory transport)."""
     decoder = Decoder(expect)
     for chunk in chunks:

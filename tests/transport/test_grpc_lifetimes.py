@@ -20,7 +20,7 @@ import torch
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, PeerUnavailable, TransportClosed
-from dacflnode.transport.grpc_transport import GrpcTransport, unreachable
+from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls, unreachable
 from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import REASON_METADATA_KEY
 
@@ -168,7 +168,7 @@ BIG = 4 * 1024 * 1024  # values per tensor: 32 MiB a state, more than grpc buffe
 class Recorded:
     """A stub that records every call it starts, so a test can end one under its caller."""
 
-    def __init__(self, stub: neighbor_pb2_grpc.NeighborAsyncStub) -> None:
+    def __init__(self, stub: NeighborCalls) -> None:
         self._stub = stub
         self.calls: list[Any] = []
 
@@ -185,7 +185,7 @@ class Recorded:
 
 def record_calls(transport: GrpcTransport, peer: str = "bob") -> list[Any]:
     recorded = Recorded(transport._stub(peer))
-    transport._stubs[peer] = cast("neighbor_pb2_grpc.NeighborAsyncStub", recorded)
+    transport._stubs[peer] = cast("NeighborCalls", recorded)
     return recorded.calls
 
 
@@ -275,7 +275,7 @@ class FreezingStub:
     """A stub whose push calls freeze the whole process (as SIGSTOP does) for ``seconds`` just
     before the step named ``before`` ("write" of the first chunk, or "done_writing")."""
 
-    def __init__(self, stub: neighbor_pb2_grpc.NeighborAsyncStub, before: str,
+    def __init__(self, stub: NeighborCalls, before: str,
                  seconds: float) -> None:
         self._stub = stub
         self.before = before
@@ -284,8 +284,8 @@ class FreezingStub:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stub, name)
 
-    def PushState(self, *args: Any, **kwargs: Any) -> Any:
-        call = self._stub.PushState(*args, **kwargs)
+    def push(self, *args: Any, **kwargs: Any) -> Any:
+        call = self._stub.push(*args, **kwargs)
         step = getattr(call, self.before)
         frozen = False
 
@@ -306,7 +306,7 @@ async def test_a_push_frozen_past_its_deadline_before_a_step_raises_peer_unavail
 ) -> None:
     # grpc fails the step of a call whose deadline passed in core with an internal error
     # ("Failed execute_batch" out of done_writing): that, too, means "unavailable, try again"
-    alice._stubs["bob"] = cast("neighbor_pb2_grpc.NeighborAsyncStub",
+    alice._stubs["bob"] = cast("NeighborCalls",
                                FreezingStub(alice._stub("bob"), before, 1.0))
     assert await retrying(alice.push("bob", sized(P), timeout=0.3)) == "unavailable"
     await until(lambda: client_tasks() == [], 5)
@@ -318,7 +318,7 @@ async def test_a_push_frozen_past_its_deadline_before_a_step_raises_peer_unavail
 class FreezingAtStart:
     """A stub whose calls freeze the whole process for ``seconds`` right after they start."""
 
-    def __init__(self, stub: neighbor_pb2_grpc.NeighborAsyncStub, seconds: float) -> None:
+    def __init__(self, stub: NeighborCalls, seconds: float) -> None:
         self._stub = stub
         self.seconds = seconds
 
@@ -347,7 +347,7 @@ async def test_a_call_frozen_past_its_deadline_as_it_starts_raises_peer_unavaila
     call: str,
 ) -> None:
     alice.hello_timeout = 0.3
-    alice._stubs["bob"] = cast("neighbor_pb2_grpc.NeighborAsyncStub",
+    alice._stubs["bob"] = cast("NeighborCalls",
                                FreezingAtStart(alice._stub("bob"), 1.0))
     assert await retrying(SHORT_CALLS[call](alice)) == "unavailable"
     await until(lambda: client_tasks() == [], 5)
