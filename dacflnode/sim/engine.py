@@ -10,6 +10,10 @@ results match a deployment bit for bit. ``batched`` gives each runner a handle o
 stacked model — mathematically identical, equal to float32 rounding, and several times faster
 for small models. ``auto`` picks ``batched`` when the model and the partition allow it (a
 built-in model, equal partition sizes).
+
+With a :class:`RayTarget` (``simulate --ray``) either engine runs on the workers of a Ray cluster
+instead (:mod:`dacflnode.sim.ray_engine`, the only module that imports Ray): each worker owns a
+contiguous slice of the nodes, and the results equal the local engine's bit for bit (see there).
 """
 
 from __future__ import annotations
@@ -39,6 +43,25 @@ class NodeData:
     y: torch.Tensor
 
 
+@dataclass(frozen=True)
+class RayTarget:
+    """Where ``simulate --ray`` trains: a Ray cluster and how many workers (actors) to use.
+
+    ``address`` is ``local`` (start a Ray instance in this process, with ``workers`` CPUs, or as
+    many as the machine has) or a running cluster's ``HOST:PORT`` (``ray start --head``).
+    ``workers``: ``None`` means one per CPU of the cluster; at most one per node either way.
+    """
+
+    address: str
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.address.strip():
+            raise ConfigError("ray", "give a cluster address HOST:PORT, or local")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError("ray_workers", f"must be >= 1, got {self.workers}")
+
+
 class OnLoopThread(Executor):
     """Runs each job at once, on the calling thread: the event loop's.
 
@@ -65,6 +88,10 @@ class Engine(ABC):
     @abstractmethod
     async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
         """Evaluate one model (a god node's network average) with the first node's buffers."""
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process (a Ray engine's workers)."""
+        return None
 
 
 class SequentialEngine(Engine):
@@ -141,7 +168,8 @@ class BatchedEngine(Engine):
 
     async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
         return evaluate(self.template, model, self.test.x, self.test.y,
-                        local=self.trainer.local[0], device=self.device)
+                        local=self.trainer.local[0], device=self.device,
+                        precision=self.cfg.precision)
 
 
 class _BatchedNode:
@@ -175,7 +203,10 @@ def make_engine(
     *,
     seed: int,
     device: torch.device,
+    ray: RayTarget | None = None,
 ) -> Engine:
+    """The engine ``choice`` (``auto``, ``batched`` or ``sequential``) for these nodes, local or,
+    with ``ray``, on the workers of a Ray cluster."""
     model = model_factory()
     equal = len({int(d.y.numel()) for d in data}) == 1
     if choice == "auto":
@@ -189,5 +220,20 @@ def make_engine(
             raise ConfigError(
                 "engine", "the batched engine needs equal partition sizes; use sequential"
             )
+    if ray is not None:
+        if device.type != "cpu":
+            raise ConfigError(
+                "device", f"--ray trains on the workers' CPUs, not {device}; use --device cpu"
+            )
+        try:
+            from dacflnode.sim.ray_engine import RayEngine
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "ray":
+                raise
+            raise ConfigError(
+                "ray", f"Ray is not installed here ({exc}); pip install 'dacflnode[ray]'"
+            ) from None
+        return RayEngine(choice, ids, model, data, test, cfg, seed=seed, target=ray)
+    if choice == "batched":
         return BatchedEngine(ids, model, data, test, cfg, seed=seed, device=device)
     return SequentialEngine(ids, model, data, test, cfg, seed=seed, device=device)

@@ -21,6 +21,7 @@ from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
 from dacflnode.node.faults import FaultPlan
 from dacflnode.node.metrics_log import summarize
+from dacflnode.sim.engine import RayTarget
 from dacflnode.sim.simulator import ProgressFn, Simulation
 
 
@@ -28,13 +29,14 @@ def run_experiment(
     cfg: RunConfig, out_dir: str | Path | None = None, progress: ProgressFn | None = None,
     faults: FaultPlan | None = None,
     gone_after: int = DAEMON_DEFAULTS.gone_after,
+    ray: RayTarget | None = None,
 ) -> dict[str, Any]:
     """Run every algorithm of ``cfg``; return (and write) the summary.
 
     ``faults``: a fault plan every run plays; the summary then has ``invariant``: per FODAC
     algorithm, the invariant residual of each round and over the nodes that finished.
     ``gone_after``: missed rounds in a row before a neighbour is declared gone (as a daemon's
-    ``run.gone_after``)."""
+    ``run.gone_after``). ``ray``: train on the workers of a Ray cluster (``simulate --ray``)."""
     cfg.validate()
     cfg.apply_threads()
     started = time.perf_counter()
@@ -61,7 +63,7 @@ def run_experiment(
         for name in cfg.algorithm:
             folder = root / name if len(cfg.algorithm) > 1 else root
             sim = Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults,
-                             gone_after=gone_after)
+                             gone_after=gone_after, ray=ray)
             result = sim.run(progress)
             results[name] = summarize([folder / node for node in sim.ids], name, result.wall_s,
                                       engine=result.engine)

@@ -55,7 +55,7 @@ from dacflnode.node.faults import Crash, FaultPlan
 from dacflnode.node.metrics_log import METRICS_FILE
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
-from dacflnode.sim.engine import Engine, NodeData, OnLoopThread, make_engine
+from dacflnode.sim.engine import Engine, NodeData, OnLoopThread, RayTarget, make_engine
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
@@ -113,6 +113,8 @@ class Simulation:
     """One algorithm on one data set and topology; :meth:`run` executes every round.
 
     ``faults``: a fault plan to play (checked against the run's node ids and rounds here).
+    ``ray``: train on the workers of a Ray cluster (:mod:`dacflnode.sim.ray_engine`); they
+    start here and stop when :meth:`run` ends.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class Simulation:
         out_dir: Path | None = None,
         faults: FaultPlan | None = None,
         gone_after: int = DAEMON_DEFAULTS.gone_after,
+        ray: RayTarget | None = None,
     ) -> None:
         self.cfg = cfg
         #: consecutive missed rounds before a neighbour is declared gone (as a daemon's)
@@ -153,9 +156,12 @@ class Simulation:
             )
             for p in parts
         ]
+        # Ray workers train on their own CPUs, whatever this machine has
+        device = (torch.device("cpu") if ray is not None and cfg.device == "auto"
+                  else pick_device(cfg.device))
         self.engine: Engine = make_engine(
             engine, self.ids, factory, node_data, NodeData(test_x, test_y),
-            cfg.train_config(), seed=cfg.seed, device=pick_device(cfg.device),
+            cfg.train_config(), seed=cfg.seed, device=device, ray=ray,
         )
         self.average: NetworkAverage | None = None
         if self.alg.global_model:
@@ -251,6 +257,7 @@ class Simulation:
             raise _first_leaf(failed) from failed
         finally:
             await nodes.stop_all()
+            self.engine.close()
         result.wall_s = time.perf_counter() - started
         nodes.records.finish()
         self.runners = [nodes.runners[node] for node in self.ids if node in nodes.runners]
