@@ -25,7 +25,14 @@ daemon's defaults (:data:`dacflnode.transport.receiver.IDLE_TIMEOUT`, ``STREAM_T
 ``--idle-timeout`` shortens them in the daemon process (the daemon has no setting for them),
 as ``--quick`` does. All loops are bounded in count and time, and everything stays on loopback.
 
-Usage: ``python benchmarks/attacks.py [--quick] [--json]``.
+The result's ``ratio`` is the daemon's peak RSS growth under the stalled streams against the
+bytes those streams pushed (``streams`` × state): a receiver without limits holds all of them
+(ratio 1; before the limits, 40 streams of 8 MiB held 320 MiB). Target ≤ 0.25. The growth is
+bounded (one state per neighbour and accepted round, plus transient buffers), so the ratio falls
+as ``--streams`` grows; ``states_held_at_peak`` gives the same growth in states.
+
+Usage: ``python benchmarks/attacks.py [--quick] [--json]``; ``--quick``: 60 streams, 400
+connections, 200 Hellos, a 2 s idle deadline.
 The CI versions of these attacks, with assertions, are in ``tests/node/test_attacks.py``.
 """
 
@@ -56,6 +63,9 @@ sys.path.insert(0, str(ROOT))
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb  # noqa: E402
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import add_standard_args, emit_result  # noqa: E402
 
 #: The HTTP/2 client preface followed by an empty SETTINGS frame: what a gRPC client sends first.
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
@@ -424,10 +434,7 @@ def table(r: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="smaller and faster: 60 streams, 400 connections, 200 Hellos, "
-                        "2 s idle deadline")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_standard_args(p)
     p.add_argument("--streams", type=int, default=150)
     p.add_argument("--channels", type=int, default=10)
     p.add_argument("--state-mib", type=float, default=8.0,
@@ -448,7 +455,12 @@ def main() -> None:
         args.idle_timeout = args.idle_timeout or 2.0
         args.wait = min(args.wait, 15.0)
     results = run(args)
-    print(json.dumps(results, indent=2) if args.json else table(results))
+    if not args.json:
+        print(table(results))
+    s = results["stalled"]
+    emit_result("attacks", s["hwm_growth"] / (s["streams"] * s["state_bytes"]), 0.25, False,
+                as_json=args.json, states_held_at_peak=round(s["hwm_growth"] / s["state_bytes"], 2),
+                **results)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,13 @@ each engine spends per sample, and is hardly disturbed by other load on the mach
 Data: synthetic 1×28×28 images of 10 classes (class prototypes plus noise), or, with
 ``--real``, Fashion-MNIST from ``--data-root`` (default: where Debian's package installs it).
 
+The result's ``ratio`` is (c) / (a), medians: the batched engine against the bare loop, in the
+same run ((b) / (a) when ``--engines`` leaves the batched engine out). Target ≥ 1.5, the
+simulator's figure for 10 nodes (``bench_simulator.py`` measures the whole simulator, rounds
+included). ``--quick``: one repeat of 3 s per engine, 100 samples per node.
+
     .venv/bin/python benchmarks/bench_training.py --nodes 10 --batch-size 20 --seconds 10
-    .venv/bin/python benchmarks/bench_training.py --json
+    .venv/bin/python benchmarks/bench_training.py --quick --json
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _common import add_standard_args, emit_result
 from torch import nn
 
 ENGINES = ("bare", "sequential", "batched")
@@ -198,10 +204,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=20)
-    parser.add_argument("--seconds", type=float, default=10.0,
-                        help="measuring time per engine, split over the repeats")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--samples-per-node", type=int, default=400)
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="measuring time per engine, split over the repeats "
+                        "(default 10; quick: 3)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (quick: 1)")
+    parser.add_argument("--samples-per-node", type=int, default=None,
+                        help="default 400 (quick: 100)")
     parser.add_argument("--model", default="fmnist-cnn")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--real", action="store_true", help="use Fashion-MNIST")
@@ -213,10 +221,16 @@ def main() -> None:
         "instead of wall time: compares the engines' work per sample, undisturbed by other "
         "load on the machine",
     )
-    parser.add_argument("--json", action="store_true")
+    add_standard_args(parser)
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--seconds-each", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.seconds is None:
+        args.seconds = 3.0 if args.quick else 10.0
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 5
+    if args.samples_per_node is None:
+        args.samples_per_node = 100 if args.quick else 400
 
     if args.child:
         print(json.dumps(measure(args.child, args)))
@@ -260,8 +274,12 @@ def main() -> None:
         "ratio_to_bare": {e: median[e] / median["bare"] for e in engines},
         "ratio_to_bare_best": {e: best[e] / best["bare"] for e in engines},
     }
+    subject = next((e for e in ("batched", "sequential") if e in engines), "bare")
     if args.json:
-        print(json.dumps(report, indent=2))
+        emit_result("training", report["ratio_to_bare"][subject], 1.5, True, as_json=True,
+                    subject=subject, **{k: v for k, v in report.items() if k != "machine"},
+                    clock=report["machine"]["clock"],
+                    loadavg_before=report["machine"]["loadavg_before"])
         return
     m = report["machine"]
     print(f"{args.model}, {args.nodes} nodes, batch {args.batch_size}, "
@@ -275,6 +293,7 @@ def main() -> None:
     for e in engines:
         print(f"{labels[e]:30s} {median[e]:8.0f} {best[e]:8.0f} "
               f"{report['ratio_to_bare'][e]:9.2f}x {report['ratio_to_bare_best'][e]:7.2f}x")
+    emit_result("training", report["ratio_to_bare"][subject], 1.5, True, as_json=False)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ state a node receives, and prints the largest ratio seen: the margin an honest r
 the limit. Non-i.i.d. data (each node sees mostly its own two classes) and a high learning rate
 make neighbours drift apart as much as a healthy run can.
 
+The result's ``ratio`` is the largest honest ratio divided by the guard's limit (the limit is
+the baseline: a constant of the guard, not a second measurement); target ≤ 0.1, i.e. honest
+states stay at least ten times inside the limit. ``--quick``: 20 rounds.
+
     python benchmarks/guard_margin.py --rounds 100 --algorithm dacfl --lr 0.05
     python benchmarks/guard_margin.py --quick --json
 """
@@ -16,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
-import os
 import sys
+from typing import Any
 
 import torch
+from _common import add_standard_args, emit_result
 
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.layout import StateLayout
@@ -73,7 +77,7 @@ def make_runner(network: MemoryNetwork, graph: dict[str, list[str]], node: str, 
     return runner
 
 
-async def measure(args: argparse.Namespace) -> dict[str, object]:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
     graph = ring(args.nodes)
     network = MemoryNetwork(copy=False)
     ratios: list[float] = []
@@ -87,12 +91,11 @@ async def measure(args: argparse.Namespace) -> dict[str, object]:
                   for t in transports if isinstance(t, MemoryTransport))
     largest = max(ratios)
     return {
-        "name": "guard_margin", "algorithm": args.algorithm, "lr": args.lr,
+        "algorithm": args.algorithm, "lr": args.lr,
         "nodes": args.nodes, "rounds": args.rounds, "all_rounds_done": all(done),
         "states_checked": len(ratios), "refused": refused,
         "largest_ratio": round(largest, 4), "limit": ABSURD_RATIO,
         "margin": round(ABSURD_RATIO / largest, 1) if largest else None,
-        "loadavg": [round(v, 2) for v in os.getloadavg()],
     }
 
 
@@ -104,19 +107,18 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--samples", type=int, default=64, help="training samples per node")
-    ap.add_argument("--quick", action="store_true", help="20 rounds")
-    ap.add_argument("--json", action="store_true")
+    add_standard_args(ap)
     args = ap.parse_args()
     if args.quick:
         args.rounds = 20
     result = asyncio.run(measure(args))
-    if args.json:
-        print(json.dumps(result))
-    else:
+    if not args.json:
         print(f"{args.algorithm}, lr {args.lr}, {args.nodes}-node ring, {args.rounds} rounds: "
               f"{result['states_checked']} states, largest ‖m_j − m_i‖/max(‖m_i‖, 1) = "
               f"{result['largest_ratio']} (limit {ABSURD_RATIO:g}, margin "
-              f"{result['margin']}x), refused {result['refused']}, load {result['loadavg']}")
+              f"{result['margin']}x), refused {result['refused']}")
+    emit_result("guard_margin", result["largest_ratio"] / ABSURD_RATIO, 0.1, False,
+                as_json=args.json, **result)
     return 0
 
 
