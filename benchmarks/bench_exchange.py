@@ -13,7 +13,8 @@ runs, on 127.0.0.1 with ports picked by the kernel:
   one handshake, then ``a.push("b", message)`` of a :class:`~dacflnode.wire.codec.RoundMessage`
   of that size, timed until it returns (the server returns once the message is in ``b``'s
   inbox: validated, assembled, checksum verified). Every repeat is a new round (``b``'s inbox
-  moves with it), so the sender hashes the payload every time, as a node does once per round.
+  moves with it, and drops the previous round as a node does), so the sender hashes the payload
+  every time, as a node does once per round.
 * **dacflnode, header cached** -- the same message pushed a second time: the sender's
   header (XXH3-128 over the payload) is cached, as it is for a node's second, third, ...
   neighbour; the receiver still verifies the checksum.
@@ -21,22 +22,25 @@ runs, on 127.0.0.1 with ports picked by the kernel:
 The three are interleaved within each repeat, so background load hits them alike; the reported
 rate is size / median time. Peak RSS growth is measured per push (``VmHWM`` of the process,
 reset through ``/proc/self/clear_refs`` before each push; without that, ``ru_maxrss`` over the
-whole child) relative to the RSS just before it. Sender and receiver share the process, so the
-receiver's copy of the state (1x) is part of the growth.
+whole child) relative to the RSS just before it, and the largest over the repeats is reported.
+Sender and receiver share the process, so the receiver's copy of the state (1x) is part of the
+dacflnode growth; gRPC's own buffers are part of both (the raw column shows them alone).
 
-Usage: ``python benchmarks/bench_exchange.py --sizes 64,400 --repeats 3 [--json]``.
-:class:`RawSink` / :class:`RawSender` are reused by ``bench_round_overhead.py``.
+The result (``--json``: the last stdout line) is the smallest dacflnode / raw rate over the
+sizes from 6 to 64 MB (target >= 1.0), with the figures per size and the largest peak RSS
+growth of a dacflnode push over those sizes, as a multiple of the state.
+
+Usage: ``python benchmarks/bench_exchange.py [--quick] [--sizes 6,13,64,400] [--repeats 5]
+[--json]``. :class:`RawSink` / :class:`RawSender` are reused by ``bench_round_overhead.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import os
-import platform
 import re
 import resource
 import statistics
@@ -48,18 +52,20 @@ from typing import Any
 
 import grpc
 import torch
+from _common import add_standard_args, emit_result, machine
 
-from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport import channels
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.wire.codec import (
     CHUNK_BYTES,
+    BufferPool,
     Decoder,
     Expectation,
     RoundMessage,
-    chunks,
     make_header,
+    parse_chunk,
+    serialized_chunks,
 )
 
 MB = 1 << 20
@@ -285,26 +291,28 @@ async def measure_size(size_mb: int, repeats: int) -> dict[str, Any]:
 
 def cpu_steps(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
     """Seconds of the single-threaded work dacflnode adds to the bytes gRPC moves, step by
-    step, without a network: the sender's header (one XXH3-128 pass), cutting and
-    serialising the chunks, parsing them and copying them into the receive buffer, and the
-    receiver's checksum (:meth:`Decoder.finish`)."""
+    step, without a network: the sender's header (one XXH3-128 pass), serialising the chunks
+    (one copy each), parsing them and writing them into the receive buffer (copy, hash, float
+    sum; the buffer comes from a pool, as in a receiver's second and later rounds), and the
+    receiver's final checks (:meth:`Decoder.finish`)."""
     message = RoundMessage("a", 0, 1, tensors)
     started = time.perf_counter()
     header = make_header(message)
     sender_hash = time.perf_counter() - started
-    decoder = Decoder(Expectation(senders={"a"}, tensors={n: tuple(t.shape)
-                                                          for n, t in tensors.items()}))
+    expect = Expectation(senders={"a"}, tensors={n: tuple(t.shape) for n, t in tensors.items()})
+    pool = BufferPool()
+    Decoder(expect, pool=pool).header(header)  # the pool's buffer, faulted in once
+    decoder = Decoder(expect, pool=pool)
     decoder.header(header)
     encode = decode = 0.0
-    stream = chunks(message)
+    stream = serialized_chunks(message)
     while True:
         t0 = time.perf_counter()
-        chunk = next(stream, None)
-        if chunk is None:
+        data = next(stream, None)
+        if data is None:
             break
-        data = chunk.SerializeToString()
         t1 = time.perf_counter()
-        decoder.feed(pb.StateChunk.FromString(data).data)
+        decoder.take(parse_chunk(data))
         t2 = time.perf_counter()
         encode += t1 - t0
         decode += t2 - t1
@@ -324,20 +332,6 @@ def run_child(size_mb: int, repeats: int) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def machine() -> dict[str, Any]:
-    load = None
-    with contextlib.suppress(OSError):
-        load = [round(x, 2) for x in os.getloadavg()]
-    return {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "grpc": grpc.__version__,
-        "torch": torch.__version__,
-        "loadavg_at_start": load,
-    }
-
-
 def table(results: list[dict[str, Any]]) -> str:
     head = (f"{'size MB':>8} {'raw MB/s':>9} {'dacfl MB/s':>10} {'ratio':>6} "
             f"{'cached MB/s':>11} {'ratio':>6} {'hash MB/s':>12} "
@@ -352,7 +346,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{grow / MB:>12.0f} MB = {r['peak_rss_growth_x_state']['dacflnode']:.2f}x")
     lines += ["", "dacflnode's own CPU work per push, single-threaded, no network (seconds):",
               f"{'size MB':>8} {'sender hash':>11} {'encode':>7} {'decode':>7} "
-              f"{'recv hash':>9} {'sum':>6} {'raw push':>8} {'dacfl push':>10}"]
+              f"{'finish':>9} {'sum':>6} {'raw push':>8} {'dacfl push':>10}"]
     for r in results:
         c = r["cpu_steps_s"]
         lines.append(
@@ -363,35 +357,68 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The sizes (MB) the target is held to.
+TARGET_SIZES = (6, 64)
+QUICK_SIZES, QUICK_REPEATS = "6,13,64", 3
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures held to the target: over the sizes from 6 to 64 MB (all sizes if none is
+    in that range), the smallest dacflnode / raw rate and the largest peak RSS growth."""
+    lo, hi = TARGET_SIZES
+    held = [r for r in results if lo <= r["size_mb"] <= hi] or results
+    return {
+        "ratio": min(r["ratio"] for r in held),
+        "ratio_sizes_mb": [r["size_mb"] for r in held],
+        "per_size": {
+            str(r["size_mb"]): {
+                "raw_mb_s": round(r["mb_s"]["raw"], 1),
+                "dacflnode_mb_s": round(r["mb_s"]["dacflnode"], 1),
+                "cached_mb_s": round(r["mb_s"]["cached"], 1),
+                "ratio": round(r["ratio"], 3),
+                "ratio_cached": round(r["ratio_cached"], 3),
+                "peak_rss_growth_x_state": round(r["peak_rss_growth_x_state"]["dacflnode"], 3),
+                "raw_peak_rss_growth_x_state": round(r["peak_rss_growth_x_state"]["raw"], 3),
+            } for r in results
+        },
+        "peak_rss_growth_x_state": max(r["peak_rss_growth_x_state"]["dacflnode"] for r in held),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="64,400",
-                    help="MB (2**20 bytes) of state per node, comma-separated (default 64,400)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--sizes", default=None,
+                    help="MB (2**20 bytes) of state per node, comma-separated (default "
+                         f"6,13,64,400; --quick: {QUICK_SIZES})")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help=f"pushes of each kind per size (default 5; --quick: {QUICK_REPEATS})")
+    add_standard_args(ap)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.repeats < 1:
+    repeats = args.repeats or (QUICK_REPEATS if args.quick else 5)
+    if repeats < 1:
         ap.error("--repeats must be >= 1")
 
     if args.child is not None:
-        print(json.dumps(asyncio.run(measure_size(args.child, args.repeats))))
+        print(json.dumps(asyncio.run(measure_size(args.child, repeats))))
         return 0
 
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = [int(s) for s in (args.sizes or (QUICK_SIZES if args.quick else "6,13,64,400"))
+             .split(",") if s.strip()]
     info = machine()
-    results = [run_child(size, args.repeats) for size in sizes]
-    if args.json:
-        print(json.dumps({"benchmark": "exchange", "machine": info, "repeats": args.repeats,
-                          "results": results}, indent=2))
-    else:
-        print(f"machine: {info['cpus']} CPUs, {info['platform']}, grpc {info['grpc']}, "
-              f"loadavg {info['loadavg_at_start']}; {args.repeats} repeats, median")
+    results = [run_child(size, repeats) for size in sizes]
+    if not args.json:
+        print(f"machine: {info['cpus']} CPUs, {info['platform']}, grpc {grpc.__version__}, "
+              f"loadavg {info['loadavg']}; {repeats} repeats, median")
         print(table(results))
         print("cached = the same message pushed again (sender's checksummed header cached, as for "
               "a node's further neighbours).")
         print("RSS growth includes the receiver's own copy of the state (1.00x), since both "
               "nodes share this process.")
+    figures = summary(results)
+    emit_result("exchange", figures.pop("ratio"), 1.0, True, as_json=args.json,
+                machine_at_start=info, repeats=repeats, grpc=grpc.__version__, **figures,
+                results=results)
     return 0
 
 
