@@ -18,6 +18,8 @@ import json
 import os
 import platform
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -78,3 +80,16 @@ def emit_result(
               f"{'met' if met else 'NOT met'}), load average {result['machine']['loadavg']}",
               file=sys.stdout, flush=True)
     return result
+
+
+def timed_into(inner: Callable[..., Any], seconds: list[float]) -> Callable[..., Any]:
+    """``inner``, wrapped to append the wall time of every call to ``seconds``."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - started)
+
+    return timed

@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from _common import add_standard_args, emit_result, machine
+from _common import add_standard_args, emit_result, machine, timed_into
 
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import DEFAULT_FASHION_MNIST_ROOT, load_dataset
@@ -42,17 +42,6 @@ PAPER_ROUNDS = 100
 QUICK_STEPS, QUICK_TEST, QUICK_SCALE = 15, 500, 20  # 1/20 of 300 steps and 10,000 test samples
 
 
-def _timed(inner: Any, seconds: list[float]) -> Any:
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            seconds.append(time.perf_counter() - started)
-
-    return timed
-
-
 def run_once(cfg: RunConfig, algorithm: str, dataset: Any, parts: Any
              ) -> tuple[list[float], list[float], float, float]:
     """Per-round average accuracy, per-round wall seconds, the whole run's wall seconds, and the
@@ -63,7 +52,7 @@ def run_once(cfg: RunConfig, algorithm: str, dataset: Any, parts: Any
     trainer = getattr(sim.engine, "trainer", None)
     if trainer is not None:
         for name in calls:
-            setattr(trainer, name, _timed(getattr(trainer, name), calls[name]))
+            setattr(trainer, name, timed_into(getattr(trainer, name), calls[name]))
     marks: list[float] = []
     accs: list[float] = []
 

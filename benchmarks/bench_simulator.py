@@ -30,11 +30,10 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from _common import add_standard_args, emit_result, machine
+from _common import add_standard_args, emit_result, machine, timed_into
 from torch import nn
 
 from dacflnode.config import RunConfig
@@ -81,17 +80,6 @@ class Round:
     eval_s: float | None
 
 
-def _timed(inner: Any, seconds: list[float]) -> Any:
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            seconds.append(time.perf_counter() - started)
-
-    return timed
-
-
 def simulator(cfg: RunConfig, dataset: Dataset, parts: list[np.ndarray], *, evaluate: bool
               ) -> Round:
     """The simulator's second round: N NodeRunners over the in-memory transport, from the moment
@@ -105,7 +93,7 @@ def simulator(cfg: RunConfig, dataset: Dataset, parts: list[np.ndarray], *, eval
     trainer = getattr(sim.engine, "trainer", None)  # the batched engine's stacked trainer
     if trainer is not None:
         for name in calls:
-            setattr(trainer, name, _timed(getattr(trainer, name), calls[name]))
+            setattr(trainer, name, timed_into(getattr(trainer, name), calls[name]))
 
     def progress(name: str, done: int, total: int, record: RoundRecord) -> None:
         marks[done] = (time.perf_counter(), record.samples)

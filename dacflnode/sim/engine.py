@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -149,7 +149,7 @@ class BatchedEngine(Engine):
             ids, self._train_all)
         self.evaluate_gather: RoundGather[torch.Tensor, tuple[float, float]] = RoundGather(
             ids, self._evaluate_all)
-        self.trainers = {node: _BatchedNode(self, node, i) for i, node in enumerate(ids)}
+        self.trainers = {node: GatheredNode(self, node, i) for i, node in enumerate(ids)}
 
     def _stack(self, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return torch.stack([values[node] for node in self.ids])
@@ -166,16 +166,32 @@ class BatchedEngine(Engine):
         results = self.trainer.evaluate(self._stack(models), self.test.x, self.test.y)
         return dict(zip(self.ids, results, strict=True))
 
+    def local_buffers(self, index: int) -> dict[str, torch.Tensor]:
+        return self.trainer.local[index]
+
     async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
         return evaluate(self.template, model, self.test.x, self.test.y,
                         local=self.trainer.local[0], device=self.device,
                         precision=self.cfg.precision)
 
 
-class _BatchedNode:
-    """One runner's view of a :class:`BatchedEngine`: its calls join the round's stacked call."""
+class GatheringEngine(Protocol):
+    """An engine whose runners' calls of a round are gathered into one call
+    (:class:`BatchedEngine`, and the batched Ray engine)."""
 
-    def __init__(self, engine: BatchedEngine, node: str, index: int) -> None:
+    cfg: TrainConfig
+    train_gather: RoundGather[torch.Tensor, TrainResult]
+    evaluate_gather: RoundGather[torch.Tensor, tuple[float, float]]
+
+    def local_buffers(self, index: int) -> dict[str, torch.Tensor]:
+        """Node ``index``'s integer buffers (batch-norm step counters)."""
+        ...
+
+
+class GatheredNode:
+    """One runner's view of a :class:`GatheringEngine`: its calls join the round's call."""
+
+    def __init__(self, engine: GatheringEngine, node: str, index: int) -> None:
         self.engine = engine
         self.node = node
         self.index = index
@@ -187,7 +203,7 @@ class _BatchedNode:
         return await self.engine.evaluate_gather.submit(round, self.node, model)
 
     def local_buffers(self) -> dict[str, torch.Tensor]:
-        return self.engine.trainer.local[self.index]
+        return self.engine.local_buffers(self.index)
 
     def lr_at(self, round: int) -> float:
         return self.engine.cfg.lr_at(round)

@@ -55,7 +55,7 @@ from dacflnode.errors import ConfigError
 from dacflnode.learning.layout import FLAT_DTYPE, StateLayout
 from dacflnode.learning.train import LocalTrainer, TrainConfig, TrainResult, evaluate
 from dacflnode.sim.batched import BatchedTrainer
-from dacflnode.sim.engine import Engine, NodeData, RayTarget
+from dacflnode.sim.engine import Engine, GatheredNode, NodeData, RayTarget
 from dacflnode.sim.gather import RoundGather
 
 #: how long the workers may take to start (import torch, copy their data) before the run fails
@@ -254,7 +254,7 @@ class RayEngine(Engine):
                 ids, self._train_all)
             self.evaluate_gather: RoundGather[torch.Tensor, tuple[float, float]] = RoundGather(
                 ids, self._evaluate_all)
-            self.trainers = {node: _GatheredNode(self, i) for i, node in enumerate(ids)}
+            self.trainers = {node: GatheredNode(self, node, i) for i, node in enumerate(ids)}
         else:
             for w, (lo, hi) in enumerate(itertools.pairwise(self.bounds)):
                 for slot, i in enumerate(range(lo, hi)):
@@ -322,31 +322,13 @@ class RayEngine(Engine):
             *(actor.evaluate_slice.remote(part, chunk) for actor, part in self._slices(flats)))
         return dict(zip(self.ids, itertools.chain.from_iterable(parts), strict=True))
 
+    def local_buffers(self, index: int) -> dict[str, torch.Tensor]:
+        return self.local[index]
+
     async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
         # in the driver, with the first node's buffers, as the local engines do
         return evaluate(self.template, model, self.test.x, self.test.y, local=self.local[0],
                         device=_CPU)
-
-
-class _GatheredNode:
-    """One runner's view of a batched :class:`RayEngine`: its calls join the round's call."""
-
-    def __init__(self, engine: RayEngine, index: int) -> None:
-        self.engine = engine
-        self.node = engine.ids[index]
-        self.index = index
-
-    async def train(self, start: torch.Tensor, round: int) -> TrainResult:
-        return await self.engine.train_gather.submit(round, self.node, start)
-
-    async def evaluate(self, model: torch.Tensor, round: int) -> tuple[float, float]:
-        return await self.engine.evaluate_gather.submit(round, self.node, model)
-
-    def local_buffers(self) -> dict[str, torch.Tensor]:
-        return self.engine.local[self.index]
-
-    def lr_at(self, round: int) -> float:
-        return self.engine.cfg.lr_at(round)
 
 
 class _RemoteNode:

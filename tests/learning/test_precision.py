@@ -11,7 +11,6 @@ from dacflnode.config import RunConfig
 from dacflnode.config.run import config_from_mapping
 from dacflnode.errors import ConfigError
 from dacflnode.learning.layout import StateLayout
-from dacflnode.learning.models import build_model
 from dacflnode.learning.train import (
     LocalTrainer,
     TrainConfig,
@@ -19,21 +18,7 @@ from dacflnode.learning.train import (
     batch_plan,
     evaluate,
 )
-
-
-def blobs(n: int, seed: int = 0, shape=(1, 8, 8), classes: int = 4):
-    """Well separated class prototypes plus a little noise."""
-    gen = torch.Generator().manual_seed(seed)
-    protos = torch.randn(classes, *shape, generator=torch.Generator().manual_seed(99)) * 2
-    y = torch.randint(0, classes, (n,), generator=gen)
-    x = protos[y] + 0.5 * torch.randn(n, *shape, generator=gen)
-    return x, y
-
-
-def model_for(name: str = "tiny-cnn", classes: int = 4) -> nn.Module:
-    torch.manual_seed(0)
-    return build_model(name, (1, 8, 8), classes)
-
+from tests.learning.test_train import blobs, model_for
 
 # ------------------------------------------------------------------------------ the setting
 

@@ -31,10 +31,10 @@ MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 LOGGER = "dacflnode.transport"
 
 
-def message(sender: str, round_: int, seed: int = 0) -> RoundMessage:
+def message(sender: str, round_: int, seed: int = 0, size: int = P) -> RoundMessage:
     g = torch.Generator().manual_seed(seed + 10 * round_)
-    return RoundMessage(sender, round_, 1, {"omega": torch.randn(P, generator=g),
-                                            "x": torch.randn(P, generator=g)})
+    return RoundMessage(sender, round_, 1, {"omega": torch.randn(size, generator=g),
+                                            "x": torch.randn(size, generator=g)})
 
 
 def same(a: RoundMessage, b: RoundMessage) -> bool:

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
-import torch
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
@@ -24,6 +23,8 @@ from dacflnode.transport.grpc_transport import (
 from dacflnode.wire import codec as codec_module
 from dacflnode.wire.codec import CHUNK_BYTES, RoundMessage, encode, make_header
 from dacflnode.wire.errors import Reason
+from tests.transport import test_grpc_bad_input as bad_input
+from tests.transport.test_grpc_bad_input import same
 
 P = 700_000  # 2 x 2.8 MB: three 1 MiB chunks and a short one per tensor
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -32,15 +33,7 @@ LOGGER = "dacflnode.transport"
 
 
 def message(sender: str, round_: int, seed: int = 0) -> RoundMessage:
-    g = torch.Generator().manual_seed(seed + 10 * round_)
-    return RoundMessage(sender, round_, 1, {"omega": torch.randn(P, generator=g),
-                                            "x": torch.randn(P, generator=g)})
-
-
-def same(a: RoundMessage, b: RoundMessage) -> bool:
-    return (a.sender, a.round, a.degree) == (b.sender, b.round, b.degree) and all(
-        a.tensors[n].numpy().tobytes() == b.tensors[n].numpy().tobytes() for n in b.tensors
-    )
+    return bad_input.message(sender, round_, seed, size=P)
 
 
 class Pair:
