@@ -28,6 +28,13 @@ from dacflnode.learning.layout import FLAT_DTYPE, StateLayout
 PRECISIONS = ("fp32", "bf16")
 
 
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            "precision", f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})"
+        )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Local-training hyper-parameters, the same for every node.
@@ -51,11 +58,7 @@ class TrainConfig:
     precision: str = "fp32"
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                "precision",
-                f"unknown precision {self.precision!r} (choose from {', '.join(PRECISIONS)})",
-            )
+        _check_precision(self.precision)
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError("lr", f"must be > 0, got {self.lr}")
         if not 0 < self.lr_decay <= 1:
@@ -147,10 +150,7 @@ def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | 
     bfloat16: a CUDA GPU older than compute capability 8.0, an MPS device without bfloat16
     (macOS before 14), or a PyTorch without autocast for the device type.
     """
-    if precision not in PRECISIONS:
-        raise ConfigError(
-            "precision", f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})"
-        )
+    _check_precision(precision)
     if precision == "fp32":
         return None
     dev = torch.device(device)
