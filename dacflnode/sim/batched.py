@@ -597,6 +597,13 @@ class _Group:
         return correct.cpu(), loss_sum.cpu()
 
 
+def split_bounds(n: int, workers: int) -> list[int]:
+    """Where ``n`` nodes are cut into ``workers`` contiguous groups: group ``i`` holds nodes
+    ``bounds[i] .. bounds[i+1] - 1``. A node's last bits depend on its group, so every engine
+    that must equal the batched engine bit for bit cuts its nodes here."""
+    return [i * n // workers for i in range(workers + 1)]
+
+
 def _run_parallel(jobs: Sequence[Callable[[], None]]) -> None:
     """Run ``jobs`` on one CPU thread each, every thread's PyTorch ops single-threaded.
 
@@ -705,7 +712,7 @@ class BatchedTrainer:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         workers = min(workers, self.n)
-        bounds = [i * self.n // workers for i in range(workers + 1)]
+        bounds = split_bounds(self.n, workers)
         self._groups = [
             _Group(model, self.layout, node_data[lo:hi], lo, self.device, self.amp_dtype)
             for lo, hi in itertools.pairwise(bounds)

@@ -54,7 +54,7 @@ from torch import nn
 from dacflnode.errors import ConfigError
 from dacflnode.learning.layout import FLAT_DTYPE, StateLayout
 from dacflnode.learning.train import LocalTrainer, TrainConfig, TrainResult, evaluate
-from dacflnode.sim.batched import BatchedTrainer
+from dacflnode.sim.batched import BatchedTrainer, split_bounds
 from dacflnode.sim.engine import Engine, GatheredNode, NodeData, RayTarget
 from dacflnode.sim.gather import RoundGather
 
@@ -235,7 +235,7 @@ class RayEngine(Engine):
         layout = StateLayout.from_module(self.template)
         #: each node's local buffers (batch-norm step counters) as its worker last reported them
         self.local = [layout.local_state(self.template) for _ in self.ids]
-        self.bounds = [i * n // workers for i in range(workers + 1)]
+        self.bounds = split_bounds(n, workers)
         # batched: one single-threaded group per worker, as each of the local engine's threads;
         # sequential: the driver's thread count, as the local engine's LocalTrainers
         threads = 1 if kind == "batched" else torch.get_num_threads()
