@@ -163,6 +163,9 @@ CONTEXTS = [
     RunConfig(topology="sparse"),
     RunConfig(time_varying=2),
     RunConfig(dataset="synthetic"),
+    RunConfig(dataset="folder", classes=("a", "b")),
+    RunConfig(dataset="table", classes=("a", "b"), label_column="y"),
+    RunConfig(dataset="python", classes=("a", "b"), data_factory="m:f"),
 ]
 
 

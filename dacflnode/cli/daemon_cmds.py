@@ -240,6 +240,13 @@ def _status_table(data: dict[str, Any]) -> Table:
                      f"device {data['device']}  up {data['uptime_s']:.0f}s  "
                      + ("neighbours authenticated by mutual TLS" if data.get("tls") else
                         "neighbours NOT authenticated (no TLS)"))
+    if data.get("data_size"):
+        counts = data.get("class_counts") or {}
+        table.caption += (f"\ndata: {data['data_size']} training samples, "
+                          f"{data.get('test_size', 0)} test; per class: "
+                          + ", ".join(f"{name} {count}" for name, count in counts.items()))
+        if data.get("skipped_files"):
+            table.caption += f"; {data['skipped_files']} undecodable files skipped"
     if data.get("leaving"):
         table.caption += "\nleaving the network (drain requested)"
     anchors = data.get("anchors") or []

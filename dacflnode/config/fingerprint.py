@@ -18,14 +18,26 @@ from dacflnode.config.daemon import DaemonSettings
 from dacflnode.config.run import RunConfig
 
 
-def fingerprint_data(run: RunConfig, daemon: DaemonSettings) -> dict[str, Any]:
-    """The run-scoped, relevant settings of ``run`` and ``daemon`` by name."""
+def fingerprint_data(
+    run: RunConfig, daemon: DaemonSettings, contract: str | None = None
+) -> dict[str, Any]:
+    """The run-scoped, relevant settings of ``run`` and ``daemon`` by name.
+
+    ``contract``: the data contract of own data (canonical JSON, see
+    :class:`~dacflnode.learning.owndata.contract.DataContract`), known once the node has read
+    its data (a table's feature names come from its files). It replaces the data set's name:
+    the contract (classes, input shape, feature names) is what the nodes must agree on."""
     data = dict(schema.run_scoped(run))
     data.update(schema.run_scoped(daemon))
+    if contract:
+        data["dataset"] = json.loads(contract)
     return data
 
 
-def run_fingerprint(run: RunConfig, daemon: DaemonSettings) -> str:
+def run_fingerprint(
+    run: RunConfig, daemon: DaemonSettings, contract: str | None = None
+) -> str:
     """SHA-256 (hex) of :func:`fingerprint_data` as canonical JSON."""
-    text = json.dumps(fingerprint_data(run, daemon), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(fingerprint_data(run, daemon, contract), sort_keys=True,
+                      separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -32,6 +32,16 @@ from dacflnode.learning.train import PRECISIONS, TrainConfig
 
 ENGINES = ("auto", "batched", "sequential")
 
+#: The data sources a device brings itself (``docs/data.md``), beside the built-in data sets.
+OWN_DATA = ("folder", "table", "python")
+
+#: What a node does with an image file it cannot decode.
+BAD_FILES = ("fail", "skip")
+
+
+def _own(run: RunConfig) -> bool:
+    return run.dataset in OWN_DATA
+
 RUN = Scope.RUN
 NODE = Scope.NODE
 
@@ -39,7 +49,12 @@ NODE = Scope.NODE
 def _resolved_model(run: RunConfig) -> str:
     if run.model is not None:
         return run.model
-    from dacflnode.learning.models import default_model_for
+    from dacflnode.learning.models import default_model_for, default_model_for_shape
+
+    if run.dataset == "folder":
+        return default_model_for_shape((run.channels, run.image_size, run.image_size))
+    if run.dataset == "table":
+        return "mlp"
 
     try:
         return default_model_for(run.dataset)
@@ -67,30 +82,117 @@ class RunConfig:
     nodes: int = setting(10, help="Number of nodes.", scope=RUN, minimum=2)
     rounds: int = setting(100, help="Communication rounds.", scope=RUN, minimum=1)
     dataset: str = setting(
-        "fashion-mnist", help="Data set.", scope=RUN, choices=DATASETS, noun="data set"
+        "fashion-mnist",
+        help="Data set: a built-in one, or the device's own data: folder (one subfolder of"
+        " images per class), table (CSV or Parquet) or python (data_factory).",
+        scope=RUN,
+        choices=DATASETS + OWN_DATA,
+        noun="data set",
     )
     data_root: str | None = setting(
         None,
-        help="Folder holding the data set files (IDX files for (F)MNIST, cifar-10-batches-bin"
-        " or -py for CIFAR-10).",
+        help="This device's data: the data set files of a built-in set (IDX files for (F)MNIST,"
+        " cifar-10-batches-bin or -py for CIFAR-10); for own data the folder of class"
+        " subfolders, or the CSV/Parquet file or folder of them. simulate and launch: DIR with"
+        " one DIR/<node-id>/ per node.",
         scope=NODE,
         default_text="/usr/share/datasets/fashion-mnist for fashion-mnist",
+    )
+    test_root: str | None = setting(
+        None,
+        help="This device's test data, in the form of data_root (own data only). simulate and"
+        " launch: T with one T/<node-id>/ per node, or one test folder of class subfolders"
+        " shared by every node.",
+        scope=NODE,
+        default_text="a held-out fraction (holdout) of the device's data",
+    )
+    classes: tuple[str, ...] = setting(
+        (),
+        help="The run's ordered class list (own data): folder names of the class subfolders,"
+        " a table's label values as strings, or a Python factory's label i = classes[i]."
+        " Labels map by name; a device may lack some classes.",
+        scope=RUN,
+        relevant=_own,
+        relevant_text="own data",
+        metavar="NAME,...",
+    )
+    label_column: str | None = setting(
+        None,
+        help="The label column of dataset table; every other column is a numeric feature.",
+        scope=RUN,
+        relevant=lambda run: run.dataset == "table",
+        relevant_text="dataset is table",
+        metavar="NAME",
+    )
+    data_factory: str | None = setting(
+        None,
+        help="package.module:function returning the device's (train, test) datasets, for"
+        " dataset python; it is called with the node's data_root and test_root.",
+        scope=RUN,
+        relevant=lambda run: run.dataset == "python",
+        relevant_text="dataset is python",
+        metavar="MODULE:FN",
+    )
+    image_size: int = setting(
+        28,
+        help="Side in pixels images of dataset folder are resized to (square).",
+        scope=RUN,
+        minimum=1,
+        relevant=lambda run: run.dataset == "folder",
+        relevant_text="dataset is folder",
+    )
+    channels: int = setting(
+        1,
+        help="Channels of dataset folder: 1 (grayscale) or 3 (RGB).",
+        scope=RUN,
+        minimum=1,
+        maximum=3,
+        relevant=lambda run: run.dataset == "folder",
+        relevant_text="dataset is folder",
+    )
+    resize: bool = setting(
+        True,
+        help="Resize images of dataset folder to image_size; off, an image of another size is"
+        " an error.",
+        scope=RUN,
+        relevant=lambda run: run.dataset == "folder",
+        relevant_text="dataset is folder",
+    )
+    holdout: float = setting(
+        0.2,
+        help="Fraction of a device's own data held out, by seed, to evaluate on when it has"
+        " no test_root.",
+        scope=RUN,
+        above=0.0,
+        below=1.0,
+        relevant=_own,
+        relevant_text="own data",
+    )
+    bad_files: str = setting(
+        "fail",
+        help="An image file of dataset folder that cannot be decoded: fail (list the first"
+        " five) or skip it (counted in the log and the status).",
+        scope=NODE,
+        choices=BAD_FILES,
     )
     download: bool = setting(
         False, help="Let torchvision download the data set if it is missing.", scope=NODE
     )
     partition: str = setting(
         "iid",
-        help="How the training set is split over the nodes (shards: the paper's non-i.i.d.).",
+        help="How the training set of a built-in data set is split over the nodes (shards:"
+        " the paper's non-i.i.d.).",
         scope=RUN,
         choices=PARTITIONS,
+        relevant=lambda run: not _own(run),
+        relevant_text="a built-in data set",
     )
     dirichlet_alpha: float = setting(
         0.5,
         help="Concentration of --partition dirichlet.",
         scope=RUN,
         above=0.0,
-        relevant=lambda run: run.partition == "dirichlet",
+        relevant=lambda run: run.partition == "dirichlet" and not _own(run),
         relevant_text="partition is dirichlet",
     )
     shards_per_node: int = setting(
@@ -98,7 +200,7 @@ class RunConfig:
         help="Label shards per node of --partition shards.",
         scope=RUN,
         minimum=1,
-        relevant=lambda run: run.partition == "shards",
+        relevant=lambda run: run.partition == "shards" and not _own(run),
         relevant_text="partition is shards",
     )
     model: str | None = setting(
@@ -291,13 +393,61 @@ class RunConfig:
         schema.check(self)
         if len(set(self.algorithm)) != len(self.algorithm):
             raise ConfigError("algorithm", "an algorithm is named twice")
-        if self.data_root is not None and not Path(self.data_root).is_dir() and not self.download:
+        if _own(self):
+            self._validate_own()
+        elif self.data_root is not None and not Path(self.data_root).is_dir() and not self.download:
             raise ConfigError("data_root", f"{self.data_root} is not a directory")
         if self.mixing_matrix is not None and not Path(self.mixing_matrix).is_file():
             raise ConfigError("mixing_matrix", f"{self.mixing_matrix} is not a file")
         if "fedavg" not in self.algorithm or len(self.algorithm) > 1:
             MixingSchedule(self.topology_spec())  # builds round 0: graph and matrix checks
         return self
+
+    def _validate_own(self) -> None:
+        """The settings own data needs: a class list, and what each source reads."""
+        if not self.classes:
+            raise ConfigError(
+                "classes",
+                f"dataset {self.dataset} needs the run's class list: classes: [a, b, ...]",
+            )
+        if len(set(self.classes)) != len(self.classes):
+            dup = next(c for c in self.classes if self.classes.count(c) > 1)
+            raise ConfigError("classes", f"'{dup}' is listed twice")
+        if self.dataset == "table" and not self.label_column:
+            raise ConfigError("label_column", "dataset table needs the name of its label column")
+        if self.dataset == "python":
+            module, _, func = (self.data_factory or "").partition(":")
+            if not module or not func:
+                raise ConfigError(
+                    "data_factory",
+                    "dataset python needs data_factory: package.module:function, got"
+                    f" {self.data_factory!r}",
+                )
+        if self.dataset == "folder" and self.channels not in (1, 3):
+            raise ConfigError("channels", f"must be 1 or 3, got {self.channels}")
+        for key in ("data_root", "test_root"):
+            value = getattr(self, key)
+            if value is not None and not Path(value).exists():
+                raise ConfigError(key, f"{value} does not exist")
+
+    def for_node(self, node_id: str) -> RunConfig:
+        """This run as node ``node_id`` of ``simulate`` or ``launch`` sees it: with own data,
+        ``data_root`` DIR becomes ``DIR/<node-id>`` and ``test_root`` T becomes ``T/<node-id>``
+        when that exists, else stays T (one test set shared by every node). Built-in data sets
+        are cut by ``partition`` instead: unchanged."""
+        if not self.own_data:
+            return self
+        data_root, test_root = self.data_root, self.test_root
+        if data_root is not None:
+            data_root = str(Path(data_root) / node_id)
+        if test_root is not None and (Path(test_root) / node_id).exists():
+            test_root = str(Path(test_root) / node_id)
+        return dataclasses.replace(self, data_root=data_root, test_root=test_root)
+
+    @property
+    def own_data(self) -> bool:
+        """Whether each device brings its own data (``folder``, ``table`` or ``python``)."""
+        return _own(self)
 
     def apply_threads(self) -> None:
         """Set PyTorch's intra-op threads when ``threads`` is given.

@@ -227,7 +227,9 @@ def coerce(d: Declared, value: Any) -> Any:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
             raise ConfigError(name, f"expected a comma list, got {value!r}")
-        return tuple(str(v).strip().lower() for v in items if str(v).strip())
+        # names with choices (algorithms) are case-blind; free names (classes) keep their case
+        fold = str.lower if d.setting.choices is not None else str
+        return tuple(fold(str(v).strip()) for v in items if str(v).strip())
     kind = d.base
     if kind is bool:
         if isinstance(value, bool):

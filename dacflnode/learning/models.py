@@ -58,6 +58,19 @@ def default_model_for(dataset: str) -> str:
     return _DEFAULT_MODEL[key]
 
 
+def default_model_for_shape(input_shape: tuple[int, int, int]) -> str:
+    """The built-in model for a device's own data of ``(C, H, W)`` samples: a table's rows
+    (``(1, 1, F)``) train ``mlp``; colour images of 16x16 or more the ``cifar-cnn``; other
+    images of 4x4 or more the paper's ``fmnist-cnn`` (1x28x28 folders: the paper's FMNIST
+    model); anything smaller ``mlp``."""
+    c, h, w = (int(s) for s in input_shape)
+    if h == 1 or min(h, w) < 4:
+        return "mlp"
+    if c == 3 and min(h, w) >= 16:
+        return "cifar-cnn"
+    return "fmnist-cnn"
+
+
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Build model ``name`` (one of :data:`MODELS` or ``"package.module:ClassName"``).
 

@@ -112,6 +112,19 @@ def _absolute(value: str | None) -> str | None:
     return str(Path(value).expanduser().absolute()) if value else value
 
 
+def _node_run(run: RunConfig, node: str) -> RunConfig:
+    """The run settings of ``node``'s file: with own data, its own ``DIR/<node-id>`` data (and
+    test) folder, which must exist (:meth:`RunConfig.for_node`)."""
+    mine = run.for_node(node)
+    if mine.own_data and mine.data_root is not None and not Path(mine.data_root).exists():
+        raise ConfigError(
+            "data_root",
+            f"{mine.data_root} does not exist: give each node its data as"
+            f" {run.data_root}/<node-id>/",
+        )
+    return mine
+
+
 def generate_cluster(
     kind: str,
     nodes: int,
@@ -150,7 +163,10 @@ def generate_cluster(
     The graph is drawn with ``run.seed``, as the simulator draws it; ``seed``, when given,
     replaces ``run.seed`` (for the graph and in the files alike, so that they stay consistent).
     ``daemon_settings``: further daemon settings by name (``gone_after``, ...) for every file.
-    Relative paths in ``run`` are made absolute. Every file is checked as the daemon reads it
+    Relative paths in ``run`` are made absolute. With own data (``folder``, ``table``,
+    ``python``) ``run.data_root`` DIR is the folder of the nodes' data and node ``i``'s file
+    names ``DIR/node-i`` (and ``run.test_root`` T: ``T/node-i`` when that exists, else T shared
+    by all). Every file is checked as the daemon reads it
     before any is written; the certificates missing from ``tls_dir`` are written just before the
     peers files, whose ``node.tls`` names them by absolute path.
     """
@@ -220,8 +236,10 @@ def generate_cluster(
         topology=kind,
         edge_list=edge_file if kind == "edge-list" else _absolute(run.edge_list),
         data_root=_absolute(run.data_root),
+        test_root=_absolute(run.test_root),
         mixing_matrix=_absolute(run.mixing_matrix),
     )
+    node_runs = [_node_run(cfg, node) for node in ids]
     daemon = dataclasses.replace(
         _daemon_settings(round_deadline, hello_timeout, daemon_settings),
         members=tuple(ids),
@@ -251,7 +269,7 @@ def generate_cluster(
                     Neighbour(ids[j], format_address(node_host[j], listen_ports[j]))
                     for j in adjacency[i]
                 ),
-                run=cfg,
+                run=node_runs[i],
                 daemon=daemon,
             )
         )

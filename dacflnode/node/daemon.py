@@ -41,13 +41,12 @@ import torch
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.config import anchor_delay
 from dacflnode.errors import ConfigError
-from dacflnode.learning.datasets import eval_subset, load_dataset
 from dacflnode.learning.layout import StateLayout
-from dacflnode.learning.models import build_model, default_model_for
-from dacflnode.learning.partition import partition
+from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.node.addresses import format_address, is_loopback, parse_address
 from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
+from dacflnode.node.data import builtin_node_data, contract_summary, own_node_data
 from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
@@ -79,23 +78,24 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     run = pf.run
     run.apply_threads()
     algorithm = make_algorithm(run.algorithm[0], run.fodac_variant)
-    dataset = load_dataset(run.dataset, run.data_root, download=run.download,
-                           synthetic_train=run.synthetic_train,
-                           synthetic_test=run.synthetic_test, seed=run.seed)
-    parts = partition(dataset.train_y, run.nodes, run.partition, seed=run.seed,
-                      alpha=run.dirichlet_alpha, shards_per_node=run.shards_per_node)
-    share = torch.from_numpy(parts[pf.node.share])
+    data = (own_node_data(run, pf.node.state_dir) if run.own_data
+            else builtin_node_data(run, pf.node.share))
     torch.manual_seed(run.seed)
-    model = build_model(run.model or default_model_for(dataset.name), dataset.input_shape,
-                        dataset.num_classes)
+    model = build_model(data.default_model, data.input_shape, data.num_classes)
     layout = StateLayout.from_module(model)
     initial = layout.flatten_module(model)
     device = pick_device(run.device)
-    trainer = LocalTrainer(model, dataset.train_x[share], dataset.train_y[share],
+    trainer = LocalTrainer(model, data.train_x, data.train_y,
                            run.train_config(), seed=run.seed, node_index=pf.node.share,
                            device=device)
-    test_x, test_y = eval_subset(dataset.test_x, dataset.test_y, run.eval_samples, run.seed)
-    identity = Identity(pf.node.id, layout.fingerprint(), pf.run_fingerprint())
+    test_x, test_y = data.test_x, data.test_y
+    identity = Identity(pf.node.id, layout.fingerprint(), pf.run_fingerprint(data.contract),
+                        data_contract=data.contract)
+    if data.contract:
+        log.info("%s: %d training samples (%s), %d test samples; data contract: %s",
+                 pf.node.id, data.info.size, ", ".join(
+                     f"{k} {v}" for k, v in data.info.class_counts.items()),
+                 data.info.test_size, contract_summary(data.contract))
     run_info = {"run_fingerprint": identity.run_fingerprint,
                 "model_fingerprint": identity.model_fingerprint, "node": pf.node.id}
     pf.node.state_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
         hello_timeout=pf.daemon.hello_timeout, active_neighbours=active,
         state_dir=pf.node.state_dir, run_info=run_info, gone_after=pf.daemon.gone_after,
         anchor_delay=anchor_delay(pf.daemon.anchor_delay, len(pf.daemon.members)),
-        faults=faults,
+        faults=faults, data=data.info,
     )
     return BuiltNode(setup, state, identity, str(device), checkpoint)
 
@@ -173,6 +173,11 @@ class Daemon:
             reanchored=runner.reanchored if runner else 0,
             leaving=runner.leaving if runner else self._leave_early,
         )
+        info = runner.setup.data if runner is not None else None
+        if info is not None:
+            status.data_size, status.test_size = info.size, info.test_size
+            status.class_counts = dict(info.class_counts)
+            status.skipped_files = info.skipped
         self.metrics.update(status)
         return status
 

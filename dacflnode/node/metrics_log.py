@@ -24,7 +24,7 @@ METRICS_FILE = "metrics.jsonl"
 LINE_KEYS = (
     "round", "node", "algorithm", "lr", "train_loss", "samples", "accuracy", "test_loss",
     "consensus_residual", "neighbours_used", "neighbours_missing", "exchange_s", "train_s",
-    "seconds",
+    "seconds", "data_size", "class_counts",
 )
 
 

@@ -10,6 +10,9 @@
       health: 0.0.0.0:7100           # plaintext grpc.health.v1 only (probes); default: none
       state_dir: ./node-0            # default: <folder of this file>/<node id>
       share: 0                       # data partition index; default: index of node.id in members
+      data_root: /data/train         # this device's own data (or under run:; see docs/data.md)
+      test_root: /data/test          # its test data; default: run.holdout of data_root
+      bad_files: fail                # or skip: undecodable images are counted and left out
       tls:                           # mutual TLS with the neighbours (see: dacflnode certs)
         {ca: certs/ca.crt, cert: certs/node-0.crt, key: certs/node-0.key}
       insecure: false                # true: allow plaintext on a non-loopback node.listen
@@ -90,9 +93,12 @@ __all__ = [
 ]
 
 _TOP_KEYS = ("node", "neighbours", "run")
+#: Node-scope run settings about this device's data, which ``node:`` may hold too (each device
+#: points at its own files); they are read exactly as under ``run:``.
+_NODE_DATA_KEYS = ("data_root", "test_root", "bad_files")
 _NODE_KEYS = (
     "id", "listen", "control", "metrics", "health", "state_dir", "share", "tls", "insecure",
-    "control_token",
+    "control_token", *_NODE_DATA_KEYS,
 )
 
 #: ``dacflnode topology`` puts node.metrics on 127.0.0.1 at the listen port plus this.
@@ -101,7 +107,7 @@ _TLS_KEYS = ("ca", "cert", "key")
 _NEIGHBOUR_KEYS = ("id", "address")
 _DAEMON_KEYS = schema.names_of(DaemonSettings)
 _RUN_KEYS = schema.names_of(RunConfig)
-_PATH_KEYS = ("data_root", "edge_list", "mixing_matrix")
+_PATH_KEYS = ("data_root", "test_root", "edge_list", "mixing_matrix")
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -175,17 +181,18 @@ class PeersFile:
         edges = active_edges(len(members), base, self.run.seed, t // k, self.run.drop_prob)
         return sorted(members[j if i == me else i] for i, j in edges if me in (i, j))
 
-    def run_fingerprint(self) -> str:
+    def run_fingerprint(self, contract: str | None = None) -> str:
         """SHA-256 (hex) of the settings every node of a run must share.
 
         Which settings those are is declared with each setting (its scope, and when it is
         relevant): see :mod:`dacflnode.config.fingerprint` and ``docs/configuration.md``.
+        ``contract``: the data contract of own data (JSON), which replaces the data set's name.
         """
-        return run_fingerprint(self.run, self.daemon)
+        return run_fingerprint(self.run, self.daemon, contract)
 
-    def fingerprint_data(self) -> dict[str, Any]:
+    def fingerprint_data(self, contract: str | None = None) -> dict[str, Any]:
         """What :meth:`run_fingerprint` hashes."""
-        return fingerprint_data(self.run, self.daemon)
+        return fingerprint_data(self.run, self.daemon, contract)
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -282,12 +289,29 @@ class _Parser:
         node_raw = self.mapping(top["node"], "node", _NODE_KEYS, "node.")
         node_id = self.node_id(node_raw)
         neighbours = self.neighbours(top["neighbours"], node_id)
-        run, daemon = self.run(top.get("run"), check_run)
+        run, daemon = self.run(self.with_node_data(top.get("run"), node_raw), check_run)
         node = self.node(node_raw, node_id, run, daemon)
         if node.tls is not None:
             self.tls_ids(node_id, neighbours)
         self.cross_check(node, neighbours, run, daemon)
         return PeersFile(self.file, node, neighbours, run, daemon)
+
+    def with_node_data(self, run_value: Any, node_raw: dict[str, Any]) -> Any:
+        """``run:`` with the data keys of ``node:`` (data_root, test_root, bad_files) added;
+        a key given in both sections is refused."""
+        given = {k: node_raw.pop(k) for k in _NODE_DATA_KEYS if k in node_raw}
+        if not given:
+            return run_value
+        if run_value is None:
+            run_value = {}
+        if not isinstance(run_value, Mapping):
+            return run_value  # self.run names the problem
+        merged = dict(run_value)
+        for key, value in given.items():
+            if key in merged or key.replace("_", "-") in merged:
+                raise self.err(f"node.{key}", f"is given under run: too; keep one {key}")
+            merged[key] = value
+        return merged
 
     def node_id(self, raw: dict[str, Any]) -> str:
         if raw.get("id") is None:
@@ -327,6 +351,8 @@ class _Parser:
             share = self.integer(raw["share"], "node.share", 0)
         elif daemon.members:
             share = daemon.members.index(node_id)
+        elif run.own_data:
+            share = 0  # own data is not cut from a shared set: the share is unused
         else:
             raise self.err(
                 "node.share", "required when run.members is not given (this node's data part)"

@@ -50,7 +50,9 @@ def run_section(run: RunConfig, daemon: DaemonSettings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for d in schema.fields_of(RunConfig):
         value = getattr(run, d.name)
-        out[d.name] = ",".join(value) if d.is_list else value
+        if d.is_list:  # names of a choice (algorithm) as a comma list; free names (classes)
+            value = ",".join(value) if d.setting.choices else _Flow(value)  # as a YAML list
+        out[d.name] = value
     for d in schema.fields_of(DaemonSettings):
         value = getattr(daemon, d.name)
         if not isinstance(value, tuple):

@@ -64,6 +64,7 @@ from dacflnode.wire.errors import Reason, WireError
 from dacflnode.wire.state_guard import ABSURD_RATIO, DistanceGuard
 
 if TYPE_CHECKING:
+    from dacflnode.node.data import DataInfo
     from dacflnode.node.faults import FaultPlan
 
 log = logging.getLogger("dacflnode.node")
@@ -124,6 +125,8 @@ class NodeSetup:
     join: bool = False
     #: Undo one-sided edge uses (off only to measure what they cost).
     repair: bool = True
+    #: The node's data (size, samples per class), for the metrics line and the status.
+    data: DataInfo | None = None
 
 
 @dataclass
@@ -716,6 +719,8 @@ class NodeRunner:
             "exchange_s": round(report.exchange_s, 4),
             "train_s": round(report.train_s, 4),
             "seconds": round(report.seconds, 4),
+            "data_size": setup.data.size if setup.data else None,
+            "class_counts": dict(setup.data.class_counts) if setup.data else None,
         })
 
     def _save_checkpoint(self, state_dir: Path, left: bool = False) -> None:

@@ -115,6 +115,26 @@ class _StatusCollector(Collector):
                                          labels=["node"])
         reanchored.add_metric([n], status.reanchored if status else 0)
         yield reanchored
+        yield from self._data_gauges(status)
+
+    def _data_gauges(self, status: NodeStatus | None) -> Iterator[Metric]:
+        """The device's data: its size, the samples per class, the files it skipped."""
+        n = self.node_id
+        size = GaugeMetricFamily("dacfl_data_samples", "Samples on this device, by split",
+                                 labels=["node", "split"])
+        per_class = GaugeMetricFamily("dacfl_data_class_samples",
+                                      "Training samples on this device per class",
+                                      labels=["node", "class"])
+        skipped = GaugeMetricFamily("dacfl_data_skipped_files",
+                                    "Undecodable data files left out (bad_files: skip)",
+                                    labels=["node"])
+        if status is not None and status.data_size:
+            size.add_metric([n, "train"], status.data_size)
+            size.add_metric([n, "test"], status.test_size)
+            for name, count in status.class_counts.items():
+                per_class.add_metric([n, name], count)
+            skipped.add_metric([n], status.skipped_files)
+        yield from (size, per_class, skipped)
 
     def _node_gauges(self, status: NodeStatus | None) -> Iterator[Metric]:
         values: tuple[tuple[str, str, float], ...] = (

@@ -107,17 +107,19 @@ class SequentialEngine(Engine):
         *,
         seed: int,
         device: torch.device,
+        tests: Sequence[NodeData] | None = None,
     ) -> None:
         # on the loop thread: the nodes train one after the other, as many daemons on many
         # machines would each train alone, with the same intra-op threads
         self._first = ids[0]
+        own_tests = list(tests) if tests is not None else [test] * len(ids)
         self.trainers = {
             node: ThreadedTrainer(
                 LocalTrainer(copy.deepcopy(model), d.x, d.y, cfg, seed=seed, node_index=i,
                              device=device),
-                test.x, test.y, executor=OnLoopThread(),
+                t.x, t.y, executor=OnLoopThread(),
             )
-            for i, (node, d) in enumerate(zip(ids, data, strict=True))
+            for i, (node, d, t) in enumerate(zip(ids, data, own_tests, strict=True))
         }
 
     async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
@@ -137,10 +139,13 @@ class BatchedEngine(Engine):
         *,
         seed: int,
         device: torch.device,
+        tests: Sequence[NodeData] | None = None,
     ) -> None:
         self.ids = list(ids)
         self.cfg = cfg
         self.test = test
+        #: each node's own test set (own data), evaluated node by node; None: one shared set
+        self.tests = list(tests) if tests is not None else None
         self.device = device
         self.template = copy.deepcopy(model)
         self.trainer = BatchedTrainer(model, [(d.x, d.y) for d in data], cfg, seed=seed,
@@ -163,6 +168,11 @@ class BatchedEngine(Engine):
     async def _evaluate_all(
         self, round: int, models: Mapping[str, torch.Tensor]
     ) -> dict[str, tuple[float, float]]:
+        if self.tests is not None:  # a test set per node: one model at a time
+            return {node: evaluate(self.template, models[node], t.x, t.y,
+                                   local=self.trainer.local[i], device=self.device,
+                                   precision=self.cfg.precision)
+                    for i, (node, t) in enumerate(zip(self.ids, self.tests, strict=True))}
         results = self.trainer.evaluate(self._stack(models), self.test.x, self.test.y)
         return dict(zip(self.ids, results, strict=True))
 
@@ -220,9 +230,11 @@ def make_engine(
     seed: int,
     device: torch.device,
     ray: RayTarget | None = None,
+    tests: Sequence[NodeData] | None = None,
 ) -> Engine:
     """The engine ``choice`` (``auto``, ``batched`` or ``sequential``) for these nodes, local or,
-    with ``ray``, on the workers of a Ray cluster."""
+    with ``ray``, on the workers of a Ray cluster. ``tests``: each node's own test set (nodes
+    on their own data), instead of the one ``test`` set they all share."""
     model = model_factory()
     equal = len({int(d.y.numel()) for d in data}) == 1
     if choice == "auto":
@@ -237,6 +249,10 @@ def make_engine(
                 "engine", "the batched engine needs equal partition sizes; use sequential"
             )
     if ray is not None:
+        if tests is not None:
+            raise ConfigError(
+                "ray", "--ray evaluates every node on one shared test set; nodes with test sets"
+                " of their own train on the local engines (leave out --ray)")
         if device.type != "cpu":
             raise ConfigError(
                 "device", f"--ray trains on the workers' CPUs, not {device}; use --device cpu"
@@ -251,5 +267,5 @@ def make_engine(
             ) from None
         return RayEngine(choice, ids, model, data, test, cfg, seed=seed, target=ray)
     if choice == "batched":
-        return BatchedEngine(ids, model, data, test, cfg, seed=seed, device=device)
-    return SequentialEngine(ids, model, data, test, cfg, seed=seed, device=device)
+        return BatchedEngine(ids, model, data, test, cfg, seed=seed, device=device, tests=tests)
+    return SequentialEngine(ids, model, data, test, cfg, seed=seed, device=device, tests=tests)

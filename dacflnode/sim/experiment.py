@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,11 @@ from dacflnode import __version__
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
+from dacflnode.node.data import own_node_data
 from dacflnode.node.faults import FaultPlan
 from dacflnode.node.metrics_log import summarize
 from dacflnode.sim.engine import RayTarget
-from dacflnode.sim.simulator import ProgressFn, Simulation
+from dacflnode.sim.simulator import ProgressFn, Simulation, node_ids
 
 
 def run_experiment(
@@ -40,6 +42,8 @@ def run_experiment(
     cfg.validate()
     cfg.apply_threads()
     started = time.perf_counter()
+    if cfg.own_data:
+        return _own_data_experiment(cfg, out_dir, progress, faults, gone_after, ray, started)
     dataset = load_dataset(
         cfg.dataset,
         cfg.data_root,
@@ -56,14 +60,60 @@ def run_experiment(
         alpha=cfg.dirichlet_alpha,
         shards_per_node=cfg.shards_per_node,
     )
+    data_summary = {
+        "name": dataset.name,
+        "train": int(dataset.train_y.numel()),
+        "test": int(dataset.test_y.numel()),
+        "samples_per_node": [len(p) for p in parts],
+    }
+
+    def simulation(name: str, folder: Path) -> Simulation:
+        return Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults,
+                          gone_after=gone_after, ray=ray)
+
+    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started)
+
+
+def _own_data_experiment(
+    cfg: RunConfig, out_dir: str | Path | None, progress: ProgressFn | None,
+    faults: FaultPlan | None, gone_after: int, ray: RayTarget | None, started: float,
+) -> dict[str, Any]:
+    """Every node on its own data: ``cfg.data_root``/<node-id> (and its test data), read
+    once, decoded images cached in ``out_dir/<node-id>/data-cache``."""
+    ids = node_ids(cfg.nodes)
+    shares = []
+    for node in ids:
+        cache = Path(out_dir) / node if out_dir is not None else None
+        shares.append(own_node_data(cfg.for_node(node), cache))
+    data_summary = {
+        "name": cfg.dataset,
+        "contract": json.loads(shares[0].contract),
+        "train": sum(s.info.size for s in shares),
+        "test": sum(s.info.test_size for s in shares),
+        "samples_per_node": [s.info.size for s in shares],
+        "test_per_node": [s.info.test_size for s in shares],
+        "class_counts": {node: s.info.class_counts for node, s in zip(ids, shares, strict=True)},
+    }
+
+    def simulation(name: str, folder: Path) -> Simulation:
+        return Simulation(cfg, name, None, None, out_dir=folder, faults=faults,
+                          gone_after=gone_after, ray=ray, own=shares)
+
+    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started)
+
+
+def _run_all(
+    cfg: RunConfig, out_dir: str | Path | None, progress: ProgressFn | None,
+    faults: FaultPlan | None, simulation: Callable[[str, Path], Simulation],
+    data_summary: dict[str, Any], started: float,
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dacfl-sim-") as scratch:
         root = Path(out_dir) if out_dir is not None else Path(scratch)
         results: dict[str, Any] = {}
         invariant: dict[str, Any] = {}
         for name in cfg.algorithm:
             folder = root / name if len(cfg.algorithm) > 1 else root
-            sim = Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults,
-                             gone_after=gone_after, ray=ray)
+            sim = simulation(name, folder)
             result = sim.run(progress)
             results[name] = summarize([folder / node for node in sim.ids], name, result.wall_s,
                                       engine=result.engine)
@@ -74,12 +124,7 @@ def run_experiment(
     summary = {
         "version": __version__,
         "config": cfg.to_json(),
-        "dataset": {
-            "name": dataset.name,
-            "train": int(dataset.train_y.numel()),
-            "test": int(dataset.test_y.numel()),
-            "samples_per_node": [len(p) for p in parts],
-        },
+        "dataset": data_summary,
         "algorithms": results,
         "wall_s": round(time.perf_counter() - started, 3),
     }

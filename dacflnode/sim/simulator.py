@@ -51,6 +51,7 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.train import pick_device
 from dacflnode.node.checkpoint import Checkpoint
+from dacflnode.node.data import DataInfo, NodeDataSet, class_counts, contract_difference_all
 from dacflnode.node.faults import Crash, FaultPlan
 from dacflnode.node.metrics_log import METRICS_FILE
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
@@ -121,13 +122,14 @@ class Simulation:
         self,
         cfg: RunConfig,
         algorithm: str,
-        dataset: Dataset,
-        parts: Sequence[np.ndarray],
+        dataset: Dataset | None,
+        parts: Sequence[np.ndarray] | None,
         *,
         out_dir: Path | None = None,
         faults: FaultPlan | None = None,
         gone_after: int = DAEMON_DEFAULTS.gone_after,
         ray: RayTarget | None = None,
+        own: Sequence[NodeDataSet] | None = None,
     ) -> None:
         self.cfg = cfg
         #: consecutive missed rounds before a neighbour is declared gone (as a daemon's)
@@ -137,31 +139,50 @@ class Simulation:
         self.out_dir = out_dir
         self.faults = faults.check(self.ids, cfg.rounds) if faults else None
         engine = self._check_faults(cfg)
-        sizes = np.array([len(p) for p in parts], dtype=np.float64)
+        tests: list[NodeData] | None = None
+        if own is not None:  # every node on its own data (simulate --data-root DIR)
+            shares = list(own)
+            _check_contracts(self.ids, shares)
+            input_shape, num_classes = shares[0].input_shape, shares[0].num_classes
+            model_name = shares[0].default_model
+            node_data = [NodeData(s.train_x, s.train_y) for s in shares]
+            tests = [NodeData(s.test_x, s.test_y) for s in shares]
+            test_x, test_y = tests[0].x, tests[0].y
+            self.data_info = [s.info for s in shares]
+        else:
+            if dataset is None or parts is None:
+                raise ValueError("give a data set and its parts, or each node's own data")
+            input_shape, num_classes = dataset.input_shape, dataset.num_classes
+            model_name = cfg.model or default_model_for(dataset.name)
+            test_x, test_y = eval_subset(dataset.test_x, dataset.test_y, cfg.eval_samples,
+                                         cfg.seed)
+            node_data = [
+                NodeData(
+                    dataset.train_x[torch.from_numpy(np.asarray(p))],
+                    dataset.train_y[torch.from_numpy(np.asarray(p))],
+                )
+                for p in parts
+            ]
+            names = [str(i) for i in range(num_classes)]
+            self.data_info = [DataInfo(int(d.y.numel()), int(test_y.numel()),
+                                       class_counts(d.y, names)) for d in node_data]
+        #: FedAvg's weights: each node's share of all training samples
+        sizes = np.array([int(d.y.numel()) for d in node_data], dtype=np.float64)
         self.data_weights = sizes / sizes.sum()
-        model_name = cfg.model or default_model_for(dataset.name)
 
         def factory() -> torch.nn.Module:
             torch.manual_seed(cfg.seed)
-            return build_model(model_name, dataset.input_shape, dataset.num_classes)
+            return build_model(model_name, input_shape, num_classes)
 
         model = factory()
         self.layout = StateLayout.from_module(model)
         self.initial = self.layout.flatten_module(model)
-        test_x, test_y = eval_subset(dataset.test_x, dataset.test_y, cfg.eval_samples, cfg.seed)
-        node_data = [
-            NodeData(
-                dataset.train_x[torch.from_numpy(np.asarray(p))],
-                dataset.train_y[torch.from_numpy(np.asarray(p))],
-            )
-            for p in parts
-        ]
         # Ray workers train on their own CPUs, whatever this machine has
         device = (torch.device("cpu") if ray is not None and cfg.device == "auto"
                   else pick_device(cfg.device))
         self.engine: Engine = make_engine(
             engine, self.ids, factory, node_data, NodeData(test_x, test_y),
-            cfg.train_config(), seed=cfg.seed, device=device, ray=ray,
+            cfg.train_config(), seed=cfg.seed, device=device, ray=ray, tests=tests,
         )
         self.average: NetworkAverage | None = None
         if self.alg.global_model:
@@ -418,7 +439,7 @@ class _Nodes:
             checkpoints=False, executor=OnLoopThread(), absurd_ratio=None,
             gone_after=sim.gone_after,
             anchor_delay=anchor_delay(0, len(sim.ids)),  # a launched daemon's default
-            faults=self.plan, join=join,
+            faults=self.plan, join=join, data=sim.data_info[sim.ids.index(node)],
         )
 
     def _runner(self, node: str, state: NodeState, resume: Checkpoint | None,
@@ -496,6 +517,14 @@ class _Nodes:
     async def stop_all(self) -> None:
         for transport in self.transports.values():
             await transport.stop()
+
+
+def _check_contracts(ids: Sequence[str], shares: Sequence[NodeDataSet]) -> None:
+    """Every node's data contract must be the first node's (a table's feature names come from
+    its files): a ConfigError naming what differs, as a daemon's handshake would refuse it."""
+    why = contract_difference_all(ids, [s.contract for s in shares])
+    if why is not None:
+        raise ConfigError("data_root", why)
 
 
 def _round_of(runners: Mapping[str, NodeRunner], node: str) -> Callable[[], int]:

@@ -60,26 +60,62 @@ def cancelled_by_caller() -> bool:
     return task is None or task.cancelling() > 0
 
 
+#: The most bytes of data contract a Hello may carry (a contract is a class list, a shape and a
+#: table's feature names: kilobytes); a longer one is refused before it is parsed.
+MAX_CONTRACT_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True)
 class Identity:
-    """What two nodes compare in the handshake."""
+    """What two nodes compare in the handshake.
+
+    ``data_contract`` is the run's data contract as canonical JSON when the nodes bring their
+    own data (:class:`~dacflnode.learning.owndata.contract.DataContract`), else empty. The run
+    fingerprint hashes it already; it travels as well so that a refusal can name what differs.
+    """
 
     node_id: str
     model_fingerprint: str
     run_fingerprint: str
     protocol_version: int = PROTOCOL_VERSION
     round: int = 0  # the round the node was in when it answered (not compared)
+    data_contract: str = ""
 
     def mismatch(self, other: Identity) -> str | None:
-        """Why ``other`` cannot be this node's neighbour, or ``None``."""
+        """Why ``other`` cannot be this node's neighbour (a phrase about ``other``), or
+        ``None``."""
         if other.protocol_version != self.protocol_version:
-            return (f"protocol version {other.protocol_version} "
+            return (f"it runs protocol version {other.protocol_version} "
                     f"(this node speaks {self.protocol_version})")
+        data = contract_difference(self.data_contract, other.data_contract, other.node_id)
+        if data is not None:
+            return data
         if other.model_fingerprint != self.model_fingerprint:
-            return "a different model (parameter names, shapes or dtypes differ)"
+            return "it runs a different model (parameter names, shapes or dtypes differ)"
         if other.run_fingerprint != self.run_fingerprint:
-            return "different run settings (algorithm, data, schedule or seed differ)"
+            return "it runs different run settings (algorithm, data, schedule or seed differ)"
         return None
+
+
+def contract_difference(mine: str, theirs: str, name: str) -> str | None:
+    """What differs between this node's data contract ``mine`` and neighbour ``name``'s
+    ``theirs`` (JSON texts, empty for a built-in data set), in one line such as
+    ``node-3 has classes ['a', 'b'], this run ['a', 'b', 'c']``; ``None`` when they agree."""
+    if mine == theirs:
+        return None
+    if not theirs:
+        return f"{name} trains on a built-in data set, this run on own data"
+    if len(theirs.encode()) > MAX_CONTRACT_BYTES:
+        return f"{name} sent a data contract of over {MAX_CONTRACT_BYTES} bytes"
+    from dacflnode.learning.owndata.contract import DataContract
+
+    try:
+        other = DataContract.from_json(theirs)
+    except ValueError as exc:
+        return f"{name} sent a data contract this node cannot read ({exc})"
+    if not mine:
+        return f"{name} trains on own data ({other.kind}), this run on a built-in data set"
+    return DataContract.from_json(mine).difference(other, name)
 
 
 @dataclass

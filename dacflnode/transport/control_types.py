@@ -68,6 +68,13 @@ class NodeStatus:
     reanchored: int = 0
     #: Whether the node was asked to leave the network (``dacflnode stop --drain``).
     leaving: bool = False
+    #: Training samples on this device, and those it evaluates on.
+    data_size: int = 0
+    test_size: int = 0
+    #: Training samples per class, by class name.
+    class_counts: dict[str, int] = field(default_factory=dict)
+    #: Files of its data folder that could not be decoded and were left out (bad_files: skip).
+    skipped_files: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""

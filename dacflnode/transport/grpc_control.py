@@ -189,6 +189,8 @@ def status_to_proto(s: NodeStatus) -> pb.StatusReply:
         consensus_residual=s.consensus_residual, device=s.device, uptime_s=s.uptime_s,
         listen_address=s.listen_address, tls=s.tls, refusals=s.refusals,
         anchors=s.anchors, reanchored=s.reanchored, leaving=s.leaving,
+        data_size=s.data_size, test_size=s.test_size, class_counts=s.class_counts,
+        skipped_files=s.skipped_files,
     )
 
 
@@ -206,6 +208,8 @@ def status_from_proto(r: pb.StatusReply) -> NodeStatus:
         consensus_residual=r.consensus_residual, device=r.device, uptime_s=r.uptime_s,
         listen_address=r.listen_address, tls=r.tls, refusals=dict(r.refusals),
         anchors=list(r.anchors), reanchored=r.reanchored, leaving=r.leaving,
+        data_size=r.data_size, test_size=r.test_size, class_counts=dict(r.class_counts),
+        skipped_files=r.skipped_files,
     )
 
 

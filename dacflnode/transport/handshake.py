@@ -34,6 +34,7 @@ def hello_request(identity: Identity, join_round: int = 0) -> pb.HelloRequest:
         model_fingerprint=identity.model_fingerprint,
         run_fingerprint=identity.run_fingerprint,
         join_round=join_round,
+        data_contract=identity.data_contract,
     )
 
 
@@ -46,12 +47,13 @@ def check_identity(identity: Identity, peer: str, reply: pb.HelloReply) -> PeerI
     not compare every field.
     """
     other = PeerIdentity(reply.node_id, reply.model_fingerprint, reply.run_fingerprint,
-                         reply.protocol_version, int(reply.round), int(reply.join_round))
+                         reply.protocol_version, int(reply.round),
+                         data_contract=reply.data_contract, join_round=int(reply.join_round))
     if other.node_id != peer:
         raise HandshakeRefused(
             f"the address of neighbour {peer!r} is served by {other.node_id!r}", Reason.MISMATCH)
     why = identity.mismatch(other)
     if why is not None:
-        raise HandshakeRefused(f"{identity.node_id} refuses {peer}: it runs {why}",
+        raise HandshakeRefused(f"{identity.node_id} refuses {peer}: {why}",
                                Reason.MISMATCH)
     return other

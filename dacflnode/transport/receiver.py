@@ -232,12 +232,13 @@ class Receiver:
         peer_ids: frozenset[str] | None = None,
     ) -> pb.HelloReply:
         other = Identity(request.node_id, request.model_fingerprint, request.run_fingerprint,
-                         request.protocol_version)
+                         request.protocol_version, data_contract=request.data_contract)
         try:
             self._admit(request.node_id, peer_ids, Reason.NOT_NEIGHBOUR)
             why = self.identity.mismatch(other)
             if why is not None:
-                raise WireError("FAILED_PRECONDITION", f"{self.identity.node_id} refuses: {why}",
+                raise WireError("FAILED_PRECONDITION",
+                                f"{self.identity.node_id} refuses {request.node_id}: {why}",
                                 Reason.MISMATCH)
         except WireError as exc:
             self._refused("hello", request.node_id, peer, -1, exc)
@@ -252,6 +253,7 @@ class Receiver:
             run_fingerprint=self.identity.run_fingerprint,
             round=self.inbox.current_round(),
             join_round=join_round,
+            data_contract=self.identity.data_contract,
         )
 
     # ------------------------------------------------------------------ PushState

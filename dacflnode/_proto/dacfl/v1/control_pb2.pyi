@@ -123,6 +123,26 @@ class StatusReply(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ClassCountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NODE_ID_FIELD_NUMBER: _builtins.int
     ALGORITHM_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
@@ -140,6 +160,10 @@ class StatusReply(_message.Message):
     ANCHORS_FIELD_NUMBER: _builtins.int
     REANCHORED_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
+    DATA_SIZE_FIELD_NUMBER: _builtins.int
+    TEST_SIZE_FIELD_NUMBER: _builtins.int
+    CLASS_COUNTS_FIELD_NUMBER: _builtins.int
+    SKIPPED_FILES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     algorithm: _builtins.str
     round: _builtins.int
@@ -161,6 +185,12 @@ class StatusReply(_message.Message):
     """re-anchorings done since start"""
     leaving: _builtins.bool
     """a drain was requested"""
+    data_size: _builtins.int
+    """training samples on this device"""
+    test_size: _builtins.int
+    """samples it evaluates on (test data or held-out fraction)"""
+    skipped_files: _builtins.int
+    """undecodable files left out (bad_files: skip)"""
     @_builtins.property
     def neighbours(self) -> _containers.RepeatedCompositeFieldContainer[Global___NeighbourStatus]: ...
     @_builtins.property
@@ -172,6 +202,10 @@ class StatusReply(_message.Message):
         """"control-token": Control calls without their token)
         rounds at which the node will re-anchor (docs/faults.md)
         """
+
+    @_builtins.property
+    def class_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """training samples per class (run.classes names)"""
 
     def __init__(
         self,
@@ -193,10 +227,14 @@ class StatusReply(_message.Message):
         anchors: _abc.Iterable[_builtins.int] | None = ...,
         reanchored: _builtins.int = ...,
         leaving: _builtins.bool = ...,
+        data_size: _builtins.int = ...,
+        test_size: _builtins.int = ...,
+        class_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        skipped_files: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "anchors", b"anchors", "consensus_residual", b"consensus_residual", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

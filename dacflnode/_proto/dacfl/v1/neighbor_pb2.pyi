@@ -97,6 +97,7 @@ class HelloRequest(_message.Message):
     MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
     RUN_FINGERPRINT_FIELD_NUMBER: _builtins.int
     JOIN_ROUND_FIELD_NUMBER: _builtins.int
+    DATA_CONTRACT_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     protocol_version: _builtins.int
     model_fingerprint: _builtins.str
@@ -106,6 +107,11 @@ class HelloRequest(_message.Message):
     round from which the caller proposes to take part in the mix with the answering node (a node
     joining a running network, or an edge coming back after the neighbour was declared gone).
     """
+    data_contract: _builtins.str
+    """The run's data contract when nodes bring their own data (canonical JSON: kind, classes,
+    input_shape, feature_names; at most 64 KiB), so that a refusal can name what differs.
+    Empty for the built-in data sets. The run fingerprint hashes it too.
+    """
     def __init__(
         self,
         *,
@@ -114,10 +120,11 @@ class HelloRequest(_message.Message):
         model_fingerprint: _builtins.str = ...,
         run_fingerprint: _builtins.str = ...,
         join_round: _builtins.int = ...,
+        data_contract: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["join_round", b"join_round", "model_fingerprint", b"model_fingerprint", "node_id", b"node_id", "protocol_version", b"protocol_version", "run_fingerprint", b"run_fingerprint"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_contract", b"data_contract", "join_round", b"join_round", "model_fingerprint", b"model_fingerprint", "node_id", b"node_id", "protocol_version", b"protocol_version", "run_fingerprint", b"run_fingerprint"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -133,6 +140,7 @@ class HelloReply(_message.Message):
     RUN_FINGERPRINT_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     JOIN_ROUND_FIELD_NUMBER: _builtins.int
+    DATA_CONTRACT_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     protocol_version: _builtins.int
     model_fingerprint: _builtins.str
@@ -143,6 +151,8 @@ class HelloReply(_message.Message):
     """The round from which the two nodes mix with each other (the larger of the proposals the
     answering node has seen for this edge); 0 when the request proposed none.
     """
+    data_contract: _builtins.str
+    """as in HelloRequest"""
     def __init__(
         self,
         *,
@@ -152,10 +162,11 @@ class HelloReply(_message.Message):
         run_fingerprint: _builtins.str = ...,
         round: _builtins.int = ...,
         join_round: _builtins.int = ...,
+        data_contract: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["join_round", b"join_round", "model_fingerprint", b"model_fingerprint", "node_id", b"node_id", "protocol_version", b"protocol_version", "round", b"round", "run_fingerprint", b"run_fingerprint"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_contract", b"data_contract", "join_round", b"join_round", "model_fingerprint", b"model_fingerprint", "node_id", b"node_id", "protocol_version", b"protocol_version", "round", b"round", "run_fingerprint", b"run_fingerprint"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
