@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,26 @@ def _print(rows: list[dict[str, Any]]) -> None:
             _pct(r["consensus_residual"], 1, "", ".4g"),
             _pct(r["mean_round_s"], 1, " s", ".3f"),
         ))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    _table(lines, left=2)
+    for r in rows:
+        nodes = [n for n in r.get("per_node", []) if n.get("data_size") is not None]
+        if not nodes:
+            continue
+        click.echo(f"{r['label']}: data per node")
+        node_lines = [("node", "samples", "accuracy", "samples per class")]
+        for n in nodes:
+            counts = n.get("class_counts") or {}
+            node_lines.append((n["node"], str(n["data_size"]),
+                               _pct(n["accuracy"], 100, "%", ".2f"),
+                               " ".join(f"{name}:{count}" for name, count in counts.items())))
+        _table(node_lines, left=1, last_left=True)
+
+
+def _table(lines: Sequence[tuple[str, ...]], left: int, last_left: bool = False) -> None:
+    """Aligned columns: the first ``left`` (and with ``last_left`` the last) to the left."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    last = len(widths) - 1
     for line in lines:
-        cells = [c.ljust(w) if i < 2 else c.rjust(w)
+        cells = [c.ljust(w) if i < left or (last_left and i == last) else c.rjust(w)
                  for i, (c, w) in enumerate(zip(line, widths, strict=True))]
         click.echo("  ".join(cells).rstrip())

@@ -75,7 +75,20 @@ class Run:
             "consensus_residual": _finite_or_none(s["final"]["consensus_residual"]),
             "mean_round_s": None if mean_s is None else round(mean_s, 4),
             "curve": {"round": s["rounds"], "avg_acc": s["avg_acc"], "var_acc": s["var_acc"]},
+            "per_node": self.per_node(),
         }
+
+    def per_node(self) -> list[dict[str, Any]]:
+        """Each node's data (size, samples per class, from its latest line; ``None`` in files
+        written before the lines carried them) and its latest accuracy."""
+        out = []
+        for node, lines in self.lines.items():
+            last = lines[-1] if lines else {}
+            accs = [line["accuracy"] for line in lines if line.get("accuracy") is not None]
+            out.append({"node": node, "data_size": last.get("data_size"),
+                        "class_counts": last.get("class_counts"),
+                        "accuracy": accs[-1] if accs else None})
+        return out
 
 
 def _finite_or_none(value: Any) -> Any:
