@@ -58,15 +58,33 @@ def default_model_for(dataset: str) -> str:
     return _DEFAULT_MODEL[key]
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def default_model_for_shape(input_shape: tuple[int, ...]) -> str:
+    """The built-in model for own data of ``input_shape``: ``mlp`` for a table's ``(F,)`` (or
+    ``(1, 1, F)``) and for images under 4×4, ``cifar-cnn`` for ``3×32×32`` images, else (the
+    paper's 1×28×28 included) ``fmnist-cnn``."""
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) != 3 or shape[:2] == (1, 1) or min(shape[1:]) < 4:
+        return "mlp"
+    if shape == (3, 32, 32):
+        return "cifar-cnn"
+    return "fmnist-cnn"
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Build model ``name`` (one of :data:`MODELS` or ``"package.module:ClassName"``).
 
-    ``input_shape`` is ``(C, H, W)`` of one sample. Raises :class:`ConfigError` (field ``model``)
-    for an unknown name, a class that cannot be imported or instantiated, or an input shape the
-    architecture cannot take.
+    ``input_shape`` is ``(C, H, W)`` of one sample, or a table's ``(F,)``, built as
+    ``(1, 1, F)`` (the layout own-data tables are held in). Raises :class:`ConfigError` (field
+    ``model``) for an unknown name, a class that cannot be imported or instantiated, or an input
+    shape the architecture cannot take.
     """
+    if len(input_shape) == 1:
+        input_shape = (1, 1, int(input_shape[0]))
     if len(input_shape) != 3 or any(int(s) <= 0 for s in input_shape):
-        raise ConfigError("model", f"input shape must be (C, H, W) > 0, got {input_shape!r}")
+        raise ConfigError(
+            "model",
+            f"input shape must be (C, H, W) or (F,) > 0, got {input_shape!r}",
+        )
     if num_classes < 1:
         raise ConfigError("model", f"num_classes must be at least 1, got {num_classes}")
     c, h, w = (int(s) for s in input_shape)
