@@ -59,13 +59,16 @@ def default_model_for(dataset: str) -> str:
 
 
 def default_model_for_shape(input_shape: tuple[int, ...]) -> str:
-    """The built-in model for own data of ``input_shape``: ``mlp`` for a table's ``(F,)`` (or
-    ``(1, 1, F)``) and for images under 4×4, ``cifar-cnn`` for ``3×32×32`` images, else (the
-    paper's 1×28×28 included) ``fmnist-cnn``."""
-    shape = tuple(int(s) for s in input_shape)
-    if len(shape) != 3 or shape[:2] == (1, 1) or min(shape[1:]) < 4:
+    """The built-in model for a device's own data of ``(C, H, W)`` samples, or a table's
+    ``(F,)``: a table's rows (``(F,)`` or ``(1, 1, F)``) train ``mlp``; colour images of 16x16
+    or more the ``cifar-cnn``; other images of 4x4 or more the paper's ``fmnist-cnn`` (1x28x28
+    folders: the paper's FMNIST model); anything smaller ``mlp``."""
+    if len(input_shape) == 1:
         return "mlp"
-    if shape == (3, 32, 32):
+    c, h, w = (int(s) for s in input_shape)
+    if h == 1 or min(h, w) < 4:
+        return "mlp"
+    if c == 3 and min(h, w) >= 16:
         return "cifar-cnn"
     return "fmnist-cnn"
 

@@ -1,7 +1,8 @@
 """Python sources: ``package.module:function`` returns the device's train and test data.
 
 The escape hatch, as ``--model package.module:Class`` is for models. The function is called with
-whichever of the keywords ``classes`` (the run's class names) and ``seed`` it accepts, and must
+whichever of the keywords ``classes`` (the run's class names), ``seed``, ``data_root`` and
+``test_root`` (this device's paths, or ``None``) it accepts, and must
 return ``(train, test)`` where each is a map-style ``torch.utils.data.Dataset`` of ``(x, label)``
 items or an ``(x, y)`` pair of tensors; ``test`` may be ``None`` (the held-out fraction is then
 used). ``x`` is float, one sample ``[C, H, W]`` (an image) or ``[F]`` (features), already
@@ -20,7 +21,7 @@ import torch
 
 from dacflnode.errors import ConfigError
 
-FIELD = "data_root"
+FIELD = "data_factory"
 
 MAX_SAMPLE_NUMEL = 1 << 24
 """Largest sample (elements) a factory's data set may hold: refused before stacking."""
@@ -60,14 +61,15 @@ def _accepted(fn: Any, offered: dict[str, Any]) -> dict[str, Any]:
 
 
 def call_factory(
-    spec: str, classes: Sequence[str], seed: int
+    spec: str, classes: Sequence[str], seed: int, roots: dict[str, str | None] | None = None
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
     """Call the factory and check what it returns: ``((train_x, train_y), (test_x, test_y) or
     None)`` with ``x`` float32 ``[n, *sample]`` and ``y`` int64 ``[n]`` in ``0..len(classes)-1``.
     """
     fn = resolve(spec)
     try:
-        result = fn(**_accepted(fn, {"classes": list(classes), "seed": seed}))
+        offered: dict[str, Any] = {"classes": list(classes), "seed": seed, **(roots or {})}
+        result = fn(**_accepted(fn, offered))
     except Exception as err:
         raise ConfigError(FIELD, f"data factory {spec!r} raised {type(err).__name__}: "
                                  f"{str(err)[:200]}") from err

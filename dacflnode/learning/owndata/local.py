@@ -120,7 +120,7 @@ def normalize_images(u8: np.ndarray) -> torch.Tensor:
     full-size temporaries besides the result)."""
     n, c = u8.shape[:2]
     if c not in IMAGE_NORMALIZATION:
-        raise ConfigError("input_shape", f"images must have 1 or 3 channels, got {c}")
+        raise ConfigError("channels", f"images must have 1 or 3 channels, got {c}")
     mean, std = IMAGE_NORMALIZATION[c]
     out = torch.empty(u8.shape, dtype=torch.float32)
     m = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
@@ -138,7 +138,7 @@ def _check_shape(kind: str, input_shape: Sequence[int] | None) -> tuple[int, ...
     shape = tuple(int(s) for s in input_shape)
     if kind == "folder":
         if len(shape) != 3 or shape[0] not in (1, 3) or min(shape) < 1:
-            raise ConfigError("input_shape", f"an image folder's input shape is (C, H, W) with "
+            raise ConfigError("channels", f"an image folder's input shape is (C, H, W) with "
                                              f"C = 1 or 3, got {shape}")
     elif len(shape) not in (1, 3) or min(shape) < 1:
         raise ConfigError("input_shape", f"input shape must be (C, H, W) or (F,), got {shape}")
@@ -160,6 +160,7 @@ def load_local_data(
     on_bad: str = "fail",
     workers: int | None = None,
     progress: images.Progress | None = None,
+    factory: str | None = None,
 ) -> LocalData:
     """Load this device's own data.
 
@@ -167,7 +168,7 @@ def load_local_data(
         ``"folder"``, ``"table"`` or ``"python"`` (:data:`~.contract.KINDS`).
     ``root``
         The device's training data: a folder of class subfolders; a CSV/Parquet file or a folder
-        of them; or ``package.module:function`` for ``python``.
+        of them; for ``python``, whatever the factory reads (passed to it as ``data_root``).
     ``classes``
         The run's ordered class names; labels are indices into it, found by name.
     ``input_shape``
@@ -191,6 +192,9 @@ def load_local_data(
         Decoding processes (``None``: one per CPU, at most 8; 1: in this process).
     ``progress``
         ``progress(done, total)`` while images decode.
+    ``factory``
+        ``python``: the ``package.module:function`` (:mod:`.factory`); ``None`` takes ``root``
+        as the spec.
 
     Every bad input raises :class:`ConfigError` with one line naming the file and what to do.
     """
@@ -198,7 +202,7 @@ def load_local_data(
         raise ConfigError("dataset", f"unknown data source {kind!r} (choose from "
                                      f"{', '.join(KINDS)})")
     if on_bad not in BAD_FILE_POLICIES:
-        raise ConfigError("on_bad_file", f"must be one of {', '.join(BAD_FILE_POLICIES)}, got "
+        raise ConfigError("bad_files", f"must be one of {', '.join(BAD_FILE_POLICIES)}, got "
                                           f"{on_bad!r}")
     class_names = tuple(str(c) for c in classes)
     if not class_names:
@@ -217,7 +221,10 @@ def load_local_data(
     if kind == "table":
         return _load_table(Path(root), None if test_root is None else Path(test_root),
                            class_names, shape, label_column, holdout, seed)
-    return _load_python(str(root), class_names, shape, holdout, seed)
+    spec = factory if factory is not None else str(root)
+    return _load_python(spec, class_names, shape, holdout, seed,
+                        {"data_root": None if factory is None else str(root),
+                         "test_root": None if test_root is None else str(test_root)})
 
 
 def _bad_files_error(root: Path, bad: Sequence[tuple[str, str]], field: str) -> ConfigError:
@@ -225,7 +232,7 @@ def _bad_files_error(root: Path, bad: Sequence[tuple[str, str]], field: str) -> 
     return ConfigError(
         field,
         f"{len(bad)} image file(s) cannot be read ({shown}); replace or remove them, or set "
-        "on_bad_file: skip to leave them out",
+        "bad_files: skip to leave them out",
     )
 
 
@@ -292,7 +299,7 @@ def _load_table(root: Path, test_root: Path | None, classes: tuple[str, ...],
     train = tables.load_table(root, classes, label_column, "data_root")
     n_features = len(train.feature_names)
     if shape is not None and tuple(shape) not in ((n_features,), (1, 1, n_features)):
-        raise ConfigError("input_shape", f"{root} has {n_features} features, the run expects "
+        raise ConfigError("data_root", f"{root} has {n_features} features, the run expects "
                                          f"input shape {tuple(shape)}")
     if test_root is not None:
         test = tables.load_table(test_root, classes, label_column, "test_root")
@@ -325,11 +332,11 @@ def _load_table(root: Path, test_root: Path | None, classes: tuple[str, ...],
 
 
 def _load_python(spec: str, classes: tuple[str, ...], shape: tuple[int, ...] | None,
-                 holdout: float, seed: int) -> LocalData:
-    (train_x, train_y), test = factory.call_factory(spec, classes, seed)
+                 holdout: float, seed: int, roots: dict[str, str | None]) -> LocalData:
+    (train_x, train_y), test = factory.call_factory(spec, classes, seed, roots)
     sample = tuple(int(s) for s in train_x.shape[1:])
     if shape is not None and sample != shape:
-        raise ConfigError("input_shape", f"data factory {spec!r} gives samples of shape "
+        raise ConfigError("data_factory", f"data factory {spec!r} gives samples of shape "
                                          f"{sample}, the run expects {shape}")
     if test is None:
         keep, held = holdout_split(train_x.shape[0], holdout, seed)
