@@ -15,6 +15,7 @@ from dacflnode import __version__
 from dacflnode.cli.certs import certs_cmd
 from dacflnode.cli.consensus_demo import consensus_demo_cmd
 from dacflnode.cli.daemon_cmds import metrics, start, status, stop
+from dacflnode.cli.data import data_cmd
 from dacflnode.cli.invariant import invariant_cmd
 from dacflnode.cli.launch import launch
 from dacflnode.cli.report import report_cmd
@@ -45,6 +46,7 @@ for _command in (
     stop,
     invariant_cmd,
     report_cmd,
+    data_cmd,
     consensus_demo_cmd,
 ):
     cli.add_command(_command)

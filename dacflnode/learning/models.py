@@ -58,11 +58,13 @@ def default_model_for(dataset: str) -> str:
     return _DEFAULT_MODEL[key]
 
 
-def default_model_for_shape(input_shape: tuple[int, int, int]) -> str:
-    """The built-in model for a device's own data of ``(C, H, W)`` samples: a table's rows
-    (``(1, 1, F)``) train ``mlp``; colour images of 16x16 or more the ``cifar-cnn``; other
-    images of 4x4 or more the paper's ``fmnist-cnn`` (1x28x28 folders: the paper's FMNIST
-    model); anything smaller ``mlp``."""
+def default_model_for_shape(input_shape: tuple[int, ...]) -> str:
+    """The built-in model for a device's own data of ``(C, H, W)`` samples, or a table's
+    ``(F,)``: a table's rows (``(F,)`` or ``(1, 1, F)``) train ``mlp``; colour images of 16x16
+    or more the ``cifar-cnn``; other images of 4x4 or more the paper's ``fmnist-cnn`` (1x28x28
+    folders: the paper's FMNIST model); anything smaller ``mlp``."""
+    if len(input_shape) == 1:
+        return "mlp"
     c, h, w = (int(s) for s in input_shape)
     if h == 1 or min(h, w) < 4:
         return "mlp"
@@ -71,15 +73,21 @@ def default_model_for_shape(input_shape: tuple[int, int, int]) -> str:
     return "fmnist-cnn"
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Build model ``name`` (one of :data:`MODELS` or ``"package.module:ClassName"``).
 
-    ``input_shape`` is ``(C, H, W)`` of one sample. Raises :class:`ConfigError` (field ``model``)
-    for an unknown name, a class that cannot be imported or instantiated, or an input shape the
-    architecture cannot take.
+    ``input_shape`` is ``(C, H, W)`` of one sample, or a table's ``(F,)``, built as
+    ``(1, 1, F)`` (the layout own-data tables are held in). Raises :class:`ConfigError` (field
+    ``model``) for an unknown name, a class that cannot be imported or instantiated, or an input
+    shape the architecture cannot take.
     """
+    if len(input_shape) == 1:
+        input_shape = (1, 1, int(input_shape[0]))
     if len(input_shape) != 3 or any(int(s) <= 0 for s in input_shape):
-        raise ConfigError("model", f"input shape must be (C, H, W) > 0, got {input_shape!r}")
+        raise ConfigError(
+            "model",
+            f"input shape must be (C, H, W) or (F,) > 0, got {input_shape!r}",
+        )
     if num_classes < 1:
         raise ConfigError("model", f"num_classes must be at least 1, got {num_classes}")
     c, h, w = (int(s) for s in input_shape)

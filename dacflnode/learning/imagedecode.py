@@ -1,0 +1,89 @@
+"""Decoding image files into one ``uint8`` array: the work a folder source hands to its process
+pool.
+
+This module imports only numpy and Pillow (no torch), so that a worker process starts in
+milliseconds; :mod:`dacflnode.learning.owndata.images` lists, caches and schedules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+"""File endings (any case) a class folder's images may have; other files are ignored."""
+
+_GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
+
+
+def channels_of_mode(mode: str) -> int:
+    """1 for Pillow's grayscale modes, 3 for everything else (converted to RGB)."""
+    return 1 if mode in _GRAY_MODES else 3
+
+
+def peek(path: str) -> tuple[int, int, int]:
+    """``(C, H, W)`` an image file would decode to without resizing (header only)."""
+    with Image.open(path) as im:
+        w, h = im.size
+        return (channels_of_mode(im.mode), int(h), int(w))
+
+
+class SizeMismatch(Exception):
+    """An image is not the target size and resizing is off."""
+
+
+def decode_one(path: str, channels: int, height: int, width: int, resize: bool) -> np.ndarray:
+    """One file as ``uint8 [C, H, W]``: converted to L (1 channel) or RGB (3), resized with
+    bilinear filtering to ``(height, width)`` when ``resize`` (else :class:`SizeMismatch`)."""
+    mode = "L" if channels == 1 else "RGB"
+    with Image.open(path) as opened:
+        im: Image.Image = opened
+        if im.size != (width, height):
+            if not resize:
+                raise SizeMismatch(f"{im.size[0]}x{im.size[1]}")
+            if opened.format == "JPEG":
+                opened.draft(mode, (width, height))  # let libjpeg scale down while decoding
+        if im.mode != mode:
+            im = im.convert(mode)
+        if im.size != (width, height):
+            im = im.resize((width, height), Image.Resampling.BILINEAR)
+        arr = np.asarray(im, dtype=np.uint8)
+    if channels == 1:
+        return arr[None]
+    return arr.transpose(2, 0, 1)
+
+
+def decode_files(
+    paths: list[str], channels: int, height: int, width: int, resize: bool
+) -> tuple[np.ndarray, list[tuple[int, str]], list[tuple[int, str]]]:
+    """Decode ``paths`` into ``uint8 [len(paths), C, H, W]``.
+
+    Returns the array, the files that could not be decoded as ``(index, reason)`` (their rows are
+    zeros), and, with ``resize`` off, the files of another size as ``(index, "WxH")``.
+    """
+    out = np.zeros((len(paths), channels, height, width), dtype=np.uint8)
+    bad: list[tuple[int, str]] = []
+    mismatched: list[tuple[int, str]] = []
+    for i, path in enumerate(paths):
+        try:
+            out[i] = decode_one(path, channels, height, width, resize)
+        except SizeMismatch as size:
+            mismatched.append((i, str(size)))
+        except Exception as err:
+            bad.append((i, _reason(err)))
+    return out, bad, mismatched
+
+
+def _reason(err: Exception) -> str:
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return text[:200]
+
+
+def relative(path: str, root: Path) -> str:
+    """``path`` relative to ``root`` when under it, for messages."""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path

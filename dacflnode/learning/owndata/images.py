@@ -1,0 +1,285 @@
+"""Image folders: one subfolder per class of PNG/JPEG files, decoded in parallel and cached.
+
+Labels come from the class folder's *name* and its index in the run's class list, never from the
+order of the folders on disk. A folder may lack some classes; a folder whose name is not a class
+is an error. Files are decoded by a process pool (:mod:`dacflnode.learning.imagedecode`) in chunks,
+converted to the run's channels (L or RGB) and resized to its height and width.
+
+The decoded ``uint8`` array is cached in ``cache_dir/data-cache/`` as ``.npy`` files (read with
+``allow_pickle=False``) next to a small JSON file holding the cache key: a SHA-256 of the sorted
+relative file list with every file's size and modification time, the target shape, the resize
+switch and the class list. A restart with an unchanged folder reads the cache instead of decoding;
+any added, removed, replaced or touched file changes the key and the folder is decoded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dacflnode.errors import ConfigError
+from dacflnode.learning import imagedecode
+
+logger = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+CACHE_FOLDER = "data-cache"
+
+CHUNK_FILES = 512
+"""Files per task handed to a worker process."""
+
+PARALLEL_MIN_FILES = 2048
+"""Below this many files a folder is decoded in the calling process (a pool costs more)."""
+
+MAX_WORKERS = 8
+
+BAD_LISTED = 5
+"""How many bad files an error message names."""
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``, called as decoding goes (files)."""
+
+
+@dataclass(frozen=True)
+class FolderFile:
+    relpath: str  # relative to the root, with "/" separators
+    size: int
+    mtime_ns: int
+    label: int
+
+
+@dataclass(frozen=True)
+class DecodedFolder:
+    """A folder decoded: ``images`` uint8 ``[n, C, H, W]`` and ``labels`` int64 ``[n]`` of the
+    files that decoded, and the ones that did not as ``(relative path, reason)``."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    bad: tuple[tuple[str, str], ...]
+    files: int
+    from_cache: bool
+
+
+def list_folder(root: Path, classes: Sequence[str], field: str) -> list[FolderFile]:
+    """The image files under ``root``'s class subfolders, sorted by relative path.
+
+    Raises :class:`ConfigError` for a missing root or a class folder not in ``classes``.
+    """
+    if not root.exists():
+        raise ConfigError(field, f"{root} does not exist; point {field} at a folder of class "
+                                 "subfolders")
+    if not root.is_dir():
+        raise ConfigError(field, f"{root} is not a folder; a folder source needs one subfolder "
+                                 "of images per class")
+    index = {name: i for i, name in enumerate(classes)}
+    files: list[FolderFile] = []
+    with os.scandir(root) as entries:
+        folders = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    unknown = [name for name in folders if name not in index]
+    if unknown:
+        raise ConfigError(
+            "classes",
+            f"{root / unknown[0]} is a class folder not in classes {list(classes)}; add "
+            f"{unknown[0]!r} to the run's classes or move the folder out of {root}",
+        )
+    for name in folders:
+        label = index[name]
+        base = root / name
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for filename in filenames:
+                if filename.startswith(".") or not filename.lower().endswith(
+                    imagedecode.IMAGE_EXTENSIONS
+                ):
+                    continue
+                full = os.path.join(dirpath, filename)
+                try:
+                    st = os.stat(full)
+                except OSError as err:
+                    raise ConfigError(field, f"cannot read {full}: {err.strerror}") from err
+                rel = os.path.relpath(full, root).replace(os.sep, "/")
+                files.append(FolderFile(rel, st.st_size, st.st_mtime_ns, label))
+    files.sort(key=lambda f: f.relpath)
+    return files
+
+
+def cache_key(
+    files: Sequence[FolderFile], classes: Sequence[str], shape: tuple[int, int, int],
+    resize: bool,
+) -> str:
+    """SHA-256 over everything the decoded array depends on."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"version": CACHE_VERSION, "classes": list(classes),
+                         "shape": list(shape), "resize": resize}).encode())
+    for f in files:
+        h.update(f"\n{f.relpath}\0{f.size}\0{f.mtime_ns}\0{f.label}".encode())
+    return h.hexdigest()
+
+
+def _cache_paths(cache_dir: Path, root: Path) -> tuple[Path, Path, Path]:
+    slot = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    base = cache_dir / CACHE_FOLDER / f"folder-{slot}"
+    return (base.with_suffix(".json"), base.with_name(base.name + ".x.npy"),
+            base.with_name(base.name + ".y.npy"))
+
+
+def _read_cache(cache_dir: Path, root: Path, key: str, files: int) -> DecodedFolder | None:
+    meta_path, x_path, y_path = _cache_paths(cache_dir, root)
+    try:
+        meta = json.loads(meta_path.read_text())
+        if not isinstance(meta, dict) or meta.get("key") != key:
+            return None
+        images = np.load(x_path, allow_pickle=False)
+        labels = np.load(y_path, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    bad = tuple((str(p), str(r)) for p, r in meta.get("bad", []))
+    if (images.dtype != np.uint8 or images.ndim != 4 or labels.dtype != np.int64
+            or labels.shape != (images.shape[0],) or images.shape[0] + len(bad) != files):
+        return None
+    return DecodedFolder(images, labels, bad, files, from_cache=True)
+
+
+def _write_cache(cache_dir: Path, root: Path, key: str, decoded: DecodedFolder) -> None:
+    meta_path, x_path, y_path = _cache_paths(cache_dir, root)
+    try:
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        meta_path.unlink(missing_ok=True)  # the key goes last: a torn write is never a hit
+        for path, arr in ((x_path, decoded.images), (y_path, decoded.labels)):
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "wb") as fh:
+                np.save(fh, arr, allow_pickle=False)
+            os.replace(tmp, path)
+        tmp = meta_path.with_name(meta_path.name + ".tmp")
+        tmp.write_text(json.dumps({"key": key, "bad": [list(b) for b in decoded.bad]}))
+        os.replace(tmp, meta_path)
+    except OSError as err:
+        logger.warning("could not cache the decoded images in %s: %s", meta_path.parent, err)
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """Forked workers on Linux: they start in milliseconds, inherit the decoder already imported
+    and only run Pillow and numpy, never torch or the event loop (a spawned or fork-server worker
+    would run the caller's ``__main__`` again). Elsewhere, spawned workers."""
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def default_workers() -> int:
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+def decode_folder(
+    root: Path, files: Sequence[FolderFile], shape: tuple[int, int, int], resize: bool,
+    *, workers: int | None = None, progress: Progress | None = None,
+) -> tuple[np.ndarray, list[tuple[int, str]], list[tuple[int, str]]]:
+    """Decode ``files`` (relative to ``root``) into ``uint8 [n, C, H, W]``, in parallel when
+    there are enough of them; returns the array, the bad files and the ones of another size
+    (indices into ``files``)."""
+    c, h, w = shape
+    paths = [str(root / f.relpath) for f in files]
+    n_workers = default_workers() if workers is None else max(1, int(workers))
+    if n_workers == 1 or len(paths) < PARALLEL_MIN_FILES:
+        out = np.empty((len(paths), c, h, w), dtype=np.uint8)
+        bad: list[tuple[int, str]] = []
+        mismatched: list[tuple[int, str]] = []
+        for start in range(0, len(paths), CHUNK_FILES):
+            chunk, b, m = imagedecode.decode_files(paths[start:start + CHUNK_FILES], c, h, w,
+                                                   resize)
+            out[start:start + len(chunk)] = chunk
+            bad += [(start + i, r) for i, r in b]
+            mismatched += [(start + i, r) for i, r in m]
+            if progress is not None:
+                progress(start + len(chunk), len(paths))
+        return out, bad, mismatched
+    out = np.empty((len(paths), c, h, w), dtype=np.uint8)
+    bad, mismatched = [], []
+    starts = range(0, len(paths), CHUNK_FILES)
+    done = 0
+    with ProcessPoolExecutor(n_workers, mp_context=_pool_context()) as pool:
+        futures = [
+            pool.submit(imagedecode.decode_files, paths[s:s + CHUNK_FILES], c, h, w, resize)
+            for s in starts
+        ]
+        for start, future in zip(starts, futures, strict=True):
+            chunk, b, m = future.result()
+            out[start:start + len(chunk)] = chunk
+            bad += [(start + i, r) for i, r in b]
+            mismatched += [(start + i, r) for i, r in m]
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(paths))
+    return out, bad, mismatched
+
+
+def load_folder(
+    root: Path, classes: Sequence[str], shape: tuple[int, int, int] | None, *, resize: bool,
+    field: str, cache_dir: Path | None, workers: int | None = None,
+    progress: Progress | None = None,
+) -> DecodedFolder:
+    """Decode (or read from the cache) the images under ``root``.
+
+    ``shape`` is the run's ``(C, H, W)``; ``None`` takes it from the first file. Raises
+    :class:`ConfigError` for an empty folder and for images of mixed sizes with ``resize`` off.
+    Bad files are returned, not raised: the caller applies the run's policy.
+    """
+    files = list_folder(root, classes, field)
+    if not files:
+        raise ConfigError(
+            field,
+            f"{root} holds no images: expected PNG or JPEG files in one subfolder per class "
+            f"(named as in classes {list(classes)})",
+        )
+    if shape is None:
+        shape = _first_shape(root, files, field)
+    key = cache_key(files, classes, shape, resize)
+    if cache_dir is not None:
+        cached = _read_cache(cache_dir, root, key, len(files))
+        if cached is not None:
+            logger.info("%s: %d decoded images read from the cache", root, len(cached.labels))
+            return cached
+    images, bad_idx, mismatched = decode_folder(root, files, shape, resize, workers=workers,
+                                                progress=progress)
+    if mismatched:
+        _, h, w = shape
+        shown = ", ".join(f"{files[i].relpath} is {size}" for i, size in mismatched[:BAD_LISTED])
+        raise ConfigError(
+            "resize",
+            f"{root}: images of mixed sizes with resizing off ({len(mismatched)} not {w}x{h}: "
+            f"{shown}); turn resizing on or resize the files to one size",
+        )
+    keep = np.ones(len(files), dtype=bool)
+    keep[[i for i, _ in bad_idx]] = False
+    labels = np.fromiter((f.label for f in files), dtype=np.int64, count=len(files))
+    decoded = DecodedFolder(
+        images=images if keep.all() else images[keep],
+        labels=labels[keep],
+        bad=tuple((files[i].relpath, reason) for i, reason in bad_idx),
+        files=len(files),
+        from_cache=False,
+    )
+    if cache_dir is not None:
+        _write_cache(cache_dir, root, key, decoded)
+    return decoded
+
+
+def _first_shape(root: Path, files: Sequence[FolderFile], field: str) -> tuple[int, int, int]:
+    """The shape of the first file that opens: the data set's shape when the run names none."""
+    for f in files[:BAD_LISTED]:
+        try:
+            return imagedecode.peek(str(root / f.relpath))
+        except Exception:
+            continue
+    raise ConfigError(field, f"{root}: none of the first {BAD_LISTED} images opens; is this "
+                             "an image folder?")

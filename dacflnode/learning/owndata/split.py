@@ -1,0 +1,280 @@
+"""``dacflnode data split``: one device folder per node, cut from a built-in data set, an image
+folder or a table with :func:`dacflnode.learning.partition.partition`.
+
+``format="folder"`` writes ``OUT/<node-id>/<class>/<n>.png`` (``n`` the sample's index in the
+source; an image folder's own files are copied as they are); ``format="table"`` writes
+``OUT/<node-id>/data.csv`` (or ``data.parquet``) with the features and a ``label`` column (a
+table source keeps its columns). A source with a test split (the built-in data sets) also gets
+``OUT/test/`` in the same form. Node ids are ``node-0`` ... ``node-{N-1}``, as ``dacflnode
+topology`` names them. ``OUT/run-data.yaml`` holds the run settings that read the result
+(``dataset``, ``classes``, ``label_column``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import yaml
+from PIL import Image
+
+from dacflnode.errors import ConfigError
+from dacflnode.learning.datasets import DATASETS, NORMALIZATION, load_dataset
+from dacflnode.learning.owndata import images, tables
+from dacflnode.learning.partition import partition
+
+FORMATS = ("folder", "table")
+TABLE_FILE_FORMATS = ("csv", "parquet")
+
+CLASS_NAMES: dict[str, tuple[str, ...]] = {
+    "fashion-mnist": ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt",
+                      "sneaker", "bag", "ankle-boot"),
+    "mnist": tuple(str(i) for i in range(10)),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                "truck"),
+    "synthetic": tuple(str(i) for i in range(10)),
+}
+"""Class folder names of the built-in data sets, in label order (names safe as folder names)."""
+
+LABEL_COLUMN = "label"
+RUN_FILE = "run-data.yaml"
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A split source in memory: ``x`` uint8 ``[n, C, H, W]`` images or float ``[n, F]``
+    features (``None`` for an image folder, whose files are copied), labels, and the test split
+    when there is one."""
+
+    kind: str  # "builtin" | "folder" | "table"
+    classes: tuple[str, ...]
+    labels: np.ndarray
+    x: np.ndarray | None
+    test_x: np.ndarray | None = None
+    test_labels: np.ndarray | None = None
+    files: tuple[str, ...] = ()  # an image folder's files, relative to root
+    root: Path | None = None
+    feature_names: tuple[str, ...] = ()
+    label_column: str = LABEL_COLUMN
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    out: Path
+    nodes: tuple[str, ...]
+    classes: tuple[str, ...]
+    counts: tuple[dict[str, int], ...]  # per node: samples per class
+    test_count: int
+    format: str
+    run_settings: dict[str, object]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "out": str(self.out),
+            "format": self.format,
+            "classes": list(self.classes),
+            "nodes": [{"id": node, "samples": sum(c.values()), "histogram": c}
+                      for node, c in zip(self.nodes, self.counts, strict=True)],
+            "test_samples": self.test_count,
+            "run_settings": self.run_settings,
+        }
+
+
+def node_ids(n: int) -> tuple[str, ...]:
+    return tuple(f"node-{i}" for i in range(n))
+
+
+def _to_uint8(x: np.ndarray, dataset: str) -> np.ndarray:
+    """A built-in data set's normalised images back to their uint8 pixels (exact: the
+    normalisation is affine and the pixels were integers)."""
+    mean, std = NORMALIZATION[dataset]
+    c = x.shape[1]
+    m = np.asarray(mean, dtype=np.float64).reshape(1, c, 1, 1)
+    s = np.asarray(std, dtype=np.float64).reshape(1, c, 1, 1)
+    return np.clip(np.rint((x.astype(np.float64) * s + m) * 255.0), 0, 255).astype(np.uint8)
+
+
+def read_source(
+    source: str, *, data_root: str | Path | None = None, classes: Sequence[str] | None = None,
+    label_column: str | None = None, seed: int = 0,
+) -> Source:
+    """A built-in data set's name (files under ``data_root``), an image folder, or a table."""
+    key = source.strip().lower()
+    if key in DATASETS and not Path(source).exists():
+        ds = load_dataset(key, data_root, seed=seed)
+        names = CLASS_NAMES[key]
+        if key == "synthetic":
+            x, tx = ds.train_x.flatten(1).numpy(), ds.test_x.flatten(1).numpy()
+        else:
+            x, tx = _to_uint8(ds.train_x.numpy(), key), _to_uint8(ds.test_x.numpy(), key)
+        return Source("builtin", names, ds.train_y.numpy(), x, tx, ds.test_y.numpy())
+    path = Path(source)
+    if not path.exists():
+        raise ConfigError("source", f"{source} is neither a built-in data set "
+                                    f"({', '.join(DATASETS)}) nor an existing folder or file")
+    if path.is_dir() and not any(p.suffix.lower() in tables.TABLE_SUFFIXES
+                                 for p in path.iterdir() if p.is_file()):
+        names = tuple(classes) if classes else _folder_classes(path)
+        listed = images.list_folder(path, names, "source")
+        if not listed:
+            raise ConfigError("source", f"{path} holds no images in class subfolders")
+        labels = np.fromiter((f.label for f in listed), dtype=np.int64, count=len(listed))
+        return Source("folder", names, labels, None, files=tuple(f.relpath for f in listed),
+                      root=path)
+    column = label_column or LABEL_COLUMN
+    names = tuple(classes) if classes else _table_classes(path, column)
+    data = tables.load_table(path, names, column, "source")
+    return Source("table", names, data.labels, data.features, feature_names=data.feature_names,
+                  label_column=column)
+
+
+def _folder_classes(root: Path) -> tuple[str, ...]:
+    names = tuple(sorted(p.name for p in root.iterdir()
+                         if p.is_dir() and not p.name.startswith(".")))
+    if not names:
+        raise ConfigError("source", f"{root} has no class subfolders")
+    return names
+
+
+def _table_classes(root: Path, label_column: str) -> tuple[str, ...]:
+    """The distinct label values of a table, as strings (numbers in numeric order)."""
+    values: set[str] = set()
+    for path in tables.table_files(root, "source"):
+        if path.suffix.lower() in tables.CSV_SUFFIXES:
+            table = pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(
+                column_types={label_column: pa.string()}, include_columns=[label_column]))
+        else:
+            table = pq.read_table(path, columns=[label_column])
+        values |= {str(v) for v in table.column(0).cast(pa.string()).to_pylist() if v is not None}
+    def order(v: str) -> tuple[int, float, str]:
+        try:
+            return (0, float(v), v)
+        except ValueError:
+            return (1, 0.0, v)
+    return tuple(sorted(values, key=order))
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError("out", f"{out} exists and is not an empty folder; choose a new folder "
+                                 "(data split never overwrites)")
+
+
+def _write_pngs(folder: Path, classes: Sequence[str], x: np.ndarray, labels: np.ndarray,
+                index: np.ndarray, progress: Progress | None, done: list[int],
+                total: int) -> None:
+    for name in {classes[int(lbl)] for lbl in labels[index]}:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+    for i in index:
+        img = x[int(i)]
+        arr = img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0)
+        Image.fromarray(arr).save(folder / classes[int(labels[i])] / f"{int(i)}.png")
+        done[0] += 1
+        if progress is not None and done[0] % 1000 == 0:
+            progress(done[0], total)
+
+
+def _write_table(path: Path, columns: Sequence[str], x: np.ndarray, label_column: str,
+                 label_values: list[str], file_format: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flat = x.reshape(x.shape[0], -1)
+    arrays = [pa.array(flat[:, j]) for j in range(flat.shape[1])]
+    table = pa.table([*arrays, pa.array(label_values, pa.string())],
+                     names=[*columns, label_column])
+    if file_format == "parquet":
+        pq.write_table(table, path)
+    else:
+        pa_csv.write_csv(table, path)
+
+
+def split_data(
+    source: str, out: str | Path, *, nodes: int, scheme: str = "iid", seed: int = 0,
+    alpha: float = 0.5, shards_per_node: int = 2, fmt: str = "folder",
+    table_format: str = "csv", data_root: str | Path | None = None,
+    classes: Sequence[str] | None = None, label_column: str | None = None,
+    progress: Progress | None = None,
+) -> SplitResult:
+    """Cut ``source`` into ``nodes`` device folders under ``out`` (see the module docstring).
+
+    Raises :class:`ConfigError` for a source that cannot be read, a format the source cannot be
+    written in, or an ``out`` that is not a new or empty folder.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError("format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if table_format not in TABLE_FILE_FORMATS:
+        raise ConfigError("table_format", f"must be csv or parquet, got {table_format!r}")
+    out = Path(out)
+    _check_out(out)
+    src = read_source(source, data_root=data_root, classes=classes, label_column=label_column,
+                      seed=seed)
+    if fmt == "folder" and src.x is not None and src.x.ndim != 4:
+        raise ConfigError("format", f"{source} holds feature rows, not images: use --format "
+                                    "table")
+    parts = partition(src.labels, nodes, scheme, seed=seed, alpha=alpha,
+                      shards_per_node=shards_per_node)
+    ids = node_ids(nodes)
+    out.mkdir(parents=True, exist_ok=True)
+    total = sum(len(p) for p in parts) + (0 if src.test_labels is None else len(src.test_labels))
+    done = [0]
+    ext = "csv" if table_format == "csv" else "parquet"
+    columns = src.feature_names or tuple(f"x{j}" for j in range(
+        int(np.prod(src.x.shape[1:])) if src.x is not None else 0))
+    x_rows: np.ndarray | None = src.x
+    if fmt == "table" and src.kind == "folder":
+        decoded = images.load_folder(src.root or Path(source), src.classes, None, resize=False,
+                                     field="source", cache_dir=None)
+        if decoded.bad:
+            raise ConfigError("source", f"{src.root}: {len(decoded.bad)} image(s) cannot be "
+                                        f"read, e.g. {decoded.bad[0][0]}")
+        x_rows = decoded.images
+        columns = tuple(f"x{j}" for j in range(int(np.prod(x_rows.shape[1:]))))
+    for node, index in zip(ids, parts, strict=True):
+        if fmt == "folder" and src.kind == "folder":
+            assert src.root is not None
+            for i in index:
+                rel = src.files[int(i)]
+                target = out / node / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src.root / rel, target)
+            done[0] += len(index)
+        elif fmt == "folder":
+            assert src.x is not None
+            _write_pngs(out / node, src.classes, src.x, src.labels, index, progress, done, total)
+        else:
+            assert x_rows is not None
+            _write_table(out / node / f"data.{ext}", columns, x_rows[index], src.label_column,
+                         [src.classes[int(v)] for v in src.labels[index]], table_format)
+            done[0] += len(index)
+        if progress is not None:
+            progress(done[0], total)
+    test_count = 0
+    if src.test_x is not None and src.test_labels is not None:
+        test_count = len(src.test_labels)
+        every = np.arange(test_count)
+        if fmt == "folder":
+            _write_pngs(out / "test", src.classes, src.test_x, src.test_labels, every, progress,
+                        done, total)
+        else:
+            _write_table(out / "test" / f"data.{ext}", columns, src.test_x, src.label_column,
+                         [src.classes[int(v)] for v in src.test_labels], table_format)
+    counts = tuple(
+        {name: int(n) for name, n in zip(
+            src.classes, np.bincount(src.labels[p], minlength=len(src.classes)), strict=True)}
+        for p in parts
+    )
+    settings: dict[str, object] = {"dataset": fmt, "classes": list(src.classes)}
+    if fmt == "table":
+        settings["label_column"] = src.label_column
+    elif src.x is not None and src.x.ndim == 4:
+        settings["channels"] = int(src.x.shape[1])
+        settings["image_size"] = int(src.x.shape[2])
+    (out / RUN_FILE).write_text(yaml.safe_dump(settings, sort_keys=False))
+    return SplitResult(out, ids, src.classes, counts, test_count, fmt, settings)
