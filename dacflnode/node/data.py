@@ -98,23 +98,24 @@ def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
     from dacflnode.learning.owndata import load_local_data
     from dacflnode.learning.owndata.contract import model_input_shape
 
-    if run.data_root is None:
+    if run.data_root is None and run.dataset != "python":
         raise ConfigError(
             "data_root",
             f"dataset {run.dataset} reads this device's own data: set data_root (a peers"
             " file's node: or run: section, or --data-root DIR with DIR/<node-id>/ per node)",
         )
     local = load_local_data(
-        run.dataset, Path(run.data_root),
+        run.dataset, Path(run.data_root or "."),
         classes=list(run.classes),
+        input_shape=((run.channels, run.image_size, run.image_size)
+                     if run.dataset == "folder" else None),
+        resize=run.resize,
         label_column=run.label_column,
         test_root=Path(run.test_root) if run.test_root else None,
         holdout=run.holdout,
         seed=run.seed,
         cache_dir=cache_dir,
         on_bad=run.bad_files,
-        image_shape=(run.channels, run.image_size, run.image_size),
-        resize=run.resize,
         factory=run.data_factory,
     )
     if local.skipped:
@@ -123,8 +124,8 @@ def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
     shape = model_input_shape(local.contract.input_shape)
     test_x, test_y = eval_subset(local.test_x, local.test_y, run.eval_samples, run.seed)
     names = list(run.classes)
-    info = DataInfo(int(local.train_y.numel()), int(test_y.numel()),
-                    class_counts(local.train_y, names), int(local.skipped))
+    info = DataInfo(local.train_size, int(test_y.numel()), dict(local.histogram),
+                    int(local.skipped))
     return NodeDataSet(local.train_x, local.train_y, test_x, test_y, shape, len(names),
                     run.model or default_model_for_shape(shape), info,
                     contract=local.contract.to_json())
