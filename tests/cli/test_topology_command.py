@@ -154,3 +154,43 @@ def test_tls_and_insecure_together_are_refused_before_anything_is_written(tmp_pa
     assert result.exit_code == 2
     assert result.stderr.startswith("error: insecure: contradicts --tls")
     assert not certs.exists() and not (tmp_path / "peers").exists()
+
+
+def test_topology_data_root_writes_each_nodes_own_folder_and_the_shared_test_folder(tmp_path):
+    data, test = tmp_path / "data", tmp_path / "test"
+    for i in range(3):
+        (data / f"node-{i}" / "cat").mkdir(parents=True)
+    (test / "cat").mkdir(parents=True)  # class subfolders: one test folder for every node
+    out = tmp_path / "peers"
+    result = run(["topology", "ring", "--nodes", "3", "--out", str(out), "--dataset", "folder",
+                  "--classes", "cat,Dog", "--data-root", str(data), "--test-root", str(test)])
+    assert result.exit_code == 0, result.output
+    for i in range(3):
+        pf = load_peers(out / f"node-{i}.yaml")
+        assert pf.run.data_root == str(data / f"node-{i}")
+        assert pf.run.test_root == str(test)
+        assert pf.run.classes == ("cat", "Dog")  # names keep their case
+        assert f"data_root: {data / f'node-{i}'}" in (out / f"node-{i}.yaml").read_text()
+
+
+def test_topology_test_root_with_a_folder_per_node_gives_each_node_its_own(tmp_path):
+    data, test = tmp_path / "data", tmp_path / "test"
+    for i in range(2):
+        (data / f"node-{i}").mkdir(parents=True)
+        (test / f"node-{i}").mkdir(parents=True)
+    result = run(["topology", "complete", "--nodes", "2", "--out", str(tmp_path / "p"),
+                  "--dataset", "table", "--classes", "a,b", "--label-column", "y",
+                  "--data-root", str(data), "--test-root", str(test)])
+    assert result.exit_code == 0, result.output
+    pf = load_peers(tmp_path / "p" / "node-1.yaml")
+    assert pf.run.test_root == str(test / "node-1")
+
+
+def test_topology_data_root_without_a_nodes_folder_names_it(tmp_path):
+    (tmp_path / "data" / "node-0").mkdir(parents=True)
+    result = CliRunner().invoke(cli, [
+        "topology", "complete", "--nodes", "2", "--out", str(tmp_path / "p"), "--dataset",
+        "folder", "--classes", "a", "--data-root", str(tmp_path / "data")])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'data' / 'node-1'} does not exist" in result.output
+    assert not (tmp_path / "p").exists()  # nothing written

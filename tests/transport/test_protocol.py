@@ -11,7 +11,9 @@ import threading
 import pytest
 import torch
 
+from dacflnode.learning.owndata import DataContract
 from dacflnode.transport.base import (
+    MAX_CONTRACT_BYTES,
     HandshakeRefused,
     Identity,
     Inbox,
@@ -157,6 +159,38 @@ async def test_handshake_with_a_different_identity_is_refused(cluster, other, re
     assert err.value.reason is Reason.MISMATCH
     assert not nodes["a"].transport.stats["c"].connected
     await nodes["a"].transport.hello("b")  # the others still talk
+
+
+def contract(classes: list[str], shape: tuple[int, ...] = (1, 28, 28)) -> str:
+    return DataContract("folder", tuple(classes), shape).to_json()
+
+
+@pytest.mark.parametrize(
+    ("theirs", "message"),
+    [
+        (contract(["cat", "dog"]), "c has classes ['cat', 'dog'], this run ['cat', 'dog', 'eel']"),
+        (contract(["cat", "dog", "eel"], (3, 28, 28)),
+         "c has input shape 3x28x28, this run 1x28x28"),
+        ("", "c trains on a built-in data set, this run on own data"),
+        ("{not json", "c sent a data contract this node cannot read"),
+        ("x" * (MAX_CONTRACT_BYTES + 1), f"over {MAX_CONTRACT_BYTES} bytes"),
+    ],
+    ids=["classes", "shape", "built-in", "garbage", "too-long"],
+)
+async def test_a_node_whose_data_contract_differs_is_refused_naming_the_difference(
+    cluster, theirs, message
+):
+    mine = contract(["cat", "dog", "eel"])
+    identities = {n: Identity(n, MODEL, RUN, data_contract=mine) for n in ("a", "b")}
+    # the run fingerprints differ too (they hash the contract): the contract is named first
+    identities["c"] = Identity("c", MODEL, "another-run", data_contract=theirs)
+    nodes = await cluster.build(FULL, identities=identities)
+    with pytest.raises(HandshakeRefused) as err:
+        await nodes["c"].transport.hello("a")  # refused by a, which names c's difference
+    assert "a refuses c: " in str(err.value) and message in str(err.value)
+    assert err.value.reason is Reason.MISMATCH
+    await nodes["a"].transport.hello("b")  # equal contracts talk
+    assert not nodes["a"].transport.stats["c"].connected
 
 
 async def test_a_node_that_is_not_a_neighbour_is_refused(cluster):
