@@ -59,7 +59,7 @@ def test_the_batched_engine_evaluates_each_node_on_its_own_test_set(tmp_path):
 
 
 def test_nodes_whose_tables_have_other_features_are_refused_before_training(tmp_path):
-    train, test = write_csv_nodes(tmp_path / "data")
+    train, _ = write_csv_nodes(tmp_path / "data")
     csv = train / "node-2" / "data.csv"
     csv.write_text(csv.read_text().replace("f3", "g3", 1))
     cfg = replace(BASE, dataset="table", label_column="kind", model=None, data_root=str(train),

@@ -1,0 +1,38 @@
+"""Write scikit-learn's bundled Wine data set (178 wines, 13 chemical measurements, 3 cultivars;
+shipped with the package, no download) as one CSV file, features standardised.
+
+    python examples/own-data/tables/make_wine_csv.py runs/wine.csv
+
+`dacflnode data split runs/wine.csv --label-column cultivar --format table ...` then cuts it into
+one table per device (see README.md). dacflnode feeds a table's numbers to the model as they are,
+so the features are standardised here, once, with statistics every device shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+from sklearn.datasets import load_wine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the CSV file to write")
+    args = parser.parse_args()
+    wine = load_wine()
+    x = (wine.data - wine.data.mean(axis=0)) / wine.data.std(axis=0)
+    names = [n.replace("/", "_") for n in wine.feature_names]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*names, "cultivar"])
+        for row, label in zip(x, wine.target, strict=True):
+            writer.writerow([f"{v:.6f}" for v in row] + [wine.target_names[label]])
+    print(f"{args.out}: {len(x)} rows, {len(names)} features, classes "
+          f"{', '.join(wine.target_names)}")
+
+
+if __name__ == "__main__":
+    main()
