@@ -50,6 +50,8 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
       dacflnode launch --nodes 3 --rounds 3 --tls runs/certs --out runs/tls
       dacflnode launch --nodes 4 --rounds 10 --dataset synthetic --out runs/faults \\
           --faults examples/faults/stall_and_cut.yaml
+      dacflnode launch --config examples/own-data/tables/run.yaml \\
+          --data-root runs/wine-devices --out runs/wine   # each node on DIR/<node-id>/
     """
     from dacflnode.node.launcher import launch as run_launch
 

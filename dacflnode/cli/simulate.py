@@ -59,6 +59,8 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
           --faults examples/faults/stall_and_cut.yaml
       dacflnode simulate --nodes 10 --rounds 100 --ray local --ray-workers 2
       dacflnode simulate --nodes 100 --rounds 100 --ray head.example:6379
+      dacflnode simulate --config examples/own-data/images/run.yaml \\
+          --data-root devices/ --test-root devices/test/ --out runs/own   # DIR/<node-id>/
     """
     from dacflnode.errors import ConfigError
     from dacflnode.node.faults import load_fault_plan
@@ -97,7 +99,8 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
         return
     table = Table(
         title=f"{cfg.dataset}, {cfg.nodes} nodes, {cfg.rounds} rounds, "
-        f"{cfg.topology} topology, {cfg.partition}"
+        f"{cfg.topology} topology, "
+        + ("each node's own data" if cfg.own_data else cfg.partition)
     )
     for col in (
         "algorithm",

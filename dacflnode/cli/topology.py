@@ -128,6 +128,8 @@ def topology_cmd(
       dacflnode topology complete --nodes 6 --hosts 10.0.0.1,10.0.0.2 \\
           --listen-host 0.0.0.0 --tls certs --time-varying 10 --out cluster --json
       dacflnode topology edge-list --edge-list graph.txt --algorithm cdsgd --out cluster
+      dacflnode topology ring --nodes 3 --config examples/own-data/images/run.yaml \\
+          --data-root /data/photos --test-root /data/test --out cluster  # node-i: DIR/node-i
     """
     from dacflnode.algorithms.graphs import read_edge_list
     from dacflnode.cli.options import daemon_option_fields
@@ -195,9 +197,10 @@ def topology_cmd(
             f"{pf.node.id:<{width}}  {pf.node.listen:<{listen_width}}"
             f"  -> {', '.join(pf.neighbour_ids())}"
         )
+    fingerprint = ("completed by each node's data contract when it reads its data"
+                   if files[0].run.own_data else files[0].run_fingerprint()[:12])
     click.echo(
-        f"wrote {len(paths)} peers files to {paths[0].parent} (run fingerprint"
-        f" {files[0].run_fingerprint()[:12]})",
+        f"wrote {len(paths)} peers files to {paths[0].parent} (run fingerprint {fingerprint})",
         err=True,
     )
     if tls_dir:
