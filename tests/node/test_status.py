@@ -31,3 +31,31 @@ def test_fault_counters_are_exposed_per_neighbour_as_counters():
     assert got[("dacfl_reanchored_total", (("node", "n0"),))] == 2
     assert got[("dacfl_refusals_total", (("node", "n0"), ("reason", "round-passed")))] == 3
     assert "# TYPE dacfl_peer_missed_rounds_total counter" in text
+
+
+def test_the_devices_data_is_exposed_by_split_and_class_and_survives_the_control_service():
+    from dacflnode.transport.grpc_control import status_from_proto, status_to_proto
+
+    status = NodeStatus("n0", "dacfl", 1, 10, "training", data_size=40, test_size=8,
+                        class_counts={"cat": 30, "dog": 10, "eel": 0}, skipped_files=2)
+    metrics = NodeMetrics("n0")
+    metrics.update(status)
+    got = samples(metrics.prometheus())
+    assert got[("dacfl_data_samples", (("node", "n0"), ("split", "train")))] == 40
+    assert got[("dacfl_data_samples", (("node", "n0"), ("split", "test")))] == 8
+    assert got[("dacfl_data_class_samples", (("class", "eel"), ("node", "n0")))] == 0
+    assert got[("dacfl_data_class_samples", (("class", "cat"), ("node", "n0")))] == 30
+    assert got[("dacfl_data_skipped_files", (("node", "n0"),))] == 2
+    back = status_from_proto(status_to_proto(status))
+    assert (back.data_size, back.test_size, back.class_counts, back.skipped_files) == (
+        40, 8, {"cat": 30, "dog": 10, "eel": 0}, 2)
+
+
+def test_a_status_shows_the_devices_data_size_and_classes():
+    from dacflnode.cli.daemon_cmds import _status_table
+
+    status = NodeStatus("n0", "dacfl", 1, 10, "training", data_size=40, test_size=8,
+                        class_counts={"cat": 30, "dog": 10}, skipped_files=2)
+    caption = str(_status_table(status.to_json()).caption)
+    assert "40 training samples, 8 test; per class: cat 30, dog 10" in caption
+    assert "2 undecodable files skipped" in caption
