@@ -97,6 +97,26 @@ def test_ray_workers_give_the_local_engines_results_bit_for_bit(
         assert int(buffers["1.num_batches_tracked"]) == 12
 
 
+def test_own_tables_of_unequal_sizes_train_on_ray_as_locally(
+    local_ray: None, two_threads: None, tmp_path
+) -> None:
+    from dacflnode.node.data import own_node_data
+    from tests.node.owndata_helpers import CLASSES, write_csv_nodes
+
+    train, test = write_csv_nodes(tmp_path)
+    cfg = RunConfig(dataset="table", classes=CLASSES, label_column="kind", nodes=3, rounds=2,
+                    lr=0.1, batch_size=8, topology="ring", device="cpu",
+                    data_root=str(train), test_root=str(test))
+    shares = [own_node_data(cfg.for_node(f"node-{i}"), None) for i in range(3)]
+    local = Simulation(cfg, "dacfl", None, None, own=shares)
+    remote = Simulation(cfg, "dacfl", None, None, own=shares, ray=RayTarget("local", WORKERS))
+    assert remote.engine.name == "ray-sequential"  # unequal sizes: not batchable
+    mine, theirs = remote.run(), local.run()
+    assert [r.accuracy for r in mine.records] == [r.accuracy for r in theirs.records]
+    for a, b in zip(remote.runners, local.runners, strict=True):
+        assert torch.equal(a.state.x, b.state.x) and torch.equal(a.state.omega, b.state.omega)
+
+
 def test_more_workers_than_the_cluster_has_cpus_is_refused(local_ray: None) -> None:
     with pytest.raises(ConfigError, match="--ray-workers 2 or fewer"):
         run(small(rounds=1), "dacfl", RayTarget("local", WORKERS + 1))
