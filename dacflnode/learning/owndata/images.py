@@ -242,7 +242,7 @@ def load_folder(
             f"(named as in classes {list(classes)})",
         )
     if shape is None:
-        shape = _first_shape(root, files, field)
+        shape = _first_shape(root, files) or (1, 1, 1)
     key = cache_key(files, classes, shape, resize)
     if cache_dir is not None:
         cached = _read_cache(cache_dir, root, key, len(files))
@@ -274,12 +274,12 @@ def load_folder(
     return decoded
 
 
-def _first_shape(root: Path, files: Sequence[FolderFile], field: str) -> tuple[int, int, int]:
-    """The shape of the first file that opens: the data set's shape when the run names none."""
-    for f in files[:BAD_LISTED]:
+def _first_shape(root: Path, files: Sequence[FolderFile]) -> tuple[int, int, int] | None:
+    """The shape of the first file that opens (the data set's shape when the run names none);
+    ``None`` when no file does (each is then reported as unreadable)."""
+    for f in files:
         try:
             return imagedecode.peek(str(root / f.relpath))
-        except Exception:
+        except Exception:  # a bad file is reported by the decoding pass
             continue
-    raise ConfigError(field, f"{root}: none of the first {BAD_LISTED} images opens; is this "
-                             "an image folder?")
+    return None
