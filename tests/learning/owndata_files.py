@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
+
+from dacflnode.learning.owndata import IMAGE_NORMALIZATION
+
+
+def pixels_of(x: torch.Tensor) -> np.ndarray:
+    """Normalised one-channel images back to their uint8 pixels."""
+    (mean,), (std,) = IMAGE_NORMALIZATION[1]
+    return np.rint((x.numpy() * std + mean) * 255).astype(np.uint8)
 
 
 def write_images(root: Path, counts: dict[str, int], *, size: int = 8, mode: str = "L",
@@ -35,7 +45,7 @@ def corrupt(path: Path) -> Path:
     return path
 
 
-def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
+def write_csv(path: Path, header: list[str], rows: Sequence[Sequence[object]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [",".join(header)] + [",".join(str(v) for v in row) for row in rows]
     path.write_text("\n".join(lines) + "\n")

@@ -10,13 +10,7 @@ from PIL import Image
 from dacflnode.errors import ConfigError
 from dacflnode.learning import imagedecode
 from dacflnode.learning.owndata import IMAGE_NORMALIZATION, images, load_local_data
-from tests.learning.owndata_files import corrupt, write_images
-
-
-def pixels_of(x: torch.Tensor) -> np.ndarray:
-    """Normalised one-channel images back to their uint8 pixels."""
-    (mean,), (std,) = IMAGE_NORMALIZATION[1]
-    return np.rint((x.numpy() * std + mean) * 255).astype(np.uint8)
+from tests.learning.owndata_files import corrupt, pixels_of, write_images
 
 
 def one_line(err: pytest.ExceptionInfo[ConfigError]) -> str:
@@ -186,9 +180,11 @@ def test_parallel_decoding_equals_sequential_decoding(tmp_path, monkeypatch):
     corrupt(tmp_path / "b" / "bad.png")
     monkeypatch.setattr(images, "PARALLEL_MIN_FILES", 1)
     monkeypatch.setattr(images, "CHUNK_FILES", 5)
-    kwargs = dict(classes=["c", "b", "a"], input_shape=(1, 6, 6), on_bad="skip")
-    sequential = load_local_data("folder", tmp_path, workers=1, **kwargs)
-    parallel = load_local_data("folder", tmp_path, workers=2, **kwargs)
+    def load(workers):
+        return load_local_data("folder", tmp_path, classes=["c", "b", "a"],
+                               input_shape=(1, 6, 6), on_bad="skip", workers=workers)
+
+    sequential, parallel = load(1), load(2)
     assert torch.equal(parallel.train_x, sequential.train_x)
     assert torch.equal(parallel.train_y, sequential.train_y)
     assert parallel.skipped_files == sequential.skipped_files == (("b/bad.png",
