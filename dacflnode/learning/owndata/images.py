@@ -19,6 +19,7 @@ import json
 import logging
 import multiprocessing
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -77,19 +78,23 @@ class DecodedFolder:
     from_cache: bool
 
 
-def _scan(base: str, prefix: str, out: list[tuple[str, int, int]]) -> None:
-    """Image files under ``base`` (recursively, hidden entries skipped) as ``(relative path,
-    size, mtime_ns)``; one ``scandir`` per folder and one ``stat`` per file."""
-    with os.scandir(base) as entries:
-        for entry in entries:
-            name = entry.name
-            if name.startswith("."):
-                continue
-            if entry.is_dir():
-                _scan(entry.path, f"{prefix}{name}/", out)
-            elif name.lower().endswith(imagedecode.IMAGE_EXTENSIONS):
-                st = entry.stat()
-                out.append((prefix + name, st.st_size, st.st_mtime_ns))
+def _scan(base: str, prefix: str, relpaths: list[str], sizes: list[int],
+          mtimes: list[int]) -> None:
+    """Append the image files under ``base`` (recursively, by name; hidden entries skipped):
+    relative path, size and mtime (ns). One ``listdir`` per folder and one ``stat`` per entry,
+    which says both whether it is a folder and what the cache key needs."""
+    for name in sorted(os.listdir(base)):
+        if name.startswith("."):
+            continue
+        path = base + name
+        is_image = name.lower().endswith(imagedecode.IMAGE_EXTENSIONS)
+        st = os.stat(path)
+        if is_image and stat.S_ISREG(st.st_mode):
+            relpaths.append(prefix + name)
+            sizes.append(st.st_size)
+            mtimes.append(st.st_mtime_ns)
+        elif stat.S_ISDIR(st.st_mode):
+            _scan(path + os.sep, f"{prefix}{name}/", relpaths, sizes, mtimes)
 
 
 def list_folder(root: Path, classes: Sequence[str], field: str) -> FolderListing:
@@ -113,21 +118,23 @@ def list_folder(root: Path, classes: Sequence[str], field: str) -> FolderListing
             f"{root / unknown[0]} is a class folder not in classes {list(classes)}; add "
             f"{unknown[0]!r} to the run's classes or move the folder out of {root}",
         )
-    found: list[tuple[str, int, int]] = []
+    relpaths: list[str] = []
+    sizes: list[int] = []
+    mtimes: list[int] = []
     labels: list[int] = []
     for name in folders:
-        before = len(found)
+        before = len(relpaths)
         try:
-            _scan(str(root / name), f"{name}/", found)
+            _scan(f"{root / name}{os.sep}", f"{name}/", relpaths, sizes, mtimes)
         except OSError as err:
-            raise ConfigError(field, f"cannot read {root / name}: {err.strerror}") from err
-        found[before:] = sorted(found[before:])
-        labels += [index[name]] * (len(found) - before)
-    # ordered by class folder name, then by path within the folder: the same on every load
+            raise ConfigError(field, f"cannot read {err.filename or root / name}: "
+                                     f"{err.strerror}") from err
+        labels += [index[name]] * (len(relpaths) - before)
+    # ordered by class folder name, then by name within the folder: the same on every load
     return FolderListing(
-        relpaths=[f[0] for f in found],
-        sizes=np.fromiter((f[1] for f in found), dtype=np.int64, count=len(found)),
-        mtimes_ns=np.fromiter((f[2] for f in found), dtype=np.int64, count=len(found)),
+        relpaths=relpaths,
+        sizes=np.asarray(sizes, dtype=np.int64),
+        mtimes_ns=np.asarray(mtimes, dtype=np.int64),
         labels=np.asarray(labels, dtype=np.int64),
     )
 

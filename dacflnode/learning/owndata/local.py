@@ -261,7 +261,10 @@ def _load_folder(root: Path, test_root: Path | None, classes: tuple[str, ...],
         test_source = str(test_root)
     else:
         keep, held = holdout_split(train.labels.shape[0], holdout, seed)
-        train_u8, train_y = train.images[keep], train.labels[keep]
+        if held.size:
+            train_u8, train_y = train.images[keep], train.labels[keep]
+        else:  # nothing held out: no copy
+            train_u8, train_y = train.images, train.labels
         test_u8, test_y = train.images[held], train.labels[held]
         test_source = f"{holdout:g} of {root} held out (seed {seed})" if held.size else ""
     return LocalData(
