@@ -121,3 +121,20 @@ def test_feature_rows_cannot_be_written_as_image_folders(tmp_path):
 def test_an_unknown_source_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="neither a built-in data set"):
         split_data(str(tmp_path / "nothing"), tmp_path / "out", nodes=2)
+
+
+def test_a_folder_written_from_fashion_mnist_loads_to_the_built_in_tensors_bit_for_bit(
+    tmp_path, tiny_mnist
+):
+    from dacflnode.learning.datasets import load_dataset
+
+    root, _, _ = tiny_mnist  # the same IDX layout serves as Fashion-MNIST files
+    builtin = load_dataset("fashion-mnist", root)
+    out = tmp_path / "devices"
+    split_data("fashion-mnist", out, nodes=2, scheme="iid", seed=0, data_root=root)
+    for node in ("node-0", "node-1"):
+        data = load_local_data("folder", out / node,
+                               classes=list(CLASS_NAMES["fashion-mnist"]))
+        files = sorted((out / node).rglob("*.png"), key=lambda p: (p.parent.name, p.name))
+        index = [int(p.stem) for p in files]
+        assert torch.equal(data.train_x, builtin.train_x[index])
