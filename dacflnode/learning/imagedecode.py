@@ -7,10 +7,12 @@ milliseconds; :mod:`dacflnode.learning.owndata.images` lists, caches and schedul
 
 from __future__ import annotations
 
+import io
+import struct
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 """File endings (any case) a class folder's images may have; other files are ignored."""
@@ -25,9 +27,73 @@ def channels_of_mode(mode: str) -> int:
 
 def peek(path: str) -> tuple[int, int, int]:
     """``(C, H, W)`` an image file would decode to without resizing (header only)."""
-    with Image.open(path) as im:
+    with open_image(path) as im:
         w, h = im.size
         return (channels_of_mode(im.mode), int(h), int(w))
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+_PNG_MODES = {0: "L", 2: "RGB", 4: "LA", 6: "RGBA"}
+"""PNG colour types the fast path reads (8 bits per sample), as Pillow modes."""
+
+
+def _fast_png(data: bytes) -> Image.Image | None:
+    """A plain PNG (8-bit gray, gray+alpha, RGB or RGBA, not interlaced) decoded by Pillow's
+    zlib/PNG-filter decoder straight from its IDAT chunks, without Pillow's chunk-by-chunk
+    Python reader; ``None`` for anything else (palette, 16 bits, interlaced, odd chunks), which
+    goes the usual way. Sizes are checked against Pillow's pixel limit before allocating; a
+    truncated or corrupt stream raises as Pillow does."""
+    n = len(data)
+    if n < 33 or data[12:16] != b"IHDR":
+        return None
+    width, height, depth, colour, _, _, interlace = struct.unpack_from(">IIBBBBB", data, 16)
+    mode = _PNG_MODES.get(colour)
+    if mode is None or depth != 8 or interlace != 0 or width == 0 or height == 0:
+        return None
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > 2 * limit:
+        raise Image.DecompressionBombError(
+            f"{width}x{height} pixels is over Pillow's limit of {2 * limit}"
+        )
+    pos = 8
+    idat: list[bytes] = []
+    while pos + 8 <= n:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if kind == b"IDAT":
+            idat.append(data[pos + 8:pos + 8 + length])
+        elif kind == b"IEND":
+            break
+        elif kind in (b"PLTE", b"tRNS", b"fdAT", b"acTL"):
+            return None  # transparency or animation: Pillow's reader knows what they mean
+        pos += 12 + length
+    else:
+        raise SyntaxError("truncated PNG: no IEND chunk")
+    if not idat:
+        raise SyntaxError("PNG without image data")
+    return Image.frombytes(mode, (width, height), b"".join(idat), "zip", mode, 0)
+
+
+def open_image(path: str) -> Image.Image:
+    """Open ``path`` with Pillow. A ``.png`` file that starts with the PNG signature is read in
+    one go and, when plain, decoded by Pillow's PNG decoder without its Python chunk reader
+    (:func:`_fast_png`; half the time per small file); otherwise, and for every other file,
+    :func:`PIL.Image.open`. Pillow's decompression-bomb limit holds for both."""
+    if path[-4:].lower() == ".png":
+        with open(path, "rb") as fh:
+            data = fh.read()
+        if data[:8] == _PNG_SIGNATURE:
+            fast = _fast_png(data)
+            if fast is not None:
+                return fast
+            im = PngImagePlugin.PngImageFile(io.BytesIO(data))
+            limit = Image.MAX_IMAGE_PIXELS
+            if limit is not None and im.size[0] * im.size[1] > 2 * limit:
+                raise Image.DecompressionBombError(
+                    f"{im.size[0]}x{im.size[1]} pixels is over Pillow's limit of {2 * limit}"
+                )
+            return im
+    return Image.open(path)
 
 
 class SizeMismatch(Exception):
@@ -38,7 +104,7 @@ def decode_one(path: str, channels: int, height: int, width: int, resize: bool) 
     """One file as ``uint8 [C, H, W]``: converted to L (1 channel) or RGB (3), resized with
     bilinear filtering to ``(height, width)`` when ``resize`` (else :class:`SizeMismatch`)."""
     mode = "L" if channels == 1 else "RGB"
-    with Image.open(path) as opened:
+    with open_image(path) as opened:
         im: Image.Image = opened
         if im.size != (width, height):
             if not resize:

@@ -19,6 +19,7 @@ import json
 import logging
 import multiprocessing
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -51,11 +52,18 @@ Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
-class FolderFile:
-    relpath: str  # relative to the root, with "/" separators
-    size: int
-    mtime_ns: int
-    label: int
+class FolderListing:
+    """The image files of a folder source, by class folder name, then relative path (``/``
+    separators) within it: their
+    sizes, modification times (ns) and labels (indices into the run's classes)."""
+
+    relpaths: list[str]
+    sizes: np.ndarray  # int64
+    mtimes_ns: np.ndarray  # int64
+    labels: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.relpaths)
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,26 @@ class DecodedFolder:
     from_cache: bool
 
 
-def list_folder(root: Path, classes: Sequence[str], field: str) -> list[FolderFile]:
+def _scan(base: str, prefix: str, relpaths: list[str], sizes: list[int],
+          mtimes: list[int]) -> None:
+    """Append the image files under ``base`` (recursively, by name; hidden entries skipped):
+    relative path, size and mtime (ns). One ``listdir`` per folder and one ``stat`` per entry,
+    which says both whether it is a folder and what the cache key needs."""
+    for name in sorted(os.listdir(base)):
+        if name.startswith("."):
+            continue
+        path = base + name
+        is_image = name.lower().endswith(imagedecode.IMAGE_EXTENSIONS)
+        st = os.stat(path)
+        if is_image and stat.S_ISREG(st.st_mode):
+            relpaths.append(prefix + name)
+            sizes.append(st.st_size)
+            mtimes.append(st.st_mtime_ns)
+        elif stat.S_ISDIR(st.st_mode):
+            _scan(path + os.sep, f"{prefix}{name}/", relpaths, sizes, mtimes)
+
+
+def list_folder(root: Path, classes: Sequence[str], field: str) -> FolderListing:
     """The image files under ``root``'s class subfolders, sorted by relative path.
 
     Raises :class:`ConfigError` for a missing root or a class folder not in ``classes``.
@@ -82,7 +109,6 @@ def list_folder(root: Path, classes: Sequence[str], field: str) -> list[FolderFi
         raise ConfigError(field, f"{root} is not a folder; a folder source needs one subfolder "
                                  "of images per class")
     index = {name: i for i, name in enumerate(classes)}
-    files: list[FolderFile] = []
     with os.scandir(root) as entries:
         folders = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
     unknown = [name for name in folders if name not in index]
@@ -92,37 +118,38 @@ def list_folder(root: Path, classes: Sequence[str], field: str) -> list[FolderFi
             f"{root / unknown[0]} is a class folder not in classes {list(classes)}; add "
             f"{unknown[0]!r} to the run's classes or move the folder out of {root}",
         )
+    relpaths: list[str] = []
+    sizes: list[int] = []
+    mtimes: list[int] = []
+    labels: list[int] = []
     for name in folders:
-        label = index[name]
-        base = root / name
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for filename in filenames:
-                if filename.startswith(".") or not filename.lower().endswith(
-                    imagedecode.IMAGE_EXTENSIONS
-                ):
-                    continue
-                full = os.path.join(dirpath, filename)
-                try:
-                    st = os.stat(full)
-                except OSError as err:
-                    raise ConfigError(field, f"cannot read {full}: {err.strerror}") from err
-                rel = os.path.relpath(full, root).replace(os.sep, "/")
-                files.append(FolderFile(rel, st.st_size, st.st_mtime_ns, label))
-    files.sort(key=lambda f: f.relpath)
-    return files
+        before = len(relpaths)
+        try:
+            _scan(f"{root / name}{os.sep}", f"{name}/", relpaths, sizes, mtimes)
+        except OSError as err:
+            raise ConfigError(field, f"cannot read {err.filename or root / name}: "
+                                     f"{err.strerror}") from err
+        labels += [index[name]] * (len(relpaths) - before)
+    # ordered by class folder name, then by name within the folder: the same on every load
+    return FolderListing(
+        relpaths=relpaths,
+        sizes=np.asarray(sizes, dtype=np.int64),
+        mtimes_ns=np.asarray(mtimes, dtype=np.int64),
+        labels=np.asarray(labels, dtype=np.int64),
+    )
 
 
 def cache_key(
-    files: Sequence[FolderFile], classes: Sequence[str], shape: tuple[int, int, int],
-    resize: bool,
+    files: FolderListing, classes: Sequence[str], shape: tuple[int, int, int], resize: bool,
 ) -> str:
-    """SHA-256 over everything the decoded array depends on."""
+    """SHA-256 over everything the decoded array depends on: the sorted relative paths, every
+    file's size and mtime, the labels, the target shape, the resize switch and the classes."""
     h = hashlib.sha256()
     h.update(json.dumps({"version": CACHE_VERSION, "classes": list(classes),
-                         "shape": list(shape), "resize": resize}).encode())
-    for f in files:
-        h.update(f"\n{f.relpath}\0{f.size}\0{f.mtime_ns}\0{f.label}".encode())
+                         "shape": list(shape), "resize": resize, "n": len(files)}).encode())
+    h.update("\0".join(files.relpaths).encode())
+    for arr in (files.sizes, files.mtimes_ns, files.labels):
+        h.update(np.ascontiguousarray(arr, dtype="<i8").tobytes())
     return h.hexdigest()
 
 
@@ -181,14 +208,15 @@ def default_workers() -> int:
 
 
 def decode_folder(
-    root: Path, files: Sequence[FolderFile], shape: tuple[int, int, int], resize: bool,
+    root: Path, files: FolderListing, shape: tuple[int, int, int], resize: bool,
     *, workers: int | None = None, progress: Progress | None = None,
 ) -> tuple[np.ndarray, list[tuple[int, str]], list[tuple[int, str]]]:
     """Decode ``files`` (relative to ``root``) into ``uint8 [n, C, H, W]``, in parallel when
     there are enough of them; returns the array, the bad files and the ones of another size
     (indices into ``files``)."""
     c, h, w = shape
-    paths = [str(root / f.relpath) for f in files]
+    base = f"{root}{os.sep}"
+    paths = [base + rel for rel in files.relpaths]
     n_workers = default_workers() if workers is None else max(1, int(workers))
     if n_workers == 1 or len(paths) < PARALLEL_MIN_FILES:
         out = np.empty((len(paths), c, h, w), dtype=np.uint8)
@@ -242,7 +270,7 @@ def load_folder(
             f"(named as in classes {list(classes)})",
         )
     if shape is None:
-        shape = _first_shape(root, files, field)
+        shape = _first_shape(root, files) or (1, 1, 1)
     key = cache_key(files, classes, shape, resize)
     if cache_dir is not None:
         cached = _read_cache(cache_dir, root, key, len(files))
@@ -253,7 +281,7 @@ def load_folder(
                                                 progress=progress)
     if mismatched:
         _, h, w = shape
-        shown = ", ".join(f"{files[i].relpath} is {size}" for i, size in mismatched[:BAD_LISTED])
+        shown = ", ".join(f"{files.relpaths[i]} is {size}" for i, size in mismatched[:BAD_LISTED])
         raise ConfigError(
             "resize",
             f"{root}: images of mixed sizes with resizing off ({len(mismatched)} not {w}x{h}: "
@@ -261,11 +289,11 @@ def load_folder(
         )
     keep = np.ones(len(files), dtype=bool)
     keep[[i for i, _ in bad_idx]] = False
-    labels = np.fromiter((f.label for f in files), dtype=np.int64, count=len(files))
+    labels = files.labels
     decoded = DecodedFolder(
         images=images if keep.all() else images[keep],
         labels=labels[keep],
-        bad=tuple((files[i].relpath, reason) for i, reason in bad_idx),
+        bad=tuple((files.relpaths[i], reason) for i, reason in bad_idx),
         files=len(files),
         from_cache=False,
     )
@@ -274,12 +302,12 @@ def load_folder(
     return decoded
 
 
-def _first_shape(root: Path, files: Sequence[FolderFile], field: str) -> tuple[int, int, int]:
-    """The shape of the first file that opens: the data set's shape when the run names none."""
-    for f in files[:BAD_LISTED]:
+def _first_shape(root: Path, files: FolderListing) -> tuple[int, int, int] | None:
+    """The shape of the first file that opens (the data set's shape when the run names none);
+    ``None`` when no file does (each is then reported as unreadable)."""
+    for rel in files.relpaths:
         try:
-            return imagedecode.peek(str(root / f.relpath))
-        except Exception:
+            return imagedecode.peek(str(root / rel))
+        except Exception:  # a bad file is reported by the decoding pass
             continue
-    raise ConfigError(field, f"{root}: none of the first {BAD_LISTED} images opens; is this "
-                             "an image folder?")
+    return None

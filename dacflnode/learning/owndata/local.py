@@ -37,8 +37,6 @@ IMAGE_NORMALIZATION: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {
 
 BAD_FILE_POLICIES = ("fail", "skip")
 
-_NORMALIZE_CHUNK = 8192
-
 
 @dataclass(frozen=True)
 class LocalData(Dataset):
@@ -116,20 +114,17 @@ def holdout_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
 
 
 def normalize_images(u8: np.ndarray) -> torch.Tensor:
-    """uint8 ``[n, C, H, W]`` -> float32 with the fixed per-channel normalisation, in chunks (no
-    full-size temporaries besides the result)."""
-    n, c = u8.shape[:2]
+    """uint8 ``[n, C, H, W]`` -> float32 ``(x / 255 - mean) / std`` per channel, with the fixed
+    constants and the same float32 operations as the built-in loaders (equal pixels give equal
+    tensors, whichever loader made them); in place on the result, no other temporaries."""
+    c = u8.shape[1]
     if c not in IMAGE_NORMALIZATION:
         raise ConfigError("channels", f"images must have 1 or 3 channels, got {c}")
     mean, std = IMAGE_NORMALIZATION[c]
-    out = torch.empty(u8.shape, dtype=torch.float32)
+    x = torch.from_numpy(np.ascontiguousarray(u8)).to(torch.float32)
     m = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1)
-    for start in range(0, n, _NORMALIZE_CHUNK):
-        part = out[start:start + _NORMALIZE_CHUNK]
-        part.copy_(torch.from_numpy(u8[start:start + _NORMALIZE_CHUNK]))
-        part.div_(255.0).sub_(m).div_(s)
-    return out
+    return x.div_(255.0).sub_(m).div_(s)
 
 
 def _check_shape(kind: str, input_shape: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -266,7 +261,10 @@ def _load_folder(root: Path, test_root: Path | None, classes: tuple[str, ...],
         test_source = str(test_root)
     else:
         keep, held = holdout_split(train.labels.shape[0], holdout, seed)
-        train_u8, train_y = train.images[keep], train.labels[keep]
+        if held.size:
+            train_u8, train_y = train.images[keep], train.labels[keep]
+        else:  # nothing held out: no copy
+            train_u8, train_y = train.images, train.labels
         test_u8, test_y = train.images[held], train.labels[held]
         test_source = f"{holdout:g} of {root} held out (seed {seed})" if held.size else ""
     return LocalData(

@@ -126,8 +126,7 @@ def read_source(
         listed = images.list_folder(path, names, "source")
         if not listed:
             raise ConfigError("source", f"{path} holds no images in class subfolders")
-        labels = np.fromiter((f.label for f in listed), dtype=np.int64, count=len(listed))
-        return Source("folder", names, labels, None, files=tuple(f.relpath for f in listed),
+        return Source("folder", names, listed.labels, None, files=tuple(listed.relpaths),
                       root=path)
     column = label_column or LABEL_COLUMN
     names = tuple(classes) if classes else _table_classes(path, column)
@@ -168,9 +167,13 @@ def _check_out(out: Path) -> None:
                                  "(data split never overwrites)")
 
 
-def _write_pngs(folder: Path, classes: Sequence[str], x: np.ndarray, labels: np.ndarray,
-                index: np.ndarray, progress: Progress | None, done: list[int],
-                total: int) -> None:
+def write_png_folder(folder: Path, classes: Sequence[str], x: np.ndarray, labels: np.ndarray,
+                     index: np.ndarray, progress: Progress | None = None,
+                     done: list[int] | None = None, total: int = 0) -> None:
+    """Write images ``x[index]`` (uint8 ``[n, C, H, W]``, C = 1 or 3) as
+    ``folder/<class>/<i>.png``, ``i`` the index into ``x``."""
+    done = [0] if done is None else done
+    total = total or len(index)
     for name in {classes[int(lbl)] for lbl in labels[index]}:
         (folder / name).mkdir(parents=True, exist_ok=True)
     for i in index:
@@ -247,7 +250,8 @@ def split_data(
             done[0] += len(index)
         elif fmt == "folder":
             assert src.x is not None
-            _write_pngs(out / node, src.classes, src.x, src.labels, index, progress, done, total)
+            write_png_folder(out / node, src.classes, src.x, src.labels, index, progress, done,
+                             total)
         else:
             assert x_rows is not None
             _write_table(out / node / f"data.{ext}", columns, x_rows[index], src.label_column,
@@ -260,8 +264,8 @@ def split_data(
         test_count = len(src.test_labels)
         every = np.arange(test_count)
         if fmt == "folder":
-            _write_pngs(out / "test", src.classes, src.test_x, src.test_labels, every, progress,
-                        done, total)
+            write_png_folder(out / "test", src.classes, src.test_x, src.test_labels, every,
+                             progress, done, total)
         else:
             _write_table(out / "test" / f"data.{ext}", columns, src.test_x, src.label_column,
                          [src.classes[int(v)] for v in src.test_labels], table_format)

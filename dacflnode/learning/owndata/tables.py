@@ -86,6 +86,8 @@ def read_table_file(
             f"{', '.join(table.column_names[:10])}); set label_column to the column that holds "
             "the class",
         )
+    if table.num_rows == 0:
+        raise ConfigError("data_root", f"{path} holds no rows")
     names = tuple(c for c in table.column_names if c != label_column)
     if not names:
         raise ConfigError("data_root", f"{path} has no feature column besides {label_column!r}")
