@@ -46,7 +46,12 @@ from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.node.addresses import format_address, is_loopback, parse_address
 from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
-from dacflnode.node.data import builtin_node_data, contract_summary, own_node_data
+from dacflnode.node.data import (
+    builtin_node_data,
+    cache_dir_in,
+    contract_summary,
+    own_node_data,
+)
 from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
@@ -78,7 +83,7 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     run = pf.run
     run.apply_threads()
     algorithm = make_algorithm(run.algorithm[0], run.fodac_variant)
-    data = (own_node_data(run, pf.node.state_dir) if run.own_data
+    data = (own_node_data(run, cache_dir_in(pf.node.state_dir)) if run.own_data
             else builtin_node_data(run, pf.node.share))
     torch.manual_seed(run.seed)
     model = build_model(data.default_model, data.input_shape, data.num_classes)
@@ -320,7 +325,11 @@ class Daemon:
                  "TLS" if control_tls else "plaintext",
                  "token required" if pf.node.control_token else "no token")
 
-        built = await asyncio.to_thread(build_node, pf, self.faults)
+        try:
+            built = await asyncio.to_thread(build_node, pf, self.faults)
+        except BaseException:  # bad data (one line, exit 2) or a stop: nothing else started
+            await control.stop(0)
+            raise
         self.device = built.device
         holder: dict[str, NodeRunner] = {}
         inbox = Inbox(senders=pf.neighbour_ids(),

@@ -93,8 +93,16 @@ def builtin_node_data(
                     run.model or default_model_for(dataset.name), info)
 
 
+def cache_dir_in(state_dir: Path) -> Path:
+    """Where a node caches its decoded images: a hidden folder of its state folder, so that a
+    state folder that is (or lies in) the data folder itself adds no folder a class listing
+    would see."""
+    return state_dir / ".cache"
+
+
 def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
-    """The node's own data: ``run.data_root`` (and ``run.test_root``) as this node sees them."""
+    """The node's own data: ``run.data_root`` (and ``run.test_root``) as this node sees them;
+    ``cache_dir`` (:func:`cache_dir_in` the state folder) keeps the decoded images."""
     from dacflnode.learning.owndata import load_local_data
     from dacflnode.learning.owndata.contract import model_input_shape
 

@@ -20,7 +20,7 @@ from dacflnode import __version__
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
-from dacflnode.node.data import own_node_data
+from dacflnode.node.data import cache_dir_in, own_node_data
 from dacflnode.node.faults import FaultPlan
 from dacflnode.node.metrics_log import summarize
 from dacflnode.sim.engine import RayTarget
@@ -83,7 +83,7 @@ def _own_data_experiment(
     ids = node_ids(cfg.nodes)
     shares = []
     for node in ids:
-        cache = Path(out_dir) / node if out_dir is not None else None
+        cache = cache_dir_in(Path(out_dir) / node) if out_dir is not None else None
         shares.append(own_node_data(cfg.for_node(node), cache))
     data_summary = {
         "name": cfg.dataset,

@@ -98,3 +98,32 @@ def test_a_corrupt_png_stops_launch_with_one_line_naming_it(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "bad_files: skip" in lines[0], lines
     assert "Traceback" not in proc.stderr
+
+
+def test_a_daemon_whose_folder_holds_a_corrupt_png_exits_2_with_one_line(tmp_path):
+    train, _ = write_png_nodes(tmp_path, {"node-0": {"cat": 3, "dog": 2}})
+    bad = train / "node-0" / "dog" / "001.png"
+    bad.write_bytes(b"not a png at all")
+    peers = train / "node-0.yaml"  # beside the data: the state folder is the data folder
+    peers.write_text(yaml.safe_dump({
+        "node": {"id": "node-0", "listen": f"127.0.0.1:{free_ports(1)[0]}",
+                 "data_root": "node-0"},
+        "neighbours": [{"id": "node-1", "address": "127.0.0.1:1"}],
+        "run": {"dataset": "folder", "classes": list(CLASSES), "image_size": 8, "nodes": 2},
+    }))
+    proc = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers", str(peers)],
+                          capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(bad) in errors[0] and "bad_files: skip" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_files_skip_leaves_the_corrupt_png_out_and_counts_it(tmp_path):
+    train, test = write_png_nodes(tmp_path / "data")
+    (train / "node-1" / "dog" / "000.png").write_bytes(b"garbage")
+    cfg = replace(FOLDERS, data_root=str(train), test_root=str(test), rounds=1,
+                  bad_files="skip", model="tiny-cnn")
+    summary = run_experiment(cfg, tmp_path / "sim")
+    sizes = [sum(m.values()) for m in MIX.values()]
+    assert summary["dataset"]["samples_per_node"] == [sizes[0], sizes[1] - 1, sizes[2]]
