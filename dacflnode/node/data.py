@@ -112,8 +112,10 @@ def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
             f"dataset {run.dataset} reads this device's own data: set data_root (a peers"
             " file's node: or run: section, or --data-root DIR with DIR/<node-id>/ per node)",
         )
+    # a python source without a data_root: the factory is the whole spec (it gets no path)
+    bare = run.dataset == "python" and run.data_root is None
     local = load_local_data(
-        run.dataset, Path(run.data_root or "."),
+        run.dataset, Path(run.data_root) if run.data_root else str(run.data_factory),
         classes=list(run.classes),
         input_shape=((run.channels, run.image_size, run.image_size)
                      if run.dataset == "folder" else None),
@@ -124,7 +126,7 @@ def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
         seed=run.seed,
         cache_dir=cache_dir,
         on_bad=run.bad_files,
-        factory=run.data_factory,
+        factory=None if bare else run.data_factory,
     )
     if local.skipped:
         log.warning("%s: %d undecodable files skipped (bad_files: skip)", run.data_root,

@@ -4,6 +4,7 @@ bundled data."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +34,13 @@ def test_the_images_example_trains_the_papers_cnn_at_the_papers_rate():
 def test_the_table_example_runs_end_to_end(tmp_path):
     pytest.importorskip("sklearn")
     csv = tmp_path / "wine.csv"
-    subprocess.run([sys.executable, str(EXAMPLES / "tables" / "make_wine_csv.py"), str(csv)],
-                   check=True, capture_output=True, timeout=120)
+    made = subprocess.run([sys.executable, str(EXAMPLES / "tables" / "make_wine_csv.py"),
+                           str(csv), "--json"], check=True, capture_output=True, text=True,
+                          timeout=120)
+    wine = json.loads(made.stdout)
+    assert wine["rows"] == 178 and len(wine["features"]) == 13
+    # the classes the example's run.yaml names are the file's label values
+    assert tuple(wine["classes"]) == load_yaml_config(EXAMPLES / "tables" / "run.yaml").classes
     runner = CliRunner()
     split = runner.invoke(cli, ["data", "split", str(csv), "--label-column", "cultivar",
                                 "--format", "table", "--nodes", "3", "--partition", "dirichlet",

@@ -67,3 +67,33 @@ def test_nodes_whose_tables_have_other_features_are_refused_before_training(tmp_
     with pytest.raises(ConfigError) as err:
         run_experiment(cfg)
     assert "node-2 has feature names ['f0', 'f1', 'f2', 'g3']" in err.value.message
+
+
+FACTORY = '''
+from pathlib import Path
+
+import torch
+
+
+def device_data(data_root, seed):
+    """This device's samples: as many as its folder's count.txt says, 4 features, 2 classes."""
+    n = int((Path(data_root) / "count.txt").read_text())
+    g = torch.Generator().manual_seed(seed + n)
+    y = torch.arange(n) % 2
+    x = torch.randn(n, 4, generator=g) + 3.0 * y[:, None]
+    return (x, y), None
+'''
+
+
+def test_a_python_factory_gets_each_nodes_own_data_root(tmp_path, monkeypatch):
+    (tmp_path / "mydevices.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for i, n in enumerate((12, 30, 20)):
+        (tmp_path / "roots" / f"node-{i}").mkdir(parents=True)
+        (tmp_path / "roots" / f"node-{i}" / "count.txt").write_text(str(n))
+    cfg = replace(BASE, dataset="python", classes=("even", "odd"), model=None,
+                  data_factory="mydevices:device_data", data_root=str(tmp_path / "roots"),
+                  holdout=0.25)
+    summary = run_experiment(cfg, tmp_path / "sim")
+    assert summary["dataset"]["samples_per_node"] == [9, 22, 15]  # 3/4 of 12, 30, 20 (rounded)
+    assert summary["dataset"]["contract"]["input_shape"] == [4]
