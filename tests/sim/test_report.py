@@ -1,5 +1,6 @@
 """Which runs ``report`` finds below a folder, what it says about them, and the files it draws."""
 
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,24 @@ def test_figures_are_drawn_for_runs_without_accuracy_or_residual(tmp_path):
     runs = find_runs([tmp_path])
     assert runs[0].row()["consensus_residual"] is None
     assert all(p.stat().st_size > 0 for p in write_figures(runs, tmp_path / "out"))
+
+
+def test_a_run_row_carries_each_nodes_data_and_latest_accuracy(tmp_path):
+    for i in range(2):
+        write_node(tmp_path / "cluster" / f"node-{i}", f"node-{i}", 3)
+    (run,) = find_runs([tmp_path / "cluster"])
+    assert run.row()["per_node"] == [
+        {"node": "node-0", "data_size": 30, "class_counts": {"a": 10, "b": 20},
+         "accuracy": pytest.approx(0.3)},
+        {"node": "node-1", "data_size": 31, "class_counts": {"a": 10, "b": 21},
+         "accuracy": pytest.approx(0.31)},
+    ]
+
+
+def test_lines_written_before_they_carried_the_data_report_none(tmp_path):
+    folder = tmp_path / "old" / "node-0"
+    folder.mkdir(parents=True)
+    old = {k: v for k, v in line("node-0", 1).items() if k not in ("data_size", "class_counts")}
+    (folder / METRICS_FILE).write_text(json.dumps(old) + "\n")
+    (run,) = find_runs([tmp_path / "old"])
+    assert run.row()["per_node"][0]["data_size"] is None
