@@ -85,3 +85,18 @@ def test_report_on_a_folder_without_metrics_says_what_to_give(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "no metrics.jsonl found under" in err and "`launch` or `simulate`" in err
+
+
+def test_report_shows_each_nodes_data_size_accuracy_and_classes(sim_run):
+    result = run(["report", str(sim_run / "dacfl")])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    start = lines.index("dacfl: data per node")
+    header, *rows = lines[start + 1:start + 5]
+    assert header.split()[:3] == ["node", "samples", "accuracy"]
+    written = [json.loads(x) for x in
+               (sim_run / "dacfl" / "node-1" / "metrics.jsonl").read_text().splitlines()]
+    cells = rows[1].split()
+    assert cells[:2] == ["node-1", str(written[-1]["data_size"])]
+    assert cells[2] == f"{100 * written[-1]['accuracy']:.2f}%"
+    assert cells[3:] == [f"{k}:{v}" for k, v in written[-1]["class_counts"].items()]
