@@ -193,7 +193,7 @@ def _print_check(data: Any, inferred: bool, missing: list[str], problems: list[s
     test = f"{data.test_size} test samples" + (f" ({data.test_source})" if data.test_source
                                                else "")
     click.echo(test)
-    width = max(len(c) for c in data.histogram)
+    width = max(len("class"), *(len(c) for c in data.histogram))
     click.echo(f"{'class':<{width}}  {'train':>7}  {'test':>7}")
     for name, n in data.histogram.items():
         click.echo(f"{name:<{width}}  {n:>7}  {data.test_histogram[name]:>7}")

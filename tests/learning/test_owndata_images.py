@@ -89,6 +89,7 @@ def test_corrupt_images_fail_listing_the_first_five(tmp_path):
     assert err.value.field == "data_root"
     assert "7 image file(s) cannot be read" in text
     assert sum(f"bad{i}.png" in text for i in range(7)) == 5
+    assert text.count("bad0.png") == 1  # the reason does not repeat the file's name
     assert "bad_files: skip" in text
 
 
