@@ -24,6 +24,16 @@ _CHECK_KEYS = ("dataset", "classes", "label_column", "image_size", "channels", "
                "holdout", "seed", "data_factory", "test_root", "bad_files")
 
 
+def _run_defaults() -> dict[str, Any]:
+    """The run settings' defaults (those of _CHECK_KEYS the schema declares): with --config,
+    what the file leaves out is what a node would use."""
+    from dacflnode.config import RunConfig
+    from dacflnode.config.schema import fields_of
+
+    return {d.name: d.default for d in fields_of(RunConfig)
+            if d.name in _CHECK_KEYS and d.name != "dataset" and d.default is not None}
+
+
 def _split_list(value: str | None) -> list[str] | None:
     if value is None:
         return None
@@ -84,7 +94,8 @@ def data_cmd() -> None:
 @click.argument("path", metavar="PATH")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Run config (or peers file) naming dataset, classes, label_column, "
-                   "image_size, channels, resize, holdout, test_root; flags override it.")
+                   "image_size, channels, resize, holdout, test_root; flags override it, "
+                   "and what it leaves out takes the run's default.")
 @click.option("--dataset", type=click.Choice(_KINDS),
               help="The form of the data. [default: folder for a folder of class subfolders, "
                    "table for CSV/Parquet]")
@@ -121,7 +132,8 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
     from dacflnode.learning.owndata import load_local_data
     from dacflnode.learning.owndata.split import read_source
 
-    settings = _read_config(config_file) if config_file else {}
+    settings = _run_defaults() if config_file else {}
+    settings.update(_read_config(config_file) if config_file else {})
     settings.update({k: v for k, v in flags.items() if v is not None})
     if isinstance(settings.get("classes"), str):
         settings["classes"] = _split_list(settings["classes"])
@@ -136,7 +148,7 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
     if inferred and kind != "python":
         classes = list(read_source(str(root), label_column=settings.get("label_column"),
                                    ).classes) if root.exists() else []
-    shape = None
+    shape = None  # without a run's settings: the first image's shape
     if kind == "folder" and (settings.get("image_size") or settings.get("channels")):
         side = int(settings.get("image_size") or 28)
         shape = (int(settings.get("channels") or 1), side, side)
@@ -181,7 +193,7 @@ def _print_check(data: Any, inferred: bool, missing: list[str], problems: list[s
     test = f"{data.test_size} test samples" + (f" ({data.test_source})" if data.test_source
                                                else "")
     click.echo(test)
-    width = max(len(c) for c in data.histogram)
+    width = max(len("class"), *(len(c) for c in data.histogram))
     click.echo(f"{'class':<{width}}  {'train':>7}  {'test':>7}")
     for name, n in data.histogram.items():
         click.echo(f"{name:<{width}}  {n:>7}  {data.test_histogram[name]:>7}")

@@ -138,12 +138,14 @@ def decode_files(
         except SizeMismatch as size:
             mismatched.append((i, str(size)))
         except Exception as err:
-            bad.append((i, _reason(err)))
+            bad.append((i, _reason(err, path)))
     return out, bad, mismatched
 
 
-def _reason(err: Exception) -> str:
+def _reason(err: Exception, path: str) -> str:
+    """The first line of ``err``, without the file's name (messages name it already)."""
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    text = text.replace(f" {path!r}", "").replace(f" {path}", "")
     return text[:200]
 
 

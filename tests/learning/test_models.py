@@ -162,4 +162,4 @@ def test_inputs_too_small_for_the_architecture_are_config_errors():
     with pytest.raises(ConfigError):
         build_model("cifar-cnn", (3, 8, 8), 10)
     with pytest.raises(ConfigError):
-        build_model("fmnist-cnn", (1, 28), 10)  # type: ignore[arg-type]
+        build_model("fmnist-cnn", (1, 28), 10)

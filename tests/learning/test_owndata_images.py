@@ -89,6 +89,7 @@ def test_corrupt_images_fail_listing_the_first_five(tmp_path):
     assert err.value.field == "data_root"
     assert "7 image file(s) cannot be read" in text
     assert sum(f"bad{i}.png" in text for i in range(7)) == 5
+    assert text.count("bad0.png") == 1  # the reason does not repeat the file's name
     assert "bad_files: skip" in text
 
 
@@ -229,3 +230,25 @@ def test_a_holdout_outside_zero_to_one_is_refused(tmp_path, holdout):
     with pytest.raises(ConfigError) as err:
         load_local_data("folder", tmp_path, classes=["a"], holdout=holdout)
     assert err.value.field == "holdout"
+
+
+def test_a_data_set_too_large_for_memory_is_refused_before_decoding(tmp_path, monkeypatch):
+    write_images(tmp_path, {"a": 2})
+    counter = CountingDecoder(monkeypatch)
+    with pytest.raises(ConfigError) as err:
+        load_local_data("folder", tmp_path, classes=["a"], input_shape=(3, 200_000, 200_000))
+    assert err.value.field == "image_size" and "GiB" in one_line(err)
+    assert counter.files == 0
+
+
+def test_a_decoding_process_that_dies_is_one_line_naming_the_files(tmp_path, monkeypatch):
+    write_images(tmp_path, {"a": 4})
+    monkeypatch.setattr(images, "PARALLEL_MIN_FILES", 1)
+    monkeypatch.setattr(imagedecode, "decode_files", _die)
+    with pytest.raises(ConfigError) as err:
+        load_local_data("folder", tmp_path, classes=["a"], workers=2)
+    assert "a decoding process died" in one_line(err) and "--workers 1" in str(err.value)
+
+
+def _die(*args):
+    os._exit(3)

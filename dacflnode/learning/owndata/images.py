@@ -23,6 +23,7 @@ import stat
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,7 +242,15 @@ def decode_folder(
             for s in starts
         ]
         for start, future in zip(starts, futures, strict=True):
-            chunk, b, m = future.result()
+            try:
+                chunk, b, m = future.result()
+            except BrokenProcessPool as err:
+                raise ConfigError(
+                    "data_root",
+                    f"{root}: a decoding process died on one of {paths[start]} and the next "
+                    f"{CHUNK_FILES - 1} files; run `dacflnode data check {root} --workers 1` "
+                    "to find the file, then remove it",
+                ) from err
             out[start:start + len(chunk)] = chunk
             bad += [(start + i, r) for i, r in b]
             mismatched += [(start + i, r) for i, r in m]
@@ -271,6 +280,7 @@ def load_folder(
         )
     if shape is None:
         shape = _first_shape(root, files) or (1, 1, 1)
+    _check_memory(root, len(files), shape)
     key = cache_key(files, classes, shape, resize)
     if cache_dir is not None:
         cached = _read_cache(cache_dir, root, key, len(files))
@@ -300,6 +310,23 @@ def load_folder(
     if cache_dir is not None:
         _write_cache(cache_dir, root, key, decoded)
     return decoded
+
+
+def _check_memory(root: Path, n: int, shape: tuple[int, int, int]) -> None:
+    """Refuse, before allocating, a data set whose float32 tensors would not fit in memory."""
+    c, h, w = shape
+    need = n * c * h * w * 5  # the uint8 array while decoding, then the float32 tensors
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # not every platform says
+        return
+    if need > have:
+        raise ConfigError(
+            "image_size",
+            f"{root}: {n} images of {c}x{h}x{w} need {need / 2**30:.1f} GiB in memory, more "
+            f"than this machine's {have / 2**30:.1f} GiB; set a smaller image_size (and "
+            "resize on)",
+        )
 
 
 def _first_shape(root: Path, files: FolderListing) -> tuple[int, int, int] | None:

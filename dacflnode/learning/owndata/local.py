@@ -5,8 +5,9 @@ the partitioning code take it unchanged) with the run's data contract, the class
 what was skipped.
 
 Tensor layout: images ``float32 [n, C, H, W]``; a table's rows ``float32 [n, 1, 1, F]`` (a row as
-a 1×1 image with ``F`` channels along the width, so ``Dataset``'s 4-D form holds and the ``mlp``
-model, which flattens, takes it as ``F`` inputs: see :func:`~.contract.model_input_shape`).
+a one-channel image one pixel high and ``F`` wide, so ``Dataset``'s 4-D form holds and the
+``mlp`` model, which flattens, takes it as ``F`` inputs: see
+:func:`~.contract.model_input_shape`).
 
 Normalisation is fixed, never computed from a device's own files, so that every device feeds the
 model the same transform of the same pixel: one-channel images use Fashion-MNIST's mean and std
