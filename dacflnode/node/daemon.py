@@ -47,6 +47,7 @@ from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.node.addresses import format_address, is_loopback, parse_address
 from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
 from dacflnode.node.data import (
+    DataInfo,
     builtin_node_data,
     cache_dir_in,
     contract_summary,
@@ -139,6 +140,8 @@ class Daemon:
         self.metrics = NodeMetrics(pf.node.id)
         self.started = time.time()
         self.device = ""
+        #: the node's data, once it is built (size, samples per class, files skipped)
+        self.data_info: DataInfo | None = None
         #: what was refused so far, by reason (filled in by :meth:`run` once the servers exist)
         self.refusal_counts: Callable[[], dict[str, int]] = dict
 
@@ -178,7 +181,7 @@ class Daemon:
             reanchored=runner.reanchored if runner else 0,
             leaving=runner.leaving if runner else self._leave_early,
         )
-        info = runner.setup.data if runner is not None else None
+        info = self.data_info
         if info is not None:
             status.data_size, status.test_size = info.size, info.test_size
             status.class_counts = dict(info.class_counts)
@@ -331,6 +334,7 @@ class Daemon:
             await control.stop(0)
             raise
         self.device = built.device
+        self.data_info = built.setup.data
         holder: dict[str, NodeRunner] = {}
         inbox = Inbox(senders=pf.neighbour_ids(),
                       current_round=lambda: holder["runner"].round if holder else 0)

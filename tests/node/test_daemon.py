@@ -101,3 +101,32 @@ def test_an_automatic_anchor_delay_follows_the_number_of_members(tmp_path):
     assert anchor_delay(daemon.pf.daemon.anchor_delay, len(daemon.pf.daemon.members)) == 4
     assert anchor_delay(0, 9) == 9
     assert anchor_delay(7, 3) == 7
+
+
+def test_a_daemon_on_its_own_folder_announces_its_contract_and_shows_its_data(tmp_path):
+    import json
+
+    from dacflnode.node.daemon import build_node
+    from tests.node.owndata_helpers import CLASSES, write_png_nodes
+
+    mix = {"node-0": {"cat": 5, "eel": 3}, "node-1": {"dog": 4}}
+    train, test = write_png_nodes(tmp_path / "data", mix)
+    run = RunConfig(dataset="folder", classes=CLASSES, image_size=8, nodes=2, rounds=1,
+                    data_root=str(train), test_root=str(test))
+    path = generate_cluster("complete", 2, run, tmp_path / "peers", state_root=tmp_path)[0]
+    pf = load_peers(path)
+    assert pf.run.data_root == str(train / "node-0")
+    built = build_node(pf)
+    contract = json.loads(built.identity.data_contract)
+    assert contract["classes"] == list(CLASSES) and contract["input_shape"] == [1, 8, 8]
+    # the contract, not the data set's name, is what the run fingerprint hashes
+    assert built.identity.run_fingerprint == pf.run_fingerprint(built.identity.data_contract)
+    assert built.identity.run_fingerprint != pf.run_fingerprint()
+    assert built.setup.data is not None
+    assert built.setup.data.class_counts == {"cat": 5, "dog": 0, "eel": 3}
+    assert built.setup.data.test_size == 6 * len(CLASSES)
+    assert any((tmp_path / "node-0" / ".cache").rglob("*.npy"))  # decoded once, kept
+    daemon = Daemon(pf)
+    daemon.data_info = built.setup.data
+    status = daemon.status()
+    assert (status.data_size, status.class_counts["eel"]) == (8, 3)
