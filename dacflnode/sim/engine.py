@@ -246,7 +246,8 @@ def make_engine(
             )
         if not equal:
             raise ConfigError(
-                "engine", "the batched engine needs equal partition sizes; use sequential"
+                "engine", "the batched engine needs equal data sizes on every node (partition"
+                " sizes, or each node's own data); use sequential"
             )
     if ray is not None:
         if tests is not None:
