@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -43,10 +43,6 @@ class DataInfo:
     class_counts: dict[str, int] = field(default_factory=dict)
     #: undecodable files left out (``bad_files: skip``)
     skipped: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"data_size": self.size, "test_size": self.test_size,
-                "class_counts": dict(self.class_counts), "skipped_files": self.skipped}
 
 
 @dataclass(frozen=True)
@@ -72,25 +68,20 @@ def class_counts(labels: torch.Tensor, names: list[str]) -> dict[str, int]:
     return {name: int(c) for name, c in zip(names, counts, strict=False)}
 
 
-def builtin_node_data(
-    run: RunConfig, share: int, *, dataset: Any = None, parts: Any = None
-) -> NodeDataSet:
-    """Part ``share`` of the run's built-in data set (``dataset`` and ``parts``: already loaded
-    and cut, as the simulator holds them)."""
-    if dataset is None:
-        dataset = load_dataset(run.dataset, run.data_root, download=run.download,
-                               synthetic_train=run.synthetic_train,
-                               synthetic_test=run.synthetic_test, seed=run.seed)
-    if parts is None:
-        parts = partition(dataset.train_y, run.nodes, run.partition, seed=run.seed,
-                          alpha=run.dirichlet_alpha, shards_per_node=run.shards_per_node)
+def builtin_node_data(run: RunConfig, share: int) -> NodeDataSet:
+    """Part ``share`` of the run's built-in data set, cut by ``run.partition``."""
+    dataset = load_dataset(run.dataset, run.data_root, download=run.download,
+                           synthetic_train=run.synthetic_train,
+                           synthetic_test=run.synthetic_test, seed=run.seed)
+    parts = partition(dataset.train_y, run.nodes, run.partition, seed=run.seed,
+                      alpha=run.dirichlet_alpha, shards_per_node=run.shards_per_node)
     index = torch.from_numpy(parts[share])
     train_x, train_y = dataset.train_x[index], dataset.train_y[index]
     test_x, test_y = eval_subset(dataset.test_x, dataset.test_y, run.eval_samples, run.seed)
     names = [str(i) for i in range(dataset.num_classes)]
     info = DataInfo(int(train_y.numel()), int(test_y.numel()), class_counts(train_y, names))
-    return NodeDataSet(train_x, train_y, test_x, test_y, dataset.input_shape, dataset.num_classes,
-                    run.model or default_model_for(dataset.name), info)
+    return NodeDataSet(train_x, train_y, test_x, test_y, dataset.input_shape,
+                       dataset.num_classes, run.model or default_model_for(dataset.name), info)
 
 
 def cache_dir_in(state_dir: Path) -> Path:
@@ -137,8 +128,8 @@ def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
     info = DataInfo(local.train_size, int(test_y.numel()), dict(local.histogram),
                     int(local.skipped))
     return NodeDataSet(local.train_x, local.train_y, test_x, test_y, shape, len(names),
-                    run.model or default_model_for_shape(shape), info,
-                    contract=local.contract.to_json())
+                       run.model or default_model_for_shape(shape), info,
+                       contract=local.contract.to_json())
 
 
 def contract_summary(contract: str) -> str:
@@ -148,7 +139,7 @@ def contract_summary(contract: str) -> str:
     return f"{data['kind']}, {len(data['classes'])} classes, {shape}"
 
 
-def contract_difference_all(ids: list[str] | Any, contracts: list[str]) -> str | None:
+def contract_difference_all(ids: Sequence[str], contracts: Sequence[str]) -> str | None:
     """What differs between node ``ids[k]``'s contract and the first node's, for the first
     ``k`` where one does (a simulation's nodes, which have no handshake of their own)."""
     from dacflnode.learning.owndata.contract import DataContract
@@ -157,5 +148,5 @@ def contract_difference_all(ids: list[str] | Any, contracts: list[str]) -> str |
     for node, text in zip(ids[1:], contracts[1:], strict=True):
         why = first.difference(DataContract.from_json(text), node)
         if why is not None:
-            return f"{why} (that of {ids[0]})"
+            return f"{why} (this run: the data of {ids[0]})"
     return None
