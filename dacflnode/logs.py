@@ -186,6 +186,9 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: status not refreshed within %.0fs: serving the last one":
         ("status_stale", {"node": 0}),
     "open-files limit %d (was %d)": ("open_files_limit", {}),
+    "%s: %d training samples (%s), %d test samples; data contract: %s":
+        ("data_loaded", {"node": 0}),
+    "%s: %d undecodable files skipped (bad_files: skip)": ("data_files_skipped", {}),
     "metrics: could not refresh the status": ("status_failed", {}),
     # dacflnode.transport and dacflnode.control: refusals of what peers and callers send
     "%s from %r (peer %r, round %d) refused: %s: %s (%s)":
@@ -194,6 +197,8 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     # dacflnode.learning
     "no Dirichlet(%g) draw gave all %d nodes at least %d samples in %d tries; moving samples "
     "from the largest nodes to the smallest": ("partition_rebalanced", {}),
+    "%s: %d decoded images read from the cache": ("data_cache_read", {}),
+    "could not cache the decoded images in %s: %s": ("data_cache_failed", {}),
     # this module
     "suppressed %d similar messages: %s": ("suppressed", {}),
 }

@@ -65,7 +65,8 @@ def get(url: str, timeout: float = 10) -> str:
 def busy_status() -> NodeStatus:
     return NodeStatus(
         "n0", "dacfl", 3, 10, "training", refusals={"non-finite": 2}, last_accuracy=0.5,
-        last_loss=1.25, consensus_residual=0.01, reanchored=1,
+        last_loss=1.25, consensus_residual=0.01, reanchored=1, data_size=120, test_size=30,
+        class_counts={"cat": 100, "dog": 20}, skipped_files=1,
         neighbours=[NeighbourInfo("n1", "a:1", True, 2, 100, 200, 1.5, messages_received=2,
                                   messages_sent=3, missed_rounds=1),
                     NeighbourInfo("n2", "a:2")])
@@ -95,8 +96,10 @@ def test_series_follow_the_prometheus_naming_conventions():
     assert histograms == {"dacfl_round_seconds", "dacfl_exchange_seconds", "dacfl_train_seconds"}
     assert got["dacfl_phase"] == ("gauge", frozenset({"node", "phase"}))
     assert got["dacfl_refusals"] == ("counter", frozenset({"node", "reason"}))
+    assert got["dacfl_data_samples"] == ("gauge", frozenset({"node", "split"}))
+    assert got["dacfl_data_class_samples"] == ("gauge", frozenset({"node", "class"}))
     for gauge in ("dacfl_round", "dacfl_test_accuracy_ratio", "dacfl_test_loss",
-                  "dacfl_train_loss", "dacfl_consensus_residual"):
+                  "dacfl_train_loss", "dacfl_consensus_residual", "dacfl_data_skipped_files"):
         assert got[gauge][0] == "gauge", gauge
 
 
