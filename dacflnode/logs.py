@@ -197,8 +197,8 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     # dacflnode.learning
     "no Dirichlet(%g) draw gave all %d nodes at least %d samples in %d tries; moving samples "
     "from the largest nodes to the smallest": ("partition_rebalanced", {}),
-    "%s: %d decoded images read from the cache": ("data_cache_read", {}),
-    "could not cache the decoded images in %s: %s": ("data_cache_failed", {}),
+    "%s: %d decoded images read from the cache": ("data_cache_hit", {}),
+    "could not cache the decoded images in %s: %s": ("data_cache_unwritable", {}),
     # this module
     "suppressed %d similar messages: %s": ("suppressed", {}),
 }
