@@ -165,6 +165,10 @@ class NodeRunner:
         self._leave = asyncio.Event()
         self._peer_rounds: dict[str, int] = {}
         self._greetings: dict[str, asyncio.Task[None]] = {}
+        #: whether the node restarts from a checkpoint
+        self._restarted = resume is not None
+        #: neighbours that had declared this node gone when it started (a restart)
+        self._gone_for: set[str] = set()
         self.on_round: Callable[[RoundReport], None] | None = None
         self._files = None if setup.state_dir is None else Persister(setup.node_id,
                                                                      setup.state_dir)
@@ -367,6 +371,8 @@ class NodeRunner:
         answer = getattr(ident, "join_round", 0)
         if proposal == 0 and answer > 0 and not (
                 track.state is PeerState.ACTIVE and track.active_from >= answer):
+            if startup and track.state is PeerState.ACTIVE:
+                self._gone_for.add(peer)  # it declared this node gone while it was down
             proposal = max(answer, self.round + 2)  # the peer does not mix us now: agree when
             ident = await self.transport.hello(peer, proposal)
             self._peer_rounds[peer] = ident.round
@@ -376,7 +382,14 @@ class NodeRunner:
             self._not_before(peer)
 
     async def _join_if_behind(self) -> None:
-        """Join at an agreed round, from a neighbour's model, when the network is ahead."""
+        """Join at an agreed round, from a neighbour's model, when the network is ahead.
+
+        A node that restarts from its checkpoint keeps its mass ``x − tracked`` (docs/faults.md,
+        section 5): it is added to the model it adopts, unless the network re-anchored since
+        the checkpoint (its mass is 0 then, as everyone's), a neighbour declared it gone (an
+        anchor takes its mass), or the checkpoint is stale (a neighbour mixed a later state of
+        this node than the checkpoint holds: its mass is unknown, so it asks for an anchor).
+        """
         ahead = {p: r for p, r in self._peer_rounds.items()
                  if self.peers[p].state is PeerState.ACTIVE}
         if not ahead:
@@ -385,8 +398,11 @@ class NodeRunner:
         if front <= self.round + (0 if self.setup.join else 1):
             return  # at most one round behind: pull what was missed (see _exchange)
         self.phase = "joining"
+        me, since = self.setup.node_id, self.round
         join_round = front + 2
         model = None
+        heard: tuple[int, ...] = ()
+        stale = False
         for peer in sorted(ahead, key=lambda p: (-ahead[p], p)):
             try:
                 message = await self.transport.pull(peer, max(0, ahead[peer] - 1))
@@ -395,6 +411,8 @@ class NodeRunner:
                             self.setup.node_id, peer, exc)
                 continue
             model = message.tensors.get("omega", message.tensors["x"]).clone()
+            heard = message.anchors
+            stale = any(r > since and me in used for r, used in message.used_log)
             log.info("%s: joining at round %d from the round-%d model of %s",
                      self.setup.node_id, join_round, message.round, peer)
             break
@@ -402,10 +420,33 @@ class NodeRunner:
             model = self.state.omega.clone()
             log.warning("%s: no neighbour handed a model; joining at round %d with its own",
                         self.setup.node_id, join_round)
-        # x = ω = ω_prev: this node adds as much to Σ x as to Σ tracked (docs/faults.md)
-        self.state = NodeState(join_round, model, model.clone(), model.clone())
-        self._reference = self.setup.algorithm.outgoing(self.state)
-        self.book.reset(join_round)
+        alg = self.setup.algorithm
+        passed = sorted(a for a in {*heard, *self.book.anchors} if since < a < join_round)
+        mass: torch.Tensor | None = None
+        if alg.tracked_field != "x" and not (passed or stale or self._gone_for):
+            mass = self.state.x - alg.tracked(self.state)
+        if stale:
+            log.warning("%s: the checkpoint (round %d) is older than what %s mixed of this "
+                        "node: its mass is unknown; re-anchor proposed", me, since,
+                        "its neighbours")
+        elif self._gone_for:
+            log.info("%s: %s declared this node gone: it joins without its mass (the "
+                     "re-anchor takes it)", me, ", ".join(sorted(self._gone_for)))
+        elif passed:
+            log.info("%s: the network re-anchored at round %s since this node's round %d: "
+                     "it joins with mass 0", me, ", ".join(map(str, passed)), since)
+        # x = ω = ω_prev (+ its mass): it adds as much to Σ x as to Σ tracked, plus the mass
+        # it had (docs/faults.md)
+        x = model.clone() if mass is None else model + mass
+        self.state = NodeState(join_round, x, model, model.clone())
+        self._reference = alg.outgoing(self.state)
+        if stale or self._gone_for or not self._restarted:
+            self.book.reset(join_round)
+        else:
+            self.book.resumed(since, join_round, passed)
+        self.book.anchors |= {a for a in heard if a >= join_round}
+        if stale:
+            self.book.propose_anchor(join_round)
         self.transport.inbox.discard_before(join_round)
         for peer in sorted(ahead):
             try:
@@ -654,7 +695,8 @@ class NodeRunner:
                 if exc.reason is Reason.ROUND_PASSED:
                     # the neighbour moved on without this node: take its state of the round
                     # (a one-sided use, undone once its header says so)
-                    if message.kind is not Kind.HANDOVER:
+                    if message.kind is not Kind.HANDOVER and self.peers[peer].mixes_in(
+                            message.round):  # (not: the edge was re-agreed to a later round)
                         await self._pull(peer, message.round, deadline)
                     return
                 if exc.reason is Reason.DUPLICATE:
