@@ -165,8 +165,9 @@ class NodeRunner:
         self._leave = asyncio.Event()
         self._peer_rounds: dict[str, int] = {}
         self._greetings: dict[str, asyncio.Task[None]] = {}
-        #: whether the node restarts from a checkpoint
+        #: whether the node restarts from a checkpoint, and from which round
         self._restarted = resume is not None
+        self._resumed_at = state.round if resume is not None else -1
         #: neighbours that had declared this node gone when it started (a restart)
         self._gone_for: set[str] = set()
         self.on_round: Callable[[RoundReport], None] | None = None
@@ -697,8 +698,12 @@ class NodeRunner:
             for peer in active:
                 if faults is None or not faults.drops(me, peer, t):
                     pushes.create_task(self._push(peer, message, deadline))
-            for peer in active:  # a neighbour already past round t (we restarted): pull its state
-                if self._peer_rounds.get(peer, 0) > t:
+            for peer in active:
+                # a neighbour already past round t (we restarted) no longer pushes it; one in
+                # round t when this node restarted may have pushed it to the node's previous
+                # process: pull its state
+                seen = self._peer_rounds.get(peer, -1)
+                if seen > t or (seen == t and t == self._resumed_at):
                     await self._pull(peer, t, deadline)
             received = await inbox.wait(t, expected, max(0.0, deadline - time.monotonic()))
         return received
@@ -752,7 +757,13 @@ class NodeRunner:
                 peer, t, timeout=max(0.0, min(deadline - time.monotonic(), 30.0)))
             await inbox.put(message)
             log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer)
-        except (PeerUnavailable, WireError, TransportClosed) as exc:
+        except WireError as exc:
+            if exc.reason is Reason.DUPLICATE:
+                return  # its push of the state arrived while the pull was on its way
+            level = logging.INFO if exc.reason is Reason.NOT_KEPT else logging.WARNING
+            log.log(level, "%s: pull of round %d from %s failed: %s", self.setup.node_id, t,
+                    peer, exc)
+        except (PeerUnavailable, TransportClosed) as exc:
             log.warning("%s: pull of round %d from %s failed: %s", self.setup.node_id, t, peer,
                         exc)
         except Exception:  # a transport failure nobody foresaw must not end the round
