@@ -165,6 +165,10 @@ class NodeRunner:
         self._leave = asyncio.Event()
         self._peer_rounds: dict[str, int] = {}
         self._greetings: dict[str, asyncio.Task[None]] = {}
+        #: neighbours that refused this round's push for being in another round: alive
+        self._alive: set[str] = set()
+        #: rounds in which the node mixed no neighbour although the topology had some
+        self.alone_rounds = 0
         #: whether the node restarts from a checkpoint, and from which round
         self._restarted = resume is not None
         self._resumed_at = state.round if resume is not None else -1
@@ -525,6 +529,8 @@ class NodeRunner:
         self._greet_the_missing()
         self._reanchor_if_due(t)
         self.phase = "exchanging"
+        self._alive.clear()
+        since = time.monotonic()
         active = self.mixing(t)
         handovers = self.book.handovers_due(t)
         message = self._message(t, len(active))
@@ -537,8 +543,12 @@ class NodeRunner:
                  if j in received and received[j].kind is Kind.STATE}
         missing = tuple(j for j in active if j not in mixed and j not in absorbed.left
                         and self.peers[j].mixes_in(t))  # not re-agreed to a later round
+        heard = self.transport.inbox.heard
+        alive = {j for j in missing if j in self._alive or heard.get(j, -math.inf) >= since}
         self.book.note_round(t, list(mixed), missing,
-                             [j for j in handovers if j not in received])
+                             [j for j in handovers if j not in received], alive)
+        if not mixed and self.active(t):
+            self.alone_rounds += 1
         if missing:
             log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
                         setup.node_id, t, ", ".join(missing))
@@ -724,6 +734,8 @@ class NodeRunner:
             except TransportClosed:
                 return  # the node is shutting down
             except WireError as exc:
+                if exc.reason in (Reason.ROUND_PASSED, Reason.ROUND_AHEAD, Reason.DUPLICATE):
+                    self._alive.add(peer)  # late or ahead, not gone
                 if exc.reason is Reason.ROUND_PASSED:
                     # the neighbour moved on without this node: take its state of the round
                     # (a one-sided use, undone once its header says so)
@@ -793,6 +805,7 @@ class NodeRunner:
             "consensus_residual": report.residual,
             "neighbours_used": list(report.used),
             "neighbours_missing": list(report.missing),
+            "alone_rounds": self.alone_rounds,
             "exchange_s": round(report.exchange_s, 4),
             "train_s": round(report.train_s, 4),
             "seconds": round(report.seconds, 4),
