@@ -74,6 +74,15 @@ PHASES = ("starting", "waiting-for-peers", "joining", "exchanging", "training", 
           "closing", "leaving", "done", "left", "stopping", "stopped", "failed")
 
 
+#: While a round waits, the neighbours whose states have not come are asked whether they are
+#: there after this many seconds, then at doubling intervals up to PROBE_MAX (daemons only: a
+#: round deadline that is finite).
+PROBE_AFTER = 1.0
+PROBE_MAX = 8.0
+#: How long such a question may take.
+PROBE_TIMEOUT = 2.0
+
+
 class Stopped(Exception):
     """The node was asked to stop before the round could finish."""
 
@@ -715,8 +724,47 @@ class NodeRunner:
                 seen = self._peer_rounds.get(peer, -1)
                 if seen > t or (seen == t and t == self._resumed_at):
                     await self._pull(peer, t, deadline)
-            received = await inbox.wait(t, expected, max(0.0, deadline - time.monotonic()))
+            probe = None
+            if math.isfinite(self.setup.round_deadline):
+                probe = asyncio.create_task(self._probe(t, active, deadline))
+            try:
+                received = await inbox.wait(t, expected,
+                                            max(0.0, deadline - time.monotonic()))
+            finally:
+                if probe is not None:
+                    probe.cancel()
+                    await asyncio.wait({probe})
         return received
+
+    async def _probe(self, t: int, active: Sequence[str], deadline: float) -> None:
+        """While the round waits, ask the neighbours whose state has not come whether they are
+        there (a Hello, which changes nothing on their side): one that answers is alive (late,
+        not gone: docs/faults.md), and one that has moved on past round ``t`` without this node
+        is pulled from at once; one that does not answer shows as unreachable in ``status``."""
+        inbox = self.transport.inbox
+        faults = self.setup.faults
+        me = self.setup.node_id
+        delay = PROBE_AFTER
+        while True:
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            for peer in active:
+                if inbox.has(t, peer) or (faults is not None and faults.drops(peer, me, t)):
+                    continue
+                try:
+                    ident = await asyncio.wait_for(self.transport.hello(peer), PROBE_TIMEOUT)
+                except (PeerUnavailable, HandshakeRefused, TimeoutError):
+                    continue
+                except TransportClosed:
+                    return  # the node is shutting down
+                except Exception:  # background work: log it, never let it end the round
+                    log.exception("%s: asking %s whether it is there failed unexpectedly", me,
+                                  peer)
+                    continue
+                self._alive.add(peer)
+                self._peer_rounds[peer] = ident.round
+                if ident.round > t:  # it went on without this node: take its state of round t
+                    await self._pull(peer, t, deadline)
+            delay = min(2 * delay, PROBE_MAX)
 
     async def _push(self, peer: str, message: RoundMessage, deadline: float) -> None:
         delay = 0.05
