@@ -88,4 +88,4 @@ def test_a_stalled_neighbour_comes_back_into_the_mix_after_the_stall(tmp_path):
     # declared gone after 3 missed rounds (3..5), mixed again within gone_after + 1 rounds of
     # the stall's end (round 7, the 8th line)
     back = [int(m["round"]) - 1 for m in lines if "node-2" in m["neighbours_used"]]
-    assert [r for r in back if r > 6][0] <= 7 + 3 + 1
+    assert next(r for r in back if r > 6) <= 7 + 3 + 1
