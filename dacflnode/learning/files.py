@@ -122,14 +122,15 @@ def read_verified(source: Path | bytes) -> tuple[dict[str, str], dict[str, torch
     except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
         if isinstance(exc, CorruptFile):
             raise
-        raise CorruptFile(f"{where}: not a readable safetensors file ({exc})") from exc
+        reason = str(exc).removeprefix("Error while deserializing: ")
+        raise CorruptFile(f"{where}: cut short or not a safetensors file ({reason})") from exc
     stored = meta.get(CHECKSUM_KEY)
     if stored is not None:
         found = _digest(meta, ((name, info["dtype"], info["shape"], memoryview(info["data"]))
                                for name, info in entries))
         if found != stored:
-            raise CorruptFile(f"{where}: its tensors do not match its checksum (the file was "
-                              "changed or damaged after it was written)")
+            raise CorruptFile(f"{where}: does not match its checksum (damaged or changed since "
+                              "it was written)")
     tensors: dict[str, torch.Tensor] = {}
     for name, info in entries:
         dtype = _DTYPES.get(info["dtype"])

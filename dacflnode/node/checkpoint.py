@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ from dacflnode.node.membership import PeerTrack
 from dacflnode.wire.codec import UsedLog
 
 CHECKPOINT = "checkpoint.safetensors"
+#: The model a node writes after its last round (or when it leaves).
+FINAL_MODEL = "final.safetensors"
 #: The checkpoint before the newest, kept until the newest is written and verified.
 CHECKPOINT_PREV = "checkpoint.prev.safetensors"
 #: Where a damaged newest checkpoint is moved when the node resumes from the previous one.
@@ -174,11 +177,12 @@ def load_checkpoint(state_dir: Path, run_info: Mapping[str, str], numel: int) ->
 
     The newest (``checkpoint.safetensors``) is used when it is sound; when it is missing or
     damaged and the previous one (``checkpoint.prev.safetensors``) is sound, that one is used, a
-    warning names both, and the damaged file is moved aside to ``checkpoint.damaged.safetensors``
-    (kept for inspection). Raises :class:`CheckpointError`, whose message says what to do, when
-    neither is sound, or when the checkpoint belongs to another run, node or model (the user must
-    move it away: silently starting over would throw away training). A checkpoint written before
-    checksums existed is used after a warning.
+    warning names both, the damaged file is moved aside to ``checkpoint.damaged.safetensors``
+    (kept for inspection) and a copy of the previous one becomes the newest. Raises
+    :class:`CheckpointError`, whose message says what to do, when neither is sound, or when the
+    checkpoint belongs to another run, node or model (the user must move it away: silently
+    starting over would throw away training). A checkpoint written before checksums existed is
+    used after a warning.
     """
     path, prev = state_dir / CHECKPOINT, state_dir / CHECKPOINT_PREV
     if not path.exists() and not prev.exists():
@@ -193,16 +197,21 @@ def load_checkpoint(state_dir: Path, run_info: Mapping[str, str], numel: int) ->
             checkpoint = read_checkpoint(prev) if prev.exists() else None
         except CheckpointError as exc:
             raise CheckpointError(
-                f"{damage}, and the previous checkpoint {exc}: neither can be resumed from; "
-                f"move both out of {state_dir} to start this node afresh (it then joins the "
-                "running network), or restore them from a backup") from exc
+                f"{damage}; the previous one cannot be used either: {exc}; move both out of "
+                f"{state_dir} to start this node afresh (it joins the running network), or "
+                "restore them from a backup") from exc
         if checkpoint is None:
             raise CheckpointError(
-                f"{damage}: move it out of {state_dir} to start this node afresh (it then "
-                "joins the running network), or restore it from a backup")
+                f"{damage}; move it out of {state_dir} to start this node afresh (it joins "
+                "the running network), or restore it from a backup")
         _check_owner(checkpoint, prev, run_info, numel)
         if path.exists():
             os.replace(path, state_dir / CHECKPOINT_DAMAGED)
+        # the previous one is the newest again (a node that writes no checkpoint before it is
+        # restarted, one that had finished, finds it there)
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.copyfile(prev, tmp)
+        os.replace(tmp, path)
         log.warning("%s; resuming from the previous checkpoint %s (round %d) instead%s",
                     damage, prev, checkpoint.state.round,
                     f"; the damaged file is now {state_dir / CHECKPOINT_DAMAGED}"

@@ -102,6 +102,9 @@ the same CA; the servicer reads the client's id from the verified certificate.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import socket
 from collections.abc import Sequence
 
 import grpc
@@ -161,7 +164,48 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 
 
 class BindError(OSError):
-    """The server could not listen on the address (taken, not local, or malformed)."""
+    """The server could not listen on ``address`` (taken, not local, or malformed)."""
+
+    def __init__(self, message: str, address: str) -> None:
+        super().__init__(message)
+        self.address = address
+
+
+def _check_free(address: str) -> None:
+    """Raise :class:`BindError` with the kernel's reason when ``address`` cannot be bound.
+
+    gRPC reports a taken port only as "Failed to bind" (and logs its own error line on stderr);
+    binding a plain socket first, as gRPC does (``SO_REUSEADDR``), gives the reason in one line
+    and keeps gRPC's line off stderr. Every address the host resolves to must be free: a port
+    taken on one of them would split the node's connections with another process.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) == 0:
+        return  # malformed, or port 0 (any free port): gRPC decides
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host or None, int(port_text), type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise BindError(f"cannot listen on {address}: cannot resolve {host!r} ({exc})",
+                        address) from exc
+    failures: list[OSError] = []
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                with contextlib.suppress(OSError):
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                failures.append(exc)
+    # an address of the host that does not exist here (``::1`` without IPv6) is gRPC's to skip
+    taken = [e for e in failures if e.errno in (errno.EADDRINUSE, errno.EACCES)]
+    if taken or (failures and len(failures) == len(infos)):
+        first = (taken or failures)[0]
+        raise BindError(f"cannot listen on {address}: {first.strerror or first}",
+                        address) from first
 
 
 def create_server(
@@ -229,6 +273,7 @@ def bind(
     :func:`server_credentials`). Raises :class:`BindError` (an :class:`OSError`) naming the
     address when it cannot be bound.
     """
+    _check_free(address)
     try:
         if tls is None:
             port = int(server.add_insecure_port(address))
@@ -237,7 +282,8 @@ def bind(
                 address, server_credentials(tls, require_client_auth=require_client_auth)))
     except RuntimeError as exc:  # grpc >= 1.47 raises; older versions returned 0
         raise BindError(f"cannot listen on {address}: {exc} (port taken, or not a local "
-                        "host:port?)") from exc
+                        "host:port?)", address) from exc
     if port == 0:
-        raise BindError(f"cannot listen on {address} (port taken, or not a local host:port?)")
+        raise BindError(f"cannot listen on {address} (port taken, or not a local host:port?)",
+                        address)
     return port
