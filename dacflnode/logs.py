@@ -18,8 +18,9 @@ one :class:`LogGuard` before any handler writes it; no call site has to remember
 * **Repeats are rate-limited.** Records with the same logger and format string share a budget
   of :data:`RATE_LIMIT_COUNT` per :data:`RATE_LIMIT_WINDOW_S` seconds; the rest of the window's
   records are dropped and counted, and once the window is over one line says
-  ``suppressed K similar messages, the last: <that record, formatted and escaped>``. A flood of refusals thus costs a bounded
-  number of lines per format string, while rare messages are never delayed.
+  ``suppressed K similar messages, the last: <that record, formatted and escaped>``. A flood of
+  refusals thus costs a bounded number of lines per format string, while rare messages are never
+  delayed.
 * **The file rotates** at :data:`LOG_FILE_BYTES`, keeping :data:`LOG_FILE_BACKUPS` old files
   (``daemon.log.1`` …): at most 60 MB of log per state directory, whatever peers do.
 

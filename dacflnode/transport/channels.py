@@ -16,10 +16,15 @@ Only this module and ``grpc_*.py`` import grpc. The options, and why:
     ``permit_without_calls`` matters on the server too: without it the server counts a ping on an
     idle connection as abuse and closes the connection with ``GOAWAY too_many_pings``.
 
-``grpc.http2.min_recv_ping_interval_without_data_ms`` (10 s, server) /
+``grpc.http2.min_ping_interval_without_data_ms`` (10 s, server) /
 ``grpc.http2.max_ping_strikes`` (2, server)
     The server accepts the clients' 20 s pings (the default minimum is 5 minutes) but still
-    closes connections that ping much faster than that.
+    closes connections that ping much faster than that. This is the name gRPC core reads for
+    the *received* ping interval (``GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS``);
+    under any other name the server keeps its 5 minutes, counts a strike per keepalive ping of
+    an idle connection and, at the third, closes it with ``GOAWAY ENHANCE_YOUR_CALM
+    "too_many_pings"`` (an error line on the client's stderr, and a reconnect).
+    ``tests/transport/test_keepalive.py`` keeps a client and a server idle over several pings.
 
 ``grpc.so_reuseport`` (0, server)
     gRPC turns ``SO_REUSEPORT`` on by default, so two processes can both "successfully" listen
@@ -127,7 +132,7 @@ _COMMON_OPTIONS: list[tuple[str, int]] = [
 SERVER_OPTIONS: list[tuple[str, int]] = [
     *_COMMON_OPTIONS,
     ("grpc.so_reuseport", 0),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 2),
     ("grpc.server_handshake_timeout_ms", 10_000),
     ("grpc.max_connection_idle_ms", 300_000),
