@@ -165,6 +165,8 @@ class NodeRunner:
         self._leave = asyncio.Event()
         self._peer_rounds: dict[str, int] = {}
         self._greetings: dict[str, asyncio.Task[None]] = {}
+        #: the ``(round, peer)`` states being pulled now (one pull each)
+        self._pulling: set[tuple[int, str]] = set()
         self.on_round: Callable[[RoundReport], None] | None = None
         self._files = None if setup.state_dir is None else Persister(setup.node_id,
                                                                      setup.state_dir)
@@ -697,20 +699,30 @@ class NodeRunner:
         state passes the inbox's guard like a pushed one."""
         inbox = self.transport.inbox
         faults = self.setup.faults
-        if inbox.has(t, peer) or (faults is not None and faults.drops(peer, self.setup.node_id,
-                                                                       t)):
+        key = (t, peer)
+        # here already, dropped, or on its way: a restarted node pulls a state and its push of
+        # the round, refused ROUND_PASSED, asks for the same one
+        if inbox.has(t, peer) or key in self._pulling or (
+                faults is not None and faults.drops(peer, self.setup.node_id, t)):
             return
+        self._pulling.add(key)
         try:
             message = await self.transport.pull(
                 peer, t, timeout=max(0.0, min(deadline - time.monotonic(), 30.0)))
             await inbox.put(message)
             log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer)
-        except (PeerUnavailable, WireError, TransportClosed) as exc:
+        except WireError as exc:
+            if exc.reason is not Reason.DUPLICATE:  # a push of it landed meanwhile: no harm
+                log.warning("%s: pull of round %d from %s failed: %s", self.setup.node_id, t,
+                            peer, exc)
+        except (PeerUnavailable, TransportClosed) as exc:
             log.warning("%s: pull of round %d from %s failed: %s", self.setup.node_id, t, peer,
                         exc)
         except Exception:  # a transport failure nobody foresaw must not end the round
             log.exception("%s: pull of round %d from %s failed unexpectedly",
                           self.setup.node_id, t, peer)
+        finally:
+            self._pulling.discard(key)
 
     # ------------------------------------------------------------------ files
     async def _write(self, what: str, fn: Callable[..., object], *args: Any) -> None:
