@@ -291,6 +291,19 @@ class EdgeBook:
         self.anchors = {a for a in self.anchors if a > round_}
         self.joined = round_
 
+    def resumed(self, since: int, round_: int, passed: Sequence[int]) -> None:
+        """The node restarted from its round-``since`` checkpoint and re-enters at ``round_``
+        with its mass: it mixed nobody in round ``since`` (a neighbour that mixed a state it
+        pushed then undoes that use), and its pending uses stay to be settled, unless the
+        anchors ``passed`` (applied by the others while it was down) made them moot."""
+        if since not in self.used_log:
+            self.record_round(since, list(self.peers), {}, {}, None)
+        if passed:
+            self.ledger.clear()
+            self.applied |= set(passed)
+        self.anchors = {a for a in self.anchors if a >= round_}
+        self.joined = round_
+
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_fields(self) -> dict[str, Any]:
         return {"used_log": tuple(sorted(self.used_log.items())),

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +167,10 @@ class NodeRunner:
         self._greetings: dict[str, asyncio.Task[None]] = {}
         #: the ``(round, peer)`` states being pulled now (one pull each)
         self._pulling: set[tuple[int, str]] = set()
+        #: whether the node restarts from a checkpoint
+        self._restarted = resume is not None
+        #: neighbours that had declared this node gone when it started (a restart)
+        self._gone_for: set[str] = set()
         self.on_round: Callable[[RoundReport], None] | None = None
         self._files = None if setup.state_dir is None else Persister(setup.node_id,
                                                                      setup.state_dir)
@@ -274,8 +278,7 @@ class NodeRunner:
                         await self._leave_network()
                         return False
                     await self.run_round(self.round)
-                self.phase = "closing"
-                await self._closing_exchange(Kind.FINAL)
+                await self._settle_the_end()
             finally:
                 await self._stop_greeting()
             self.phase = "done"
@@ -391,6 +394,8 @@ class NodeRunner:
         answer = getattr(ident, "join_round", 0)
         if proposal == 0 and answer > 0 and not (
                 track.state is PeerState.ACTIVE and track.active_from >= answer):
+            if startup and track.state is PeerState.ACTIVE:
+                self._gone_for.add(peer)  # it declared this node gone while it was down
             proposal = max(answer, self.round + 2)  # the peer does not mix us now: agree when
             ident = await self.transport.hello(peer, proposal)
             self._peer_rounds[peer] = ident.round
@@ -400,7 +405,14 @@ class NodeRunner:
             self._not_before(peer)
 
     async def _join_if_behind(self) -> None:
-        """Join at an agreed round, from a neighbour's model, when the network is ahead."""
+        """Join at an agreed round, from a neighbour's model, when the network is ahead.
+
+        A node that restarts from its checkpoint keeps its mass ``x − tracked`` (docs/faults.md,
+        section 5): it is added to the model it adopts, unless the network re-anchored since
+        the checkpoint (its mass is 0 then, as everyone's), a neighbour declared it gone (an
+        anchor takes its mass), or the checkpoint is stale (a neighbour mixed a later state of
+        this node than the checkpoint holds: its mass is unknown, so it asks for an anchor).
+        """
         ahead = {p: r for p, r in self._peer_rounds.items()
                  if self.peers[p].state is PeerState.ACTIVE}
         if not ahead:
@@ -409,8 +421,11 @@ class NodeRunner:
         if front <= self.round + (0 if self.setup.join else 1):
             return  # at most one round behind: pull what was missed (see _exchange)
         self.phase = "joining"
+        me, since = self.setup.node_id, self.round
         join_round = front + 2
         model = None
+        heard: tuple[int, ...] = ()
+        stale = False
         for peer in sorted(ahead, key=lambda p: (-ahead[p], p)):
             try:
                 message = await self.transport.pull(peer, max(0, ahead[peer] - 1))
@@ -419,6 +434,8 @@ class NodeRunner:
                             self.setup.node_id, peer, exc)
                 continue
             model = message.tensors.get("omega", message.tensors["x"]).clone()
+            heard = message.anchors
+            stale = any(r > since and me in used for r, used in message.used_log)
             log.info("%s: joining at round %d from the round-%d model of %s",
                      self.setup.node_id, join_round, message.round, peer)
             break
@@ -426,10 +443,33 @@ class NodeRunner:
             model = self.state.omega.clone()
             log.warning("%s: no neighbour handed a model; joining at round %d with its own",
                         self.setup.node_id, join_round)
-        # x = ω = ω_prev: this node adds as much to Σ x as to Σ tracked (docs/faults.md)
-        self.state = NodeState(join_round, model, model.clone(), model.clone())
-        self._reference = self.setup.algorithm.outgoing(self.state)
-        self.book.reset(join_round)
+        alg = self.setup.algorithm
+        passed = sorted(a for a in {*heard, *self.book.anchors} if since < a < join_round)
+        mass: torch.Tensor | None = None
+        if alg.tracked_field != "x" and not (passed or stale or self._gone_for):
+            mass = self.state.x - alg.tracked(self.state)
+        if stale:
+            log.warning("%s: the checkpoint (round %d) is older than what %s mixed of this "
+                        "node: its mass is unknown; re-anchor proposed", me, since,
+                        "its neighbours")
+        elif self._gone_for:
+            log.info("%s: %s declared this node gone: it joins without its mass (the "
+                     "re-anchor takes it)", me, ", ".join(sorted(self._gone_for)))
+        elif passed:
+            log.info("%s: the network re-anchored at round %s since this node's round %d: "
+                     "it joins with mass 0", me, ", ".join(map(str, passed)), since)
+        # x = ω = ω_prev (+ its mass): it adds as much to Σ x as to Σ tracked, plus the mass
+        # it had (docs/faults.md)
+        x = model.clone() if mass is None else model + mass
+        self.state = NodeState(join_round, x, model, model.clone())
+        self._reference = alg.outgoing(self.state)
+        if stale or self._gone_for or not self._restarted:
+            self.book.reset(join_round)
+        else:
+            self.book.resumed(since, join_round, passed)
+        self.book.anchors |= {a for a in heard if a >= join_round}
+        if stale:
+            self.book.propose_anchor(join_round)
         self.transport.inbox.discard_before(join_round)
         for peer in sorted(ahead):
             try:
@@ -569,13 +609,41 @@ class NodeRunner:
             self.on_round(report)
         return report
 
-    async def _closing_exchange(self, kind: Kind) -> list[str]:
+    async def _settle_the_end(self) -> None:
+        """After the last round ``R``: ``anchor_delay`` closing exchanges of kind ``FINAL``
+        (rounds ``R .. R + anchor_delay − 1``), without mixing or training. Their headers settle
+        the last one-sided uses and carry every anchor proposed in the last rounds to every
+        node; each anchor up to ``R + anchor_delay`` is applied at its round, the last one after
+        the exchanges. So no entry or anchor is dropped because the run ends, and every node
+        that finishes holds ``Σ x = Σ tracked`` (docs/faults.md, section 1). A neighbour that
+        misses a closing exchange is not waited for in the next ones. The node's round is
+        ``R`` again afterwards."""
+        self.phase = "closing"
+        end = self.setup.rounds
+        last = end + self.book.anchor_delay
+        silent: set[str] = set()
+        while self.round < last:
+            heard = await self._closing_exchange(Kind.FINAL, skip=silent)
+            silent |= {j for j in self.mixing(self.round) if j not in heard}
+            self._set_round(self.round + 1)
+        self._reanchor_if_due(last)
+        if len(self.book.ledger):
+            log.warning("%s: %d one-sided uses left unsettled at the end (a neighbour did not "
+                        "answer the closing exchanges); dacflnode invariant settles them from "
+                        "its checkpoint", self.setup.node_id, len(self.book.ledger))
+        self._set_round(end)
+
+    def _set_round(self, round_: int) -> None:
+        state = self.state
+        self.state = NodeState(round_, state.x, state.omega, state.omega_prev)
+
+    async def _closing_exchange(self, kind: Kind, skip: Collection[str] = ()) -> list[str]:
         """One more exchange of round ``self.round`` without mixing (after the last round, or
         before leaving): the neighbours' headers settle the last one-sided uses. Returns the
-        neighbours heard from."""
+        neighbours heard from (``skip``: neighbours not to exchange with)."""
         t = self.round
         self._reanchor_if_due(t)
-        active = self.mixing(t)
+        active = [j for j in self.mixing(t) if j not in skip]
         handovers = self.book.handovers_due(t)
         message = self._message(t, len(active), kind)
         deadline = time.monotonic() + self.setup.round_deadline
@@ -678,7 +746,8 @@ class NodeRunner:
                 if exc.reason is Reason.ROUND_PASSED:
                     # the neighbour moved on without this node: take its state of the round
                     # (a one-sided use, undone once its header says so)
-                    if message.kind is not Kind.HANDOVER:
+                    if message.kind is not Kind.HANDOVER and self.peers[peer].mixes_in(
+                            message.round):  # (not: the edge was re-agreed to a later round)
                         await self._pull(peer, message.round, deadline)
                     return
                 if exc.reason is Reason.DUPLICATE:

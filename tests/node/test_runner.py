@@ -155,8 +155,11 @@ def test_a_resumed_node_announces_the_neighbours_its_checkpoint_says_it_used():
         await b.transport.start()
         sent = record_pushes(a)
         assert list(await asyncio.gather(a.run(), b.run())) == [True, True]
-        assert [(m.round, m.used, m.kind) for m in sent] == [
+        assert [(m.round, m.used, m.kind) for m in sent[:2]] == [
             (1, ("b",), Kind.STATE), (2, ("b",), Kind.FINAL)]
+        # then the other closing exchanges, one per round of the anchor delay
+        assert [(m.round, m.kind) for m in sent[2:]] == [(r, Kind.FINAL) for r in (3, 4, 5)]
+        assert a.round == b.round == 2
 
     asyncio.run(scenario())
 
