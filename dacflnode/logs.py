@@ -192,8 +192,8 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: run complete: %d/%d rounds; final model %s": ("run_complete", {"node": 0, "round": 1}),
     "%s: the final model %s %s: writing it again from the checkpoint":
         ("final_rewritten", {"node": 0}),
-    "%s; resuming from the previous checkpoint %s (round %d) instead%s":
-        ("checkpoint_fallback", {"round": 2}),
+    "%s %s; resuming from the previous checkpoint %s (round %d) instead%s":
+        ("checkpoint_fallback", {"round": 3}),
     "%s was written without a checksum (by an older dacflnode): it is used unverified; the "
     "next checkpoint carries one": ("checkpoint_unverified", {}),
     "%s: status not refreshed within %.0fs: serving the last one":

@@ -189,39 +189,44 @@ def load_checkpoint(state_dir: Path, run_info: Mapping[str, str], numel: int) ->
         return None
     try:
         checkpoint = read_checkpoint(path) if path.exists() else None
-        damage = None if checkpoint is not None else f"{path} is missing"
+        damage = None if checkpoint is not None else "is missing"
     except CheckpointError as exc:
-        checkpoint, damage = None, str(exc)
+        checkpoint, damage = None, _reason(exc, path)
     if checkpoint is None:
         try:
             checkpoint = read_checkpoint(prev) if prev.exists() else None
         except CheckpointError as exc:
             raise CheckpointError(
-                f"{damage}; the previous one cannot be used either: {exc}; move both out of "
-                f"{state_dir} to start this node afresh (it joins the running network), or "
-                "restore them from a backup") from exc
+                f"{path} {damage}; the previous one, {CHECKPOINT_PREV}, cannot be used either "
+                f"({_reason(exc, prev)}); move both away to start this node afresh (it joins "
+                "the running network) or restore them from a backup") from exc
         if checkpoint is None:
             raise CheckpointError(
-                f"{damage}; move it out of {state_dir} to start this node afresh (it joins "
-                "the running network), or restore it from a backup")
+                f"{path} {damage}; move it away to start this node afresh (it joins the "
+                "running network) or restore it from a backup")
         _check_owner(checkpoint, prev, run_info, numel)
-        if path.exists():
+        damaged = path.exists()
+        if damaged:
             os.replace(path, state_dir / CHECKPOINT_DAMAGED)
         # the previous one is the newest again (a node that writes no checkpoint before it is
         # restarted, one that had finished, finds it there)
         tmp = path.with_name(path.name + ".tmp")
         shutil.copyfile(prev, tmp)
         os.replace(tmp, path)
-        log.warning("%s; resuming from the previous checkpoint %s (round %d) instead%s",
-                    damage, prev, checkpoint.state.round,
-                    f"; the damaged file is now {state_dir / CHECKPOINT_DAMAGED}"
-                    if damage and not damage.endswith("is missing") else "")
+        log.warning("%s %s; resuming from the previous checkpoint %s (round %d) instead%s",
+                    path, damage, prev, checkpoint.state.round,
+                    f"; the damaged file is kept as {CHECKPOINT_DAMAGED}" if damaged else "")
     else:
         _check_owner(checkpoint, path, run_info, numel)
     if not checkpoint.verified:
         log.warning("%s was written without a checksum (by an older dacflnode): it is used "
                     "unverified; the next checkpoint carries one", path)
     return checkpoint
+
+
+def _reason(exc: CheckpointError, path: Path) -> str:
+    """What :func:`read_checkpoint` found wrong with ``path``, without the file's name."""
+    return str(exc).removeprefix(f"{path}: ")
 
 
 def _check_owner(checkpoint: Checkpoint, path: Path, run_info: Mapping[str, str],
