@@ -61,6 +61,11 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
     It serves its neighbours, waits for them (they may start in any order), runs synchronized
     rounds and writes STATE_DIR/metrics.jsonl, checkpoint.safetensors and final.safetensors.
 
+    Exit status: 0 done, stopped or left (and at once, "run complete", when started again
+    after its last round); 1 a failure while running; 2 a setting or file to fix first (an
+    address in use, unreadable TLS files, a damaged or foreign checkpoint), said in one line
+    on stderr and in STATE_DIR/daemon.log (docs/operations.md).
+
     \b
     Example:
       dacflnode topology ring --nodes 3 --out cluster/ --dataset synthetic
