@@ -234,8 +234,11 @@ def _status_table(data: dict[str, Any]) -> Table:
         table.add_column(col)
     for nb in data["neighbours"]:
         state = nb.get("state") or "—"
+        if state == "active" and not nb["connected"]:
+            state = "unreachable"  # stopped, or cut off: its last call failed
         table.add_row(nb["node_id"], nb["address"],
-                      state if nb["connected"] else f"{state}, not connected",
+                      state if nb["connected"] or state == "unreachable"
+                      else f"{state}, not connected",
                       str(nb["last_round_received"]), f"{nb['bytes_received'] / 1e6:.1f} MB",
                       f"{nb['bytes_sent'] / 1e6:.1f} MB", _fmt(nb["latency_ms"], ".1f") + " ms")
     acc = data["last_accuracy"]
@@ -252,6 +255,8 @@ def _status_table(data: dict[str, Any]) -> Table:
         table.caption += (f"\nre-anchored {data.get('reanchored', 0)} time(s)"
                           + (f"; next at round {', '.join(map(str, anchors))}" if anchors
                              else ""))
+    if data.get("alone_rounds"):
+        table.caption += f"\nmixed with no neighbour in {data['alone_rounds']} round(s)"
     refusals = data.get("refusals") or {}
     if refusals:
         table.caption += "\nrefused: " + ", ".join(

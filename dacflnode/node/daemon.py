@@ -174,6 +174,7 @@ class Daemon:
             anchors=sorted(runner.anchors) if runner else [],
             reanchored=runner.reanchored if runner else 0,
             leaving=runner.leaving if runner else self._leave_early,
+            alone_rounds=runner.alone_rounds if runner else 0,
         )
         self.metrics.update(status)
         return status
@@ -189,7 +190,8 @@ class Daemon:
             "round": last.round, "train_loss": last.train_loss, "samples": last.samples,
             "seconds": last.seconds,
             "exchange_s": last.exchange_s, "train_s": last.train_s,
-            "neighbours_used": list(last.used), "neighbours_missing": list(last.missing)}}
+            "neighbours_used": list(last.used), "neighbours_missing": list(last.missing),
+            "alone_rounds": self.runner.alone_rounds if self.runner else 0}}
         return "application/json", metrics_json(status, extra)
 
     def stop(self, drain: bool = False) -> None:

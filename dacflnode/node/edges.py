@@ -10,7 +10,7 @@ left open.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,15 +205,21 @@ class EdgeBook:
 
     def note_round(
         self, round_: int, present: Sequence[str], missing: Sequence[str],
-        handovers_missing: Sequence[str] = (),
+        handovers_missing: Sequence[str] = (), alive: Collection[str] = (),
     ) -> list[str]:
-        """Count the round's missing neighbours; returns those now declared gone."""
+        """Count the round's missing neighbours; returns those now declared gone. A missing
+        neighbour in ``alive`` showed it was alive in the round (it is late, not silent): its
+        run of silent rounds starts again, since declaring gone needs silence."""
         for j in present:
             self.peers[j].consecutive = 0
         gone = []
         for j in missing:
             track = self.peers[j]
             track.missed += 1
+            if j in alive:
+                track.late += 1
+                track.consecutive = 0
+                continue
             track.consecutive += 1
             if track.consecutive >= self.gone_after and track.state is PeerState.ACTIVE:
                 track.state = PeerState.GONE

@@ -74,6 +74,15 @@ PHASES = ("starting", "waiting-for-peers", "joining", "exchanging", "training", 
           "closing", "leaving", "done", "left", "stopping", "stopped", "failed")
 
 
+#: While a round waits, the neighbours whose states have not come are asked whether they are
+#: there after this many seconds, then at doubling intervals up to PROBE_MAX (daemons only: a
+#: round deadline that is finite).
+PROBE_AFTER = 1.0
+PROBE_MAX = 8.0
+#: How long such a question may take.
+PROBE_TIMEOUT = 2.0
+
+
 class Stopped(Exception):
     """The node was asked to stop before the round could finish."""
 
@@ -167,8 +176,13 @@ class NodeRunner:
         self._greetings: dict[str, asyncio.Task[None]] = {}
         #: the ``(round, peer)`` states being pulled now (one pull each)
         self._pulling: set[tuple[int, str]] = set()
-        #: whether the node restarts from a checkpoint
+        #: neighbours that refused this round's push for being in another round: alive
+        self._alive: set[str] = set()
+        #: rounds in which the node mixed no neighbour although the topology had some
+        self.alone_rounds = 0
+        #: whether the node restarts from a checkpoint, and from which round
         self._restarted = resume is not None
+        self._resumed_at = state.round if resume is not None else -1
         #: neighbours that had declared this node gone when it started (a restart)
         self._gone_for: set[str] = set()
         self.on_round: Callable[[RoundReport], None] | None = None
@@ -548,6 +562,8 @@ class NodeRunner:
         self._greet_the_missing()
         self._reanchor_if_due(t)
         self.phase = "exchanging"
+        self._alive.clear()
+        since = time.monotonic()
         active = self.mixing(t)
         handovers = self.book.handovers_due(t)
         message = self._message(t, len(active))
@@ -560,8 +576,12 @@ class NodeRunner:
                  if j in received and received[j].kind is Kind.STATE}
         missing = tuple(j for j in active if j not in mixed and j not in absorbed.left
                         and self.peers[j].mixes_in(t))  # not re-agreed to a later round
+        heard = self.transport.inbox.heard
+        alive = {j for j in missing if j in self._alive or heard.get(j, -math.inf) >= since}
         self.book.note_round(t, list(mixed), missing,
-                             [j for j in handovers if j not in received])
+                             [j for j in handovers if j not in received], alive)
+        if not mixed and self.active(t):
+            self.alone_rounds += 1
         if missing:
             log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
                         setup.node_id, t, ", ".join(missing))
@@ -721,11 +741,54 @@ class NodeRunner:
             for peer in active:
                 if faults is None or not faults.drops(me, peer, t):
                     pushes.create_task(self._push(peer, message, deadline))
-            for peer in active:  # a neighbour already past round t (we restarted): pull its state
-                if self._peer_rounds.get(peer, 0) > t:
+            for peer in active:
+                # a neighbour already past round t (we restarted) no longer pushes it; one in
+                # round t when this node restarted may have pushed it to the node's previous
+                # process: pull its state
+                seen = self._peer_rounds.get(peer, -1)
+                if seen > t or (seen == t and t == self._resumed_at):
                     await self._pull(peer, t, deadline)
-            received = await inbox.wait(t, expected, max(0.0, deadline - time.monotonic()))
+            probe = None
+            if math.isfinite(self.setup.round_deadline):
+                probe = asyncio.create_task(self._probe(t, active, deadline))
+            try:
+                received = await inbox.wait(t, expected,
+                                            max(0.0, deadline - time.monotonic()))
+            finally:
+                if probe is not None:
+                    probe.cancel()
+                    await asyncio.wait({probe})
         return received
+
+    async def _probe(self, t: int, active: Sequence[str], deadline: float) -> None:
+        """While the round waits, ask the neighbours whose state has not come whether they are
+        there (a Hello, which changes nothing on their side): one that answers is alive (late,
+        not gone: docs/faults.md), and one that has moved on past round ``t`` without this node
+        is pulled from at once; one that does not answer shows as unreachable in ``status``."""
+        inbox = self.transport.inbox
+        faults = self.setup.faults
+        me = self.setup.node_id
+        delay = PROBE_AFTER
+        while True:
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            for peer in active:
+                if inbox.has(t, peer) or (faults is not None and faults.drops(peer, me, t)):
+                    continue
+                try:
+                    ident = await asyncio.wait_for(self.transport.hello(peer), PROBE_TIMEOUT)
+                except (PeerUnavailable, HandshakeRefused, TimeoutError):
+                    continue
+                except TransportClosed:
+                    return  # the node is shutting down
+                except Exception:  # background work: log it, never let it end the round
+                    log.exception("%s: asking %s whether it is there failed unexpectedly", me,
+                                  peer)
+                    continue
+                self._alive.add(peer)
+                self._peer_rounds[peer] = ident.round
+                if ident.round > t:  # it went on without this node: take its state of round t
+                    await self._pull(peer, t, deadline)
+            delay = min(2 * delay, PROBE_MAX)
 
     async def _push(self, peer: str, message: RoundMessage, deadline: float) -> None:
         delay = 0.05
@@ -743,6 +806,8 @@ class NodeRunner:
             except TransportClosed:
                 return  # the node is shutting down
             except WireError as exc:
+                if exc.reason in (Reason.ROUND_PASSED, Reason.ROUND_AHEAD, Reason.DUPLICATE):
+                    self._alive.add(peer)  # late or ahead, not gone
                 if exc.reason is Reason.ROUND_PASSED:
                     # the neighbour moved on without this node: take its state of the round
                     # (a one-sided use, undone once its header says so)
@@ -781,9 +846,11 @@ class NodeRunner:
             await inbox.put(message)
             log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer)
         except WireError as exc:
-            if exc.reason is not Reason.DUPLICATE:  # a push of it landed meanwhile: no harm
-                log.warning("%s: pull of round %d from %s failed: %s", self.setup.node_id, t,
-                            peer, exc)
+            if exc.reason is Reason.DUPLICATE:
+                return  # its push of the state arrived while the pull was on its way
+            level = logging.INFO if exc.reason is Reason.NOT_KEPT else logging.WARNING
+            log.log(level, "%s: pull of round %d from %s failed: %s", self.setup.node_id, t,
+                    peer, exc)
         except (PeerUnavailable, TransportClosed) as exc:
             log.warning("%s: pull of round %d from %s failed: %s", self.setup.node_id, t, peer,
                         exc)
@@ -816,6 +883,7 @@ class NodeRunner:
             "consensus_residual": report.residual,
             "neighbours_used": list(report.used),
             "neighbours_missing": list(report.missing),
+            "alone_rounds": self.alone_rounds,
             "exchange_s": round(report.exchange_s, 4),
             "train_s": round(report.train_s, 4),
             "seconds": round(report.seconds, 4),

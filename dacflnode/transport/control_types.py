@@ -68,6 +68,9 @@ class NodeStatus:
     reanchored: int = 0
     #: Whether the node was asked to leave the network (``dacflnode stop --drain``).
     leaving: bool = False
+    #: Rounds since the node started in which it mixed no neighbour although the topology had
+    #: some (0 for a healthy node, also next to a stalled one: docs/faults.md).
+    alone_rounds: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""

@@ -189,6 +189,7 @@ def status_to_proto(s: NodeStatus) -> pb.StatusReply:
         consensus_residual=s.consensus_residual, device=s.device, uptime_s=s.uptime_s,
         listen_address=s.listen_address, tls=s.tls, refusals=s.refusals,
         anchors=s.anchors, reanchored=s.reanchored, leaving=s.leaving,
+        alone_rounds=s.alone_rounds,
     )
 
 
@@ -206,6 +207,7 @@ def status_from_proto(r: pb.StatusReply) -> NodeStatus:
         consensus_residual=r.consensus_residual, device=r.device, uptime_s=r.uptime_s,
         listen_address=r.listen_address, tls=r.tls, refusals=dict(r.refusals),
         anchors=list(r.anchors), reanchored=r.reanchored, leaving=r.leaving,
+        alone_rounds=r.alone_rounds,
     )
 
 

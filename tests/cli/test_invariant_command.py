@@ -103,7 +103,7 @@ def test_the_verdict_is_the_last_line_and_a_residual_above_the_tolerance_breaks_
 
 
 def test_an_unreadable_checkpoint_among_readable_ones_breaks_the_verdict(tmp_path):
-    first, second = write_pair(tmp_path)
+    _, second = write_pair(tmp_path)
     data = bytearray(second.read_bytes())
     data[-3] ^= 0x10  # one flipped bit in node-1's file
     second.write_bytes(bytes(data))

@@ -140,6 +140,7 @@ class StatusReply(_message.Message):
     ANCHORS_FIELD_NUMBER: _builtins.int
     REANCHORED_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
+    ALONE_ROUNDS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     algorithm: _builtins.str
     round: _builtins.int
@@ -161,6 +162,8 @@ class StatusReply(_message.Message):
     """re-anchorings done since start"""
     leaving: _builtins.bool
     """a drain was requested"""
+    alone_rounds: _builtins.int
+    """rounds mixed with no neighbour since start (docs/faults.md)"""
     @_builtins.property
     def neighbours(self) -> _containers.RepeatedCompositeFieldContainer[Global___NeighbourStatus]: ...
     @_builtins.property
@@ -193,10 +196,11 @@ class StatusReply(_message.Message):
         anchors: _abc.Iterable[_builtins.int] | None = ...,
         reanchored: _builtins.int = ...,
         leaving: _builtins.bool = ...,
+        alone_rounds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "anchors", b"anchors", "consensus_residual", b"consensus_residual", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "consensus_residual", b"consensus_residual", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
