@@ -215,6 +215,7 @@ def test_a_killed_node_whose_checkpoint_was_damaged_resumes_from_the_previous_on
     log = (state / "daemon.log").read_text()
     assert "does not match its checksum" in log and "resuming from the previous checkpoint" in log
     assert (state / "checkpoint.damaged.safetensors").exists()
+    assert "received already" not in log  # its pulls and refused pushes ask once per state
     result = subprocess.run([sys.executable, "-m", "dacflnode", "invariant", "--json",
                              *(str(tmp_path / f"node-{i}") for i in range(3))],
                             capture_output=True, text=True, timeout=60, env=ENV)
