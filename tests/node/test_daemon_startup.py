@@ -130,3 +130,16 @@ def test_a_finished_node_started_again_exits_0_at_once_and_rewrites_a_cut_final_
     assert quiet.returncode == 0 and "writing it again" not in quiet.stderr
     assert f"run complete: {ROUNDS}/{ROUNDS} rounds" in quiet.stderr
     assert not any(n in quiet.stderr for n in NOISE)
+
+
+def test_a_state_directory_that_cannot_be_made_is_one_line_naming_node_state_dir(tmp_path):
+    """Before any log exists: the line goes to stderr alone."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    path = peers(tmp_path, state_dir=str(blocker / "node-0"))
+    run, _ = start(path)
+    assert run.returncode == 2, run.stderr
+    assert not any(n in run.stderr for n in NOISE), run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"error: node.state_dir: in {path}: cannot write {blocker / 'node-0'}: Not a directory: "
+        "make it a writable directory for the user the node runs as"]
