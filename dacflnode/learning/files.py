@@ -12,6 +12,7 @@ what to say about it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -79,7 +80,10 @@ def atomic_save(tensors: Mapping[str, torch.Tensor], path: Path, meta: Mapping[s
     save_file(contiguous, str(tmp), metadata={**meta, CHECKSUM_KEY: checksum(contiguous, meta)})
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    read_verified(tmp)
+    try:
+        read_verified(tmp)
+    except CorruptFile as exc:  # the storage did not keep what was written: an I/O error
+        raise OSError(errno.EIO, f"did not read back as written ({exc})", str(tmp)) from exc
     if keep_previous is not None:
         with contextlib.suppress(FileNotFoundError):
             os.replace(path, keep_previous)

@@ -4,6 +4,7 @@ stays beside the newest, and a node whose newest is damaged resumes from it."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ from safetensors.torch import save_file
 
 from dacflnode import logs
 from dacflnode.algorithms.rounds import NodeState
+from dacflnode.learning import files
 from dacflnode.learning.files import CHECKSUM_KEY, CorruptFile, atomic_save, read_verified
 from dacflnode.node.checkpoint import (
     CHECKPOINT,
@@ -212,3 +214,25 @@ def test_atomic_save_leaves_no_temporary_file_and_any_dtype_verifies(tmp_path):
     data[-1] ^= 0x01
     with pytest.raises(CorruptFile, match="checksum"):
         read_verified(bytes(data))
+
+
+def test_a_write_that_does_not_read_back_is_an_io_error_and_keeps_the_old_file(
+        tmp_path, monkeypatch):
+    """Storage that loses a bit between the write and the read-back: an ``EIO`` the node's
+    Persister retries, never a renamed damaged file."""
+    path = save(tmp_path, 4)
+    real_save = files.save_file
+
+    def lossy_save(tensors: dict[str, torch.Tensor], filename: str,
+                   metadata: dict[str, str]) -> None:
+        real_save(tensors, filename, metadata=metadata)
+        data = bytearray(Path(filename).read_bytes())
+        data[-1] ^= 0x01
+        Path(filename).write_bytes(bytes(data))
+
+    monkeypatch.setattr(files, "save_file", lossy_save)
+    with pytest.raises(OSError) as failed:
+        save(tmp_path, 5)
+    assert failed.value.errno == errno.EIO and "did not read back" in str(failed.value)
+    assert read_checkpoint(path).state.round == 4  # the newest is still the last good one
+    assert not (tmp_path / CHECKPOINT_PREV).exists()
