@@ -221,7 +221,7 @@ def test_a_write_that_does_not_read_back_is_an_io_error_and_keeps_the_old_file(
     """Storage that loses a bit between the write and the read-back: an ``EIO`` the node's
     Persister retries, never a renamed damaged file."""
     path = save(tmp_path, 4)
-    real_save = files.save_file
+    from safetensors.torch import save_file as real_save
 
     def lossy_save(tensors: dict[str, torch.Tensor], filename: str,
                    metadata: dict[str, str]) -> None:
