@@ -43,9 +43,9 @@ import torch
 
 from dacflnode.algorithms.rounds import Algorithm, NodeState
 from dacflnode.config import DAEMON_DEFAULTS
-from dacflnode.learning.files import save_model
+from dacflnode.learning.files import CorruptFile, read_verified, save_model
 from dacflnode.learning.layout import StateLayout
-from dacflnode.node.checkpoint import Checkpoint, save_checkpoint
+from dacflnode.node.checkpoint import FINAL_MODEL, Checkpoint, save_checkpoint
 from dacflnode.node.edges import Absorbed, EdgeBook
 from dacflnode.node.ledger import Ledger
 from dacflnode.node.membership import PeerState, PeerTrack
@@ -174,6 +174,8 @@ class NodeRunner:
         self._leave = asyncio.Event()
         self._peer_rounds: dict[str, int] = {}
         self._greetings: dict[str, asyncio.Task[None]] = {}
+        #: the ``(round, peer)`` states being pulled now (one pull each)
+        self._pulling: set[tuple[int, str]] = set()
         #: neighbours that refused this round's push for being in another round: alive
         self._alive: set[str] = set()
         #: rounds in which the node mixed no neighbour although the topology had some
@@ -306,6 +308,28 @@ class NodeRunner:
         except PersistError as exc:
             self.phase = "failed"
             raise NodeFailed(str(exc)) from exc
+
+    async def confirm_finished(self) -> bool:
+        """Whether the node, started again, had already done every round (its checkpoint is of
+        the last round): then it makes sure ``final.safetensors`` is sound (its checksum, its
+        round) and writes it again from the checkpoint when it is missing or damaged, logs
+        "run complete", and the caller exits at once, without waiting for neighbours that are
+        gone (a service manager that restarts it then does not loop)."""
+        setup = self.setup
+        if self.round < setup.rounds:
+            return False
+        self.phase = "done"
+        if setup.state_dir is not None:
+            path = setup.state_dir / FINAL_MODEL
+            problem = await asyncio.to_thread(_final_problem, path, self.round)
+            if problem is not None:
+                log.warning("%s: the final model %s %s: writing it again from the checkpoint",
+                            setup.node_id, path, problem)
+                await self._write_final()
+        log.info("%s: run complete: %d/%d rounds; final model %s", setup.node_id, self.round,
+                 setup.rounds, "not written (no state directory)" if setup.state_dir is None
+                 else setup.state_dir / FINAL_MODEL)
+        return True
 
     async def _until_stopped(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` unless a stop request comes first (then cancel it, raise Stopped).
@@ -809,9 +833,13 @@ class NodeRunner:
         state passes the inbox's guard like a pushed one."""
         inbox = self.transport.inbox
         faults = self.setup.faults
-        if inbox.has(t, peer) or (faults is not None and faults.drops(peer, self.setup.node_id,
-                                                                       t)):
+        key = (t, peer)
+        # here already, dropped, or on its way: a restarted node pulls a state and its push of
+        # the round, refused ROUND_PASSED, asks for the same one
+        if inbox.has(t, peer) or key in self._pulling or (
+                faults is not None and faults.drops(peer, self.setup.node_id, t)):
             return
+        self._pulling.add(key)
         try:
             message = await self.transport.pull(
                 peer, t, timeout=max(0.0, min(deadline - time.monotonic(), 30.0)))
@@ -829,6 +857,8 @@ class NodeRunner:
         except Exception:  # a transport failure nobody foresaw must not end the round
             log.exception("%s: pull of round %d from %s failed unexpectedly",
                           self.setup.node_id, t, peer)
+        finally:
+            self._pulling.discard(key)
 
     # ------------------------------------------------------------------ files
     async def _write(self, what: str, fn: Callable[..., object], *args: Any) -> None:
@@ -872,5 +902,23 @@ class NodeRunner:
             return
         meta = {"algorithm": setup.algorithm.name, "node": setup.node_id,
                 "round": str(self.state.round), "fingerprint": setup.layout.fingerprint()}
-        await self._write("final model", save_model, setup.state_dir / "final.safetensors",
+        await self._write("final model", save_model, setup.state_dir / FINAL_MODEL,
                           setup.layout, model, setup.trainer.local_buffers(), meta)
+
+
+def _final_problem(path: Path, round_: int) -> str | None:
+    """What is wrong with the final model ``path`` of a run of ``round_`` rounds (to follow the
+    file's name), or ``None``."""
+    if not path.exists():
+        return "is missing"
+    try:
+        meta, tensors, verified = read_verified(path)
+    except (OSError, CorruptFile) as exc:
+        return str(exc).removeprefix(f"{path}: ")
+    if not verified:
+        return "has no checksum"
+    if meta.get("round") != str(round_):
+        return f"is of round {meta.get('round')}, not {round_}"
+    if not all(bool(torch.isfinite(t).all()) for t in tensors.values() if t.is_floating_point()):
+        return "holds non-finite values"
+    return None

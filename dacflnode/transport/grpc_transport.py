@@ -365,6 +365,7 @@ class GrpcTransport(Transport):
             self.port = channels.bind(server, self.listen, self.tls)
         except OSError:
             self._state = "stopped"
+            await server.stop(None)  # a server dropped unstopped warns once its loop is closed
             raise
         await server.start()
         self._server = server
@@ -374,6 +375,7 @@ class GrpcTransport(Transport):
             try:
                 self.health_port = channels.bind(probe, self.health_listen)
             except OSError:
+                await probe.stop(None)
                 await server.stop(None)
                 self._state = "stopped"
                 raise

@@ -4,6 +4,7 @@ caller's cancellation reaches the caller, refusals are recognised by their reaso
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -202,3 +203,45 @@ def test_the_runner_guards_its_inbox_and_an_honest_run_is_never_refused():
         assert a.transport.inbox.get(3) == {}
 
     asyncio.run(scenario())
+
+
+def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning(caplog):
+    """A restarted node pulls the state of a neighbour already past its round, and its push of
+    that round, refused ROUND_PASSED, asks for the same state: one pull, no WARNING (the
+    second used to fail as "received already"); a push that lands during a pull is no
+    warning either."""
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"])
+        calls: list[int] = []
+        release = asyncio.Event()
+
+        async def slow_pull(peer: str, round_: int, expect_tensors: object = None,
+                            timeout: float = 0.0) -> RoundMessage:
+            calls.append(round_)
+            await release.wait()
+            return RoundMessage("b", round_, 1, a.setup.algorithm.outgoing(a.state))
+
+        a.transport.pull = slow_pull  # type: ignore[method-assign]
+        deadline = asyncio.get_running_loop().time() + 10
+        first = asyncio.create_task(a._pull("b", 0, deadline))
+        second = asyncio.create_task(a._pull("b", 0, deadline))
+        await until(lambda: calls == [0])
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(first, second)
+        assert calls == [0] and a.transport.inbox.has(0, "b")
+
+        release.clear()  # a pull of round 1 overtaken by the push of the same state
+        pull = asyncio.create_task(a._pull("b", 1, deadline))
+        await until(lambda: calls == [0, 1])
+        await a.transport.inbox.put(
+            RoundMessage("b", 1, 1, a.setup.algorithm.outgoing(a.state)))
+        release.set()
+        await pull
+        assert a.transport.inbox.has(1, "b")
+
+    with caplog.at_level(logging.INFO, logger="dacflnode"):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert sum("pulled round" in r.getMessage() for r in caplog.records) == 1
