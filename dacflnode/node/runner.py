@@ -16,10 +16,12 @@ Faults (docs/faults.md; the bookkeeping is :class:`~dacflnode.node.edges.EdgeBoo
 that has not delivered by the round deadline is left out of that round's mix (its weight goes to
 the node itself); every header lists the neighbours mixed in the node's last few rounds, so an
 edge used on one end only is undone exactly by the node that used it. A neighbour silent for
-``gone_after`` rounds is declared gone, and all nodes re-anchor at an agreed round. A node that
-drains out (:meth:`NodeRunner.request_leave`) hands its share of ``Σ x`` to its neighbours; a node
-far behind its neighbours joins at an agreed round from a neighbour's model. After the last round
-every node runs one more exchange, without mixing, to settle the last one-sided uses.
+``gone_after`` rounds is declared gone (one that shows it is alive is late, not gone), and all
+nodes re-anchor at an agreed round. A node that drains out (:meth:`NodeRunner.request_leave`)
+hands its share of ``Σ x`` to its neighbours; a node far behind its neighbours joins at an agreed
+round from a neighbour's model, keeping its own mass when it restarted from its checkpoint. After
+the last round every node runs ``anchor_delay`` more exchanges, without mixing, to settle the
+last one-sided uses and apply the anchors proposed near the end.
 
 Task lifetimes are structured: the pushes of a round run in a task group that ends with the round
 (delivered, given up at the deadline, or cancelled when the round is abandoned); a stop request
