@@ -19,7 +19,7 @@ import time
 import pytest
 
 from dacflnode.node.checkpoint import CHECKPOINT
-from dacflnode.transport.grpc_control import request_stop
+from dacflnode.transport.grpc_control import fetch_status, request_stop
 from tests.node.test_fault_cluster import TOLERANCE, Cluster, cluster
 
 pytestmark = pytest.mark.timeout(150)
@@ -36,6 +36,12 @@ def node_warnings(c: Cluster, i: int, after: str) -> list[str]:
     text = (c.root / f"node-{i}.stderr").read_text(errors="replace")
     tail = text[text.index(after):] if after in text else ""
     return [line for line in tail.splitlines() if "WARNING dacflnode.node" in line]
+
+
+def neighbour_state(c: Cluster, observer: int, peer: int) -> str:
+    """How ``dacflnode status`` of node ``observer`` shows node ``peer``."""
+    status = asyncio.run(fetch_status(c.control_address(observer)))
+    return next(nb.state for nb in status.neighbours if nb.node_id == f"node-{peer}")
 
 
 def restart(c: Cluster, i: int) -> None:
@@ -60,6 +66,11 @@ def test_a_stopped_node_restarted_costs_its_neighbours_no_deadline(tmp_path):
         assert c.wait([2], timeout=30) == [0]
         stopped = c.done(2)
         down = time.monotonic()
+        # its neighbours, waiting for its state, ask whether it is there: it is not
+        end = down + 10
+        while neighbour_state(c, 0, 2) != "unreachable":
+            assert time.monotonic() < end, neighbour_state(c, 0, 2)
+            time.sleep(0.2)
         restart(c, 2)
         c.wait_for_round(2, stopped + 1)
         back = time.monotonic() - down
