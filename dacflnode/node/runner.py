@@ -644,16 +644,18 @@ class NodeRunner:
         end = self.setup.rounds
         last = end + self.book.anchor_delay
         silent: set[str] = set()
-        while self.round < last:
-            heard = await self._closing_exchange(Kind.FINAL, skip=silent)
-            silent |= {j for j in self.mixing(self.round) if j not in heard}
-            self._set_round(self.round + 1)
-        self._reanchor_if_due(last)
+        try:
+            while self.round < last:
+                heard = await self._closing_exchange(Kind.FINAL, skip=silent)
+                silent |= {j for j in self.mixing(self.round) if j not in heard}
+                self._set_round(self.round + 1)
+            self._reanchor_if_due(last)
+        finally:
+            self._set_round(end)  # stopped or not: its round is R
         if len(self.book.ledger):
             log.warning("%s: %d one-sided uses left unsettled at the end (a neighbour did not "
                         "answer the closing exchanges); dacflnode invariant settles them from "
                         "its checkpoint", self.setup.node_id, len(self.book.ledger))
-        self._set_round(end)
 
     def _set_round(self, round_: int) -> None:
         state = self.state
