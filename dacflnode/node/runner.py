@@ -579,7 +579,11 @@ class NodeRunner:
         missing = tuple(j for j in active if j not in mixed and j not in absorbed.left
                         and self.peers[j].mixes_in(t))  # not re-agreed to a later round
         heard = self.transport.inbox.heard
-        alive = {j for j in missing if j in self._alive or heard.get(j, -math.inf) >= since}
+        faults = setup.faults
+        # an edge-round an injected fault drops is silent by definition (so that a fault plan
+        # plays the same whatever the timing, in the simulator and on daemons)
+        alive = {j for j in missing if (j in self._alive or heard.get(j, -math.inf) >= since)
+                 and not (faults is not None and faults.drops(j, setup.node_id, t))}
         self.book.note_round(t, list(mixed), missing,
                              [j for j in handovers if j not in received], alive)
         if not mixed and self.active(t):
