@@ -465,9 +465,9 @@ class NodeRunner:
         if alg.tracked_field != "x" and not (passed or stale or self._gone_for):
             mass = self.state.x - alg.tracked(self.state)
         if stale:
-            log.warning("%s: the checkpoint (round %d) is older than what %s mixed of this "
-                        "node: its mass is unknown; re-anchor proposed", me, since,
-                        "its neighbours")
+            log.warning("%s: the checkpoint (round %d) is older than what its neighbours mixed "
+                        "of this node: its mass is unknown; it joins without it and proposes a "
+                        "re-anchor", me, since)
         elif self._gone_for:
             log.info("%s: %s declared this node gone: it joins without its mass (the "
                      "re-anchor takes it)", me, ", ".join(sorted(self._gone_for)))
