@@ -240,8 +240,6 @@ def _status_table(data: dict[str, Any]) -> Table:
         table.add_column(col)
     for nb in data["neighbours"]:
         state = nb.get("state") or "—"
-        if state == "active" and not nb["connected"]:
-            state = "unreachable"  # stopped, or cut off: its last call failed
         table.add_row(nb["node_id"], nb["address"],
                       state if nb["connected"] or state == "unreachable"
                       else f"{state}, not connected",

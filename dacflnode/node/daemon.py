@@ -48,6 +48,7 @@ from dacflnode.learning.partition import partition
 from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.node.addresses import format_address, is_loopback, parse_address
 from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, CheckpointError, load_checkpoint
+from dacflnode.node.membership import PeerState
 from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
@@ -62,6 +63,9 @@ if TYPE_CHECKING:
     from dacflnode.transport.receiver import Receiver
 
 log = logging.getLogger("dacflnode.daemon")
+
+#: How ``status`` shows an active neighbour whose last call failed (docs/faults.md).
+UNREACHABLE = "unreachable"
 
 
 @dataclass
@@ -150,11 +154,14 @@ class Daemon:
         for nb in pf.neighbours:
             s = stats.get(nb.id)
             track = tracks.get(nb.id)
+            state = track.state.value if track else ""
+            if state == PeerState.ACTIVE and s is not None and not s.connected:
+                state = UNREACHABLE  # stopped, restarting or cut off: its last call failed
             neighbours.append(NeighbourInfo(
                 nb.id, nb.address, s.connected if s else False,
                 s.last_round_received if s else -1, s.bytes_received if s else 0,
                 s.bytes_sent if s else 0, s.latency_ms if s else math.nan,
-                state=track.state.value if track else "",
+                state=state,
                 missed_rounds=track.missed if track else 0,
                 late_states=receiver.late_by[nb.id] if receiver else 0,
                 refused=receiver.refused_by[nb.id] if receiver else 0,

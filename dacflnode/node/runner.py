@@ -16,10 +16,12 @@ Faults (docs/faults.md; the bookkeeping is :class:`~dacflnode.node.edges.EdgeBoo
 that has not delivered by the round deadline is left out of that round's mix (its weight goes to
 the node itself); every header lists the neighbours mixed in the node's last few rounds, so an
 edge used on one end only is undone exactly by the node that used it. A neighbour silent for
-``gone_after`` rounds is declared gone, and all nodes re-anchor at an agreed round. A node that
-drains out (:meth:`NodeRunner.request_leave`) hands its share of ``Σ x`` to its neighbours; a node
-far behind its neighbours joins at an agreed round from a neighbour's model. After the last round
-every node runs one more exchange, without mixing, to settle the last one-sided uses.
+``gone_after`` rounds is declared gone (one that shows it is alive is late, not gone), and all
+nodes re-anchor at an agreed round. A node that drains out (:meth:`NodeRunner.request_leave`)
+hands its share of ``Σ x`` to its neighbours; a node far behind its neighbours joins at an agreed
+round from a neighbour's model, keeping its own mass when it restarted from its checkpoint. After
+the last round every node runs ``anchor_delay`` more exchanges, without mixing, to settle the
+last one-sided uses and apply the anchors proposed near the end.
 
 Task lifetimes are structured: the pushes of a round run in a task group that ends with the round
 (delivered, given up at the deadline, or cancelled when the round is abandoned); a stop request
@@ -463,9 +465,9 @@ class NodeRunner:
         if alg.tracked_field != "x" and not (passed or stale or self._gone_for):
             mass = self.state.x - alg.tracked(self.state)
         if stale:
-            log.warning("%s: the checkpoint (round %d) is older than what %s mixed of this "
-                        "node: its mass is unknown; re-anchor proposed", me, since,
-                        "its neighbours")
+            log.warning("%s: the checkpoint (round %d) is older than what its neighbours mixed "
+                        "of this node: its mass is unknown; it joins without it and proposes a "
+                        "re-anchor", me, since)
         elif self._gone_for:
             log.info("%s: %s declared this node gone: it joins without its mass (the "
                      "re-anchor takes it)", me, ", ".join(sorted(self._gone_for)))
@@ -577,7 +579,11 @@ class NodeRunner:
         missing = tuple(j for j in active if j not in mixed and j not in absorbed.left
                         and self.peers[j].mixes_in(t))  # not re-agreed to a later round
         heard = self.transport.inbox.heard
-        alive = {j for j in missing if j in self._alive or heard.get(j, -math.inf) >= since}
+        faults = setup.faults
+        # an edge-round an injected fault drops is silent by definition (so that a fault plan
+        # plays the same whatever the timing, in the simulator and on daemons)
+        alive = {j for j in missing if (j in self._alive or heard.get(j, -math.inf) >= since)
+                 and not (faults is not None and faults.drops(j, setup.node_id, t))}
         self.book.note_round(t, list(mixed), missing,
                              [j for j in handovers if j not in received], alive)
         if not mixed and self.active(t):
@@ -642,16 +648,18 @@ class NodeRunner:
         end = self.setup.rounds
         last = end + self.book.anchor_delay
         silent: set[str] = set()
-        while self.round < last:
-            heard = await self._closing_exchange(Kind.FINAL, skip=silent)
-            silent |= {j for j in self.mixing(self.round) if j not in heard}
-            self._set_round(self.round + 1)
-        self._reanchor_if_due(last)
+        try:
+            while self.round < last:
+                heard = await self._closing_exchange(Kind.FINAL, skip=silent)
+                silent |= {j for j in self.mixing(self.round) if j not in heard}
+                self._set_round(self.round + 1)
+            self._reanchor_if_due(last)
+        finally:
+            self._set_round(end)  # stopped or not: its round is R
         if len(self.book.ledger):
             log.warning("%s: %d one-sided uses left unsettled at the end (a neighbour did not "
                         "answer the closing exchanges); dacflnode invariant settles them from "
                         "its checkpoint", self.setup.node_id, len(self.book.ledger))
-        self._set_round(end)
 
     def _set_round(self, round_: int) -> None:
         state = self.state

@@ -8,6 +8,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ from dacflnode.wire.errors import Reason, WireError
 def make_runner(
     network: MemoryNetwork, node_id: str, neighbours: list[str], *, start_round: int = 0,
     rounds: int = 3, deadline: float = math.inf, used_prev: tuple[str, ...] = (),
+    **options: Any,
 ) -> NodeRunner:
     torch.manual_seed(0)
     model = build_model("tiny-cnn", (1, 8, 8), 10)
@@ -43,7 +45,7 @@ def make_runner(
                                 {name: (layout.numel,) for name in algorithm.exchanged})
     setup = NodeSetup(node_id=node_id, neighbours=neighbours, algorithm=algorithm,
                       trainer=ThreadedTrainer(local, x, y), layout=layout, rounds=rounds,
-                      round_deadline=deadline)
+                      round_deadline=deadline, **options)
     state = replace(NodeState.initial(layout.flatten_module(model)), round=start_round)
     resume = None
     if used_prev:
