@@ -137,6 +137,18 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
         ("reanchored", {"node": 0, "round": 1}),
     "%s: round %d: no state from %s by the deadline; mixing without them":
         ("state_missing", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: %d one-sided uses left unsettled at the end (a neighbour did not answer the closing "
+    "exchanges); dacflnode invariant settles them from its checkpoint":
+        ("unsettled_at_end", {"node": 0}),
+    "%s: asking %s whether it is there failed unexpectedly":
+        ("probe_failed", {"node": 0, "neighbour": 1}),
+    "%s: the checkpoint (round %d) is older than what its neighbours mixed of this node: its "
+    "mass is unknown; it joins without it and proposes a re-anchor":
+        ("stale_checkpoint", {"node": 0, "round": 1}),
+    "%s: %s declared this node gone: it joins without its mass (the re-anchor takes it)":
+        ("rejoin_after_gone", {"node": 0, "neighbour": 1}),
+    "%s: the network re-anchored at round %s since this node's round %d: it joins with mass 0":
+        ("rejoin_after_anchor", {"node": 0}),
     "%s: round %d: no closing state from %s":
         ("closing_state_missing", {"node": 0, "round": 1, "neighbour": 2}),
     "%s: %d one-sided uses unsettled at leave; re-anchor proposed":
