@@ -62,7 +62,7 @@ def assert_one_line_failure(run: subprocess.CompletedProcess[str], path: Path,
     assert errors[0].split(" ERROR ", 1)[1] in log
 
 
-@pytest.mark.parametrize("setting", ["node.listen", "node.control"])
+@pytest.mark.parametrize("setting", ["node.listen", "node.control", "node.health"])
 def test_a_taken_port_is_one_line_naming_the_setting_exit_2(tmp_path, setting):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
