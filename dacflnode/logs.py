@@ -18,8 +18,9 @@ one :class:`LogGuard` before any handler writes it; no call site has to remember
 * **Repeats are rate-limited.** Records with the same logger and format string share a budget
   of :data:`RATE_LIMIT_COUNT` per :data:`RATE_LIMIT_WINDOW_S` seconds; the rest of the window's
   records are dropped and counted, and once the window is over one line says
-  ``suppressed K similar messages: <format string>``. A flood of refusals thus costs a bounded
-  number of lines per format string, while rare messages are never delayed.
+  ``suppressed K similar messages, the last: <that record, formatted and escaped>``. A flood of
+  refusals thus costs a bounded number of lines per format string, while rare messages are never
+  delayed.
 * **The file rotates** at :data:`LOG_FILE_BYTES`, keeping :data:`LOG_FILE_BACKUPS` old files
   (``daemon.log.1`` …): at most 60 MB of log per state directory, whatever peers do.
 
@@ -76,7 +77,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 #: Longest string value written as it is; longer ones are cut (``%r``-escaped) with a marker.
 MAX_VALUE_CHARS = 100
@@ -108,6 +109,10 @@ JSON_KEYS = ("time", "level", "logger", "node", "round", "neighbour", "event", "
 #: The fields a record carries beside its message (``extra=``, or read off its arguments).
 FIELDS = ("node", "round", "neighbour", "event", "reason")
 
+#: The guard's own line: how many records of one format string it dropped, and the last of them.
+SUPPRESSED = "suppressed %d similar messages, the last: %s"
+
+
 #: What the JSON format reads off a record, by the record's format string: its event name and,
 #: per field, the index of the argument that holds it. (A call site may pass the fields with
 #: ``extra=`` instead; those win.) tests/test_logs.py checks that every format string of the
@@ -132,6 +137,18 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
         ("reanchored", {"node": 0, "round": 1}),
     "%s: round %d: no state from %s by the deadline; mixing without them":
         ("state_missing", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: %d one-sided uses left unsettled at the end (a neighbour did not answer the closing "
+    "exchanges); dacflnode invariant settles them from its checkpoint":
+        ("unsettled_at_end", {"node": 0}),
+    "%s: asking %s whether it is there failed unexpectedly":
+        ("probe_failed", {"node": 0, "neighbour": 1}),
+    "%s: the checkpoint (round %d) is older than what its neighbours mixed of this node: its "
+    "mass is unknown; it joins without it and proposes a re-anchor":
+        ("stale_checkpoint", {"node": 0, "round": 1}),
+    "%s: %s declared this node gone: it joins without its mass (the re-anchor takes it)":
+        ("rejoin_after_gone", {"node": 0, "neighbour": 1}),
+    "%s: the network re-anchored at round %s since this node's round %d: it joins with mass 0":
+        ("rejoin_after_anchor", {"node": 0}),
     "%s: round %d: no closing state from %s":
         ("closing_state_missing", {"node": 0, "round": 1, "neighbour": 2}),
     "%s: %d one-sided uses unsettled at leave; re-anchor proposed":
@@ -183,6 +200,14 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: grpc.health.v1 alone, in plaintext, on %s": ("health_serving", {"node": 0}),
     "%s: left the network after round %d": ("left", {"node": 0, "round": 1}),
     "%s: %s": ("failed", {"node": 0}),
+    "%s: cannot start: %s": ("start_failed", {"node": 0}),
+    "%s: run complete: %d/%d rounds; final model %s": ("run_complete", {"node": 0, "round": 1}),
+    "%s: the final model %s %s: writing it again from the checkpoint":
+        ("final_rewritten", {"node": 0}),
+    "%s %s; resuming from the previous checkpoint %s (round %d) instead%s":
+        ("checkpoint_fallback", {"round": 3}),
+    "%s was written without a checksum (by an older dacflnode): it is used unverified; the "
+    "next checkpoint carries one": ("checkpoint_unverified", {}),
     "%s: status not refreshed within %.0fs: serving the last one":
         ("status_stale", {"node": 0}),
     "open-files limit %d (was %d)": ("open_files_limit", {}),
@@ -200,7 +225,7 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: %d decoded images read from the cache": ("data_cache_hit", {}),
     "could not cache the decoded images in %s: %s": ("data_cache_unwritable", {}),
     # this module
-    "suppressed %d similar messages: %s": ("suppressed", {}),
+    SUPPRESSED: ("suppressed", {}),
 }
 
 _VERDICT = "_dacflnode_guard"
@@ -258,11 +283,16 @@ def safe_arg(value: object) -> object:
 
 
 class _Window:
-    __slots__ = ("level", "logger", "passed", "start", "suppressed", "template")
+    __slots__ = ("last", "level", "logger", "passed", "start", "suppressed", "template")
 
     def __init__(self, logger: str, level: int, template: str, start: float) -> None:
         self.logger, self.level, self.template = logger, level, template
         self.start, self.passed, self.suppressed = start, 0, 0
+        #: the arguments of the last record dropped (formatted into the summary)
+        self.last: Any = None
+
+    def summary(self) -> tuple[str, int, str, Any, int]:
+        return self.logger, self.level, self.template, self.last, self.suppressed
 
 
 class LogGuard(logging.Filter):
@@ -290,17 +320,19 @@ class LogGuard(logging.Filter):
                 w = self._windows[key] = _Window(record.name, record.levelno, key[1], now)
             elif now - w.start >= self.window:
                 if w.suppressed:
-                    due.append((w.logger, w.level, w.template, w.suppressed))
+                    due.append(w.summary())
                 w.start, w.passed, w.suppressed = now, 0, 0
             allowed = w.passed < self.count
             if allowed:
                 w.passed += 1
             else:
                 w.suppressed += 1
-        for logger, level, template, k in due:  # outside the lock: these records pass here
-            summary = logging.LogRecord(logger, level, __file__, 0,
-                                        "suppressed %d similar messages: %s",
-                                        (k, template), None)
+                w.last = record.args
+        for logger, level, template, args, k in due:  # outside the lock: these records pass
+            last = logging.LogRecord(logger, level, __file__, 0, template, args, None)
+            sanitize(last)  # the last dropped record, formatted as it would have been written
+            summary = logging.LogRecord(logger, level, __file__, 0, SUPPRESSED,
+                                        (k, _Escaped(last.getMessage())), None)
             setattr(summary, _VERDICT, True)
             sanitize(summary)
             logging.getLogger(logger).handle(summary)
@@ -309,14 +341,14 @@ class LogGuard(logging.Filter):
             sanitize(record)
         return allowed
 
-    def _expired(self, now: float) -> list[tuple[str, int, str, int]]:
+    def _expired(self, now: float) -> list[tuple[str, int, str, Any, int]]:
         """Windows that ended with suppressed records (reported now) or that can be forgotten."""
         due = []
         for key, w in list(self._windows.items()):
             if now - w.start < self.window:
                 continue
             if w.suppressed:
-                due.append((w.logger, w.level, w.template, w.suppressed))
+                due.append(w.summary())
                 w.start, w.passed, w.suppressed = now, 0, 0
             elif len(self._windows) > MAX_TEMPLATES // 2:
                 del self._windows[key]

@@ -127,9 +127,30 @@ def test_repeats_beyond_the_budget_are_dropped_then_summarised_once(logger):
     assert len(lines) == 3
     clock.now += 10.0
     logger.warning("hello from %r refused", "late")
-    assert lines[3].endswith("suppressed 47 similar messages: hello from %r refused")
+    assert lines[3].endswith("suppressed 47 similar messages, the last: hello from 'n49' "
+                             "refused")
+    assert "%" not in lines[3]
     assert lines[4].endswith("hello from 'late' refused")
     assert len(lines) == 5
+
+
+def test_the_summary_formats_the_last_dropped_record_escaped_like_any_other(logger):
+    """A refusal flood summarised: the format string is filled in, and what a peer sent is
+    still escaped and cut (no newline, no 10 KB id), in the summary as in the records."""
+    clock = Clock()
+    lines = capture(logger, logs.LogGuard(count=1, window=10.0, clock=clock))
+    template = "%s from %r (peer %r, round %d) refused: %s: %s (%s)"
+    for i in range(11):
+        logger.warning(template, "push", "node-9\nforged" + "x" * 10_000, "ipv4:10.0.0.9:1",
+                       i, "FAILED_PRECONDITION", "not a neighbour", "not-neighbour")
+    clock.now += 10.0
+    logger.info("later")
+    summary = lines[1]
+    assert "suppressed 10 similar messages, the last: push from " in summary
+    assert "(peer 'ipv4:10.0.0.9:1', round 10) refused: FAILED_PRECONDITION: not a " \
+        "neighbour (not-neighbour)" in summary
+    assert "%" not in summary and "\n" not in summary and "node-9\\nforged" in summary
+    assert len(summary) < 600 and "chars]" in summary
 
 
 def test_a_summary_is_written_when_any_later_record_arrives(logger):
@@ -140,7 +161,7 @@ def test_a_summary_is_written_when_any_later_record_arrives(logger):
     clock.now += 11.0
     logger.info("something else")
     assert [line.split(": ", 1)[1] for line in lines] == [
-        "flood", "suppressed 4 similar messages: flood", "something else"]
+        "flood", "suppressed 4 similar messages, the last: flood", "something else"]
 
 
 def test_templates_and_loggers_have_separate_budgets(logger):
@@ -300,7 +321,7 @@ def logged_templates() -> set[str]:
 
 def test_every_logged_format_string_has_an_event_and_every_event_is_still_logged():
     logged = logged_templates()
-    own = {"suppressed %d similar messages: %s"}  # made by the guard itself
+    own = {logs.SUPPRESSED}  # made by the guard itself
     missing = sorted(logged - set(logs.EVENTS))
     assert missing == [], "add these format strings to dacflnode.logs.EVENTS (an event name and " \
                           "the arguments holding node, round, neighbour, reason)"

@@ -24,6 +24,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from dacflnode.cli.errors import config_errors
+from dacflnode.errors import ConfigError
 
 if TYPE_CHECKING:
     from dacflnode.node.peers import PeersFile
@@ -61,6 +62,11 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
     It serves its neighbours, waits for them (they may start in any order), runs synchronized
     rounds and writes STATE_DIR/metrics.jsonl, checkpoint.safetensors and final.safetensors.
 
+    Exit status: 0 done, stopped or left (and at once, "run complete", when started again
+    after its last round); 1 a failure while running; 2 a setting or file to fix first (an
+    address in use, unreadable TLS files, a damaged or foreign checkpoint), said in one line
+    on stderr and in STATE_DIR/daemon.log (docs/operations.md).
+
     \b
     Example:
       dacflnode topology ring --nodes 3 --out cluster/ --dataset synthetic
@@ -76,7 +82,12 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
 
         plan = check_for_daemons(load_fault_plan(faults_file, pf.daemon.members or None,
                                                  pf.run.rounds), "`dacflnode start`")
-    setup_logging(pf.node.state_dir, log_level, log_format, node=pf.node.id)
+    try:
+        setup_logging(pf.node.state_dir, log_level, log_format, node=pf.node.id)
+    except OSError as exc:  # before any log exists: stderr only
+        raise ConfigError("node.state_dir", f"in {peers_file}: cannot write "
+                          f"{exc.filename or pf.node.state_dir}: {exc.strerror or exc}: make it "
+                          "a writable directory for the user the node runs as") from exc
     code = asyncio.run(Daemon(pf, faults=plan).run())
     sys.exit(code)
 
@@ -230,7 +241,8 @@ def _status_table(data: dict[str, Any]) -> Table:
     for nb in data["neighbours"]:
         state = nb.get("state") or "—"
         table.add_row(nb["node_id"], nb["address"],
-                      state if nb["connected"] else f"{state}, not connected",
+                      state if nb["connected"] or state == "unreachable"
+                      else f"{state}, not connected",
                       str(nb["last_round_received"]), f"{nb['bytes_received'] / 1e6:.1f} MB",
                       f"{nb['bytes_sent'] / 1e6:.1f} MB", _fmt(nb["latency_ms"], ".1f") + " ms")
     acc = data["last_accuracy"]
@@ -254,6 +266,8 @@ def _status_table(data: dict[str, Any]) -> Table:
         table.caption += (f"\nre-anchored {data.get('reanchored', 0)} time(s)"
                           + (f"; next at round {', '.join(map(str, anchors))}" if anchors
                              else ""))
+    if data.get("alone_rounds"):
+        table.caption += f"\nmixed with no neighbour in {data['alone_rounds']} round(s)"
     refusals = data.get("refusals") or {}
     if refusals:
         table.caption += "\nrefused: " + ", ".join(

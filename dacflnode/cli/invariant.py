@@ -32,10 +32,12 @@ if TYPE_CHECKING:
 @click.option("--token", default=None,
               help=f"Control token for --live [default: ${TOKEN_ENV}, or node.control_token of "
                    "each peers file].")
+@click.option("--tolerance", type=click.FloatRange(min=0.0), default=2e-6, show_default=True,
+              help="The invariant holds when the resolved residual is at most this.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @config_errors
 def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: bool,
-                  token: str | None, as_json: bool) -> None:
+                  token: str | None, tolerance: float, as_json: bool) -> None:
     """Check DACFL's consensus invariant over a set of nodes: the relative residual
     |Σx − Σtracked| / |Σtracked| of their estimates x and the models they track.
 
@@ -44,13 +46,18 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
     the one-sided edge uses the checkpoints can decide (docs/faults.md). Nodes at different
     rounds (a running network) give an estimate only, and the output says so.
 
+    The verdict, "holds: R ≤ TOLERANCE" or "BROKEN: ..." with every reason, is the last line
+    (and "verdict"/"holds" in --json). Exit status 0 when it holds; 1 when it does not: the
+    resolved residual is above --tolerance, a pending correction is left unresolved, or a
+    given source gave no checkpoint (unreadable, damaged, none yet, node not answering).
+
     \b
     Examples:
       dacflnode invariant runs/cluster/node-*
       dacflnode invariant --live cluster/*.yaml
       dacflnode invariant --peers cluster/node-0.yaml --peers cluster/node-1.yaml --json
     """
-    from dacflnode.node.invariant import compute_invariant, read_snapshots
+    from dacflnode.node.invariant import compute_invariant, read_snapshots, verdict
 
     state_sources: list[tuple[str, Path | bytes | None]] = []
     peers = list(peers_files)
@@ -79,17 +86,28 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
         click.echo("error: no checkpoint could be read:", err=True)
         for s in skipped:
             click.echo(f"  {s.source}: {s.reason}", err=True)
+        if as_json:
+            click.echo(json.dumps({"verdict": verdict(None, skipped, tolerance).text,
+                                   "holds": False, "skipped": _skipped_json(skipped)}))
         sys.exit(1)
     try:
         report = compute_invariant(snapshots)
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    judged = verdict(report, skipped, tolerance)
     if as_json:
-        click.echo(json.dumps({**report.to_json(), "skipped": [
-            {"source": s.source, "reason": s.reason} for s in skipped]}))
+        click.echo(json.dumps({**report.to_json(), "skipped": _skipped_json(skipped),
+                               "tolerance": tolerance, "holds": judged.holds,
+                               "verdict": judged.text}))
     else:
         _print(report, skipped)
+        click.echo(judged.text)
+    sys.exit(0 if judged.holds else 1)
+
+
+def _skipped_json(skipped: list[Skipped]) -> list[dict[str, str]]:
+    return [{"source": s.source, "reason": s.reason} for s in skipped]
 
 
 def _fetch_live(peers_files: list[str], token: str | None

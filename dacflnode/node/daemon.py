@@ -31,7 +31,7 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +45,7 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.node.addresses import format_address, is_loopback, parse_address
-from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
+from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, CheckpointError, load_checkpoint
 from dacflnode.node.data import (
     DataInfo,
     builtin_node_data,
@@ -53,6 +53,7 @@ from dacflnode.node.data import (
     contract_summary,
     own_node_data,
 )
+from dacflnode.node.membership import PeerState
 from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
@@ -62,9 +63,14 @@ from dacflnode.transport.base import Identity, Inbox
 
 if TYPE_CHECKING:
     from dacflnode.node.faults import FaultPlan
+    from dacflnode.transport.grpc_control import TokenInterceptor
+    from dacflnode.transport.grpc_transport import GrpcTransport
     from dacflnode.transport.receiver import Receiver
 
 log = logging.getLogger("dacflnode.daemon")
+
+#: How ``status`` shows an active neighbour whose last call failed (docs/faults.md).
+UNREACHABLE = "unreachable"
 
 
 @dataclass
@@ -156,11 +162,14 @@ class Daemon:
         for nb in pf.neighbours:
             s = stats.get(nb.id)
             track = tracks.get(nb.id)
+            state = track.state.value if track else ""
+            if state == PeerState.ACTIVE and s is not None and not s.connected:
+                state = UNREACHABLE  # stopped, restarting or cut off: its last call failed
             neighbours.append(NeighbourInfo(
                 nb.id, nb.address, s.connected if s else False,
                 s.last_round_received if s else -1, s.bytes_received if s else 0,
                 s.bytes_sent if s else 0, s.latency_ms if s else math.nan,
-                state=track.state.value if track else "",
+                state=state,
                 missed_rounds=track.missed if track else 0,
                 late_states=receiver.late_by[nb.id] if receiver else 0,
                 refused=receiver.refused_by[nb.id] if receiver else 0,
@@ -180,6 +189,7 @@ class Daemon:
             anchors=sorted(runner.anchors) if runner else [],
             reanchored=runner.reanchored if runner else 0,
             leaving=runner.leaving if runner else self._leave_early,
+            alone_rounds=runner.alone_rounds if runner else 0,
         )
         info = self.data_info
         if info is not None:
@@ -200,7 +210,8 @@ class Daemon:
             "round": last.round, "train_loss": last.train_loss, "samples": last.samples,
             "seconds": last.seconds,
             "exchange_s": last.exchange_s, "train_s": last.train_s,
-            "neighbours_used": list(last.used), "neighbours_missing": list(last.missing)}}
+            "neighbours_used": list(last.used), "neighbours_missing": list(last.missing),
+            "alone_rounds": self.runner.alone_rounds if self.runner else 0}}
         return "application/json", metrics_json(status, extra)
 
     def stop(self, drain: bool = False) -> None:
@@ -239,10 +250,17 @@ class Daemon:
         files = self.pf.node.tls
         if files is not None:
             try:
-                return files.load()
+                material = files.load()
             except OSError as exc:
                 raise ConfigError("node.tls", f"in {self.pf.path}: cannot read {exc.filename}: "
-                                  f"{exc.strerror}") from exc
+                                  f"{exc.strerror}: fix the path or the file's permissions "
+                                  "(the node runs as this user)") from exc
+            for path, data in ((files.ca, material.ca), (files.cert, material.cert),
+                               (files.key, material.key)):
+                if b"-----BEGIN " not in data:
+                    raise ConfigError("node.tls", f"in {self.pf.path}: {path} is not a PEM "
+                                      "file: issue the node's files with `dacflnode certs`")
+            return material
         log.warning(
             "%s: neighbours are not authenticated (no node.tls): anyone who reaches %s can push"
             " states in a neighbour's name or pull this node's model; set node.tls (see"
@@ -298,18 +316,34 @@ class Daemon:
 
     # ---------------------------------------------------------------- lifecycle
     async def run(self) -> int:
-        """Serve and run the node until its rounds end, it stops or it leaves; the exit code."""
+        """Serve and run the node until its rounds end, it stops or it leaves; the exit code.
+
+        A failure to start (a setting: an address that cannot be bound, unreadable TLS files, a
+        checkpoint that cannot be resumed from) is logged as one line, to stderr and
+        ``daemon.log``, naming the setting or file and what to do, and gives exit code 2."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal, sig)
-
-        tls = self.tls_material()
-        metrics_server = self.start_metrics(loop)
         try:
-            return await self._serve(tls)
-        finally:
-            if metrics_server is not None:
-                await asyncio.to_thread(metrics_server.stop)
+            tls = self.tls_material()
+            metrics_server = self.start_metrics(loop)
+            try:
+                return await self._serve(tls)
+            finally:
+                if metrics_server is not None:
+                    await asyncio.to_thread(metrics_server.stop)
+        except (ConfigError, CheckpointError) as exc:
+            log.error("%s: cannot start: %s", self.pf.node.id, exc)
+            if self.runner is not None:
+                self.runner.phase = "failed"
+            return 2
+
+    def _bind_error(self, exc: OSError, setting: str, address: str) -> ConfigError:
+        """An address of the peers file that cannot be bound, as a :class:`ConfigError`."""
+        port = address.rpartition(":")[2]
+        return ConfigError(setting, f"in {self.pf.path}: {exc}: stop what listens there "
+                           f"(`ss -ltnp 'sport = :{port}'` shows it; another dacflnode of this "
+                           "node?) or choose a free address")
 
     async def _serve(self, tls: TlsMaterial | None) -> int:
         """The Control service, the node and its Neighbor service, until the rounds end."""
@@ -321,32 +355,50 @@ class Daemon:
         control_tls = tls if tls is not None and self.control_exposed() else None
         interceptors = control_interceptors(pf.node.control_token)
         control = channels.create_server(interceptors=interceptors)
-        add_control_service(control, _Provider(self))
-        channels.bind(control, pf.node.control, control_tls, require_client_auth=False)
-        await control.start()
-        log.info("%s: control service on %s (%s, %s)", pf.node.id, pf.node.control,
-                 "TLS" if control_tls else "plaintext",
-                 "token required" if pf.node.control_token else "no token")
-
+        transport: GrpcTransport | None = None
         try:
+            add_control_service(control, _Provider(self))
+            try:
+                channels.bind(control, pf.node.control, control_tls, require_client_auth=False)
+            except channels.BindError as exc:
+                raise self._bind_error(exc, "node.control", pf.node.control) from exc
+            await control.start()
+            log.info("%s: control service on %s (%s, %s)", pf.node.id, pf.node.control,
+                     "TLS" if control_tls else "plaintext",
+                     "token required" if pf.node.control_token else "no token")
+
             built = await asyncio.to_thread(build_node, pf, self.faults)
-        except BaseException:  # bad data (one line, exit 2) or a stop: nothing else started
-            await control.stop(0)
-            raise
-        self.device = built.device
-        self.data_info = built.setup.data
-        holder: dict[str, NodeRunner] = {}
-        inbox = Inbox(senders=pf.neighbour_ids(),
-                      current_round=lambda: holder["runner"].round if holder else 0)
-        tensors = {name: (built.setup.layout.numel,)
-                   for name in built.setup.algorithm.exchanged}
-        transport = GrpcTransport(built.identity, pf.node.listen,
-                                  {nb.id: nb.address for nb in pf.neighbours}, inbox, tensors,
-                                  tls=tls, idle_timeout=pf.daemon.stream_idle_timeout,
-                                  stream_timeout=pf.daemon.stream_timeout,
-                                  health_listen=pf.node.health)
-        runner = NodeRunner(built.setup, transport, built.state, resume=built.checkpoint)
-        self.receiver = transport.receiver
+            self.device = built.device
+            self.data_info = built.setup.data
+            holder: dict[str, NodeRunner] = {}
+            inbox = Inbox(senders=pf.neighbour_ids(),
+                          current_round=lambda: holder["runner"].round if holder else 0)
+            tensors = {name: (built.setup.layout.numel,)
+                       for name in built.setup.algorithm.exchanged}
+            transport = GrpcTransport(built.identity, pf.node.listen,
+                                      {nb.id: nb.address for nb in pf.neighbours}, inbox,
+                                      tensors, tls=tls,
+                                      idle_timeout=pf.daemon.stream_idle_timeout,
+                                      stream_timeout=pf.daemon.stream_timeout,
+                                      health_listen=pf.node.health)
+            runner = NodeRunner(built.setup, transport, built.state, resume=built.checkpoint)
+            self.receiver = transport.receiver
+            holder["runner"] = runner
+            self.runner = runner
+            if built.checkpoint is not None and await runner.confirm_finished():
+                return 0  # started again after its last round: nothing to wait for
+            return await self._run(runner, transport, interceptors)
+        finally:
+            if transport is not None:
+                await transport.stop(grace=2.0)
+            await control.stop(grace=1.0)
+
+    async def _run(self, runner: NodeRunner, transport: GrpcTransport,
+                   interceptors: Sequence[TokenInterceptor]) -> int:
+        """Serve the neighbours and run the rounds; the exit code."""
+        from dacflnode.transport.channels import BindError
+
+        pf = self.pf
 
         def refusal_counts() -> dict[str, int]:
             counts = {reason.value: n for reason, n in transport.receiver.refusals.items()}
@@ -356,22 +408,25 @@ class Daemon:
             return counts
 
         self.refusal_counts = refusal_counts
-        holder["runner"] = runner
-        self.runner = runner
         runner.on_round = lambda r: self.metrics.observe_round(
             r.seconds, r.exchange_s, r.train_s, r.train_loss)
         if self._stop_early:
             runner.request_stop()
         elif self._leave_early:
             runner.request_leave()
-        await transport.start()
+        try:
+            await transport.start()
+        except BindError as exc:
+            setting, address = (("node.health", pf.node.health)
+                                if pf.node.health is not None and exc.address == pf.node.health
+                                else ("node.listen", pf.node.listen))
+            raise self._bind_error(exc, setting, address) from exc
         log.info("%s: serving neighbours on %s with %s (round %d of %d, %s on %s)", pf.node.id,
-                 pf.node.listen, "mutual TLS" if tls else "no authentication", runner.round,
-                 pf.run.rounds, pf.run.algorithm[0], self.device)
+                 pf.node.listen, "mutual TLS" if transport.tls else "no authentication",
+                 runner.round, pf.run.rounds, pf.run.algorithm[0], self.device)
         if pf.node.health is not None:
             log.info("%s: grpc.health.v1 alone, in plaintext, on %s", pf.node.id,
                      pf.node.health)
-        code = 0
         try:
             await runner.run()
             if runner.phase == "left":
@@ -379,11 +434,8 @@ class Daemon:
         except Exception as exc:  # a refused handshake, a broken model file, ...
             log.error("%s: %s", pf.node.id, exc, exc_info=not isinstance(exc, RuntimeError))
             runner.phase = "failed"
-            code = 1
-        finally:
-            await transport.stop(grace=2.0)
-            await control.stop(grace=1.0)
-        return code
+            return 1
+        return 0
 
 
 class _Provider:

@@ -10,7 +10,7 @@ left open.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,15 +205,21 @@ class EdgeBook:
 
     def note_round(
         self, round_: int, present: Sequence[str], missing: Sequence[str],
-        handovers_missing: Sequence[str] = (),
+        handovers_missing: Sequence[str] = (), alive: Collection[str] = (),
     ) -> list[str]:
-        """Count the round's missing neighbours; returns those now declared gone."""
+        """Count the round's missing neighbours; returns those now declared gone. A missing
+        neighbour in ``alive`` showed it was alive in the round (it is late, not silent): its
+        run of silent rounds starts again, since declaring gone needs silence."""
         for j in present:
             self.peers[j].consecutive = 0
         gone = []
         for j in missing:
             track = self.peers[j]
             track.missed += 1
+            if j in alive:
+                track.late += 1
+                track.consecutive = 0
+                continue
             track.consecutive += 1
             if track.consecutive >= self.gone_after and track.state is PeerState.ACTIVE:
                 track.state = PeerState.GONE
@@ -289,6 +295,19 @@ class EdgeBook:
         self.ledger.clear()
         self.used_log.clear()
         self.anchors = {a for a in self.anchors if a > round_}
+        self.joined = round_
+
+    def resumed(self, since: int, round_: int, passed: Sequence[int]) -> None:
+        """The node restarted from its round-``since`` checkpoint and re-enters at ``round_``
+        with its mass: it mixed nobody in round ``since`` (a neighbour that mixed a state it
+        pushed then undoes that use), and its pending uses stay to be settled, unless the
+        anchors ``passed`` (applied by the others while it was down) made them moot."""
+        if since not in self.used_log:
+            self.record_round(since, list(self.peers), {}, {}, None)
+        if passed:
+            self.ledger.clear()
+            self.applied |= set(passed)
+        self.anchors = {a for a in self.anchors if a >= round_}
         self.joined = round_
 
     # ------------------------------------------------------------------ checkpoints

@@ -37,6 +37,9 @@ import torch
 from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, read_checkpoint
 
 TRACKED_NAMES = ("omega_prev", "omega", "x")
+#: The relative residual under which the invariant is said to hold: float32 rounding leaves up
+#: to ~1e-6 after hundreds of rounds with faults (docs/faults.md, "What this does not cover").
+TOLERANCE = 2e-6
 
 
 @dataclass(frozen=True)
@@ -285,3 +288,31 @@ def compute_invariant(snapshots: Sequence[Snapshot]) -> InvariantReport:
         warnings=tuple(warnings),
         left=tuple(sorted(s.node for s in snapshots if s.left)),
     )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the invariant holds over what was read: ``text`` is ``holds: R ≤ T`` or
+    ``BROKEN: …`` naming every reason."""
+
+    holds: bool
+    text: str
+
+
+def verdict(report: InvariantReport | None, skipped: Sequence[Skipped],
+            tolerance: float = TOLERANCE) -> Verdict:
+    """The verdict on ``report`` (``None``: nothing could be read): it holds when every source
+    gave a snapshot, no pending correction is left unresolved and the resolved residual is at
+    most ``tolerance``."""
+    reasons = [f"{s.source}: {s.reason}" for s in skipped]
+    if report is None:
+        return Verdict(False, "BROKEN: no checkpoint could be read" +
+                       "".join(f"; {r}" for r in reasons))
+    residual = report.resolved_residual
+    if report.unresolved:
+        reasons.append(f"{len(report.unresolved)} pending correction(s) unresolved")
+    if not residual <= tolerance:  # NaN included
+        reasons.append(f"residual {residual:.2g} > {tolerance:.2g}")
+    if reasons:
+        return Verdict(False, "BROKEN: " + "; ".join(reasons))
+    return Verdict(True, f"holds: {residual:.2g} ≤ {tolerance:.2g}")

@@ -37,6 +37,9 @@ class PeerTrack:
     #: rounds whose deadline passed without its state, in all and in a row
     missed: int = 0
     consecutive: int = 0
+    #: missed rounds in which it showed it was alive (a refusal, a Hello, a late push): late,
+    #: not silent, so they do not count towards declaring it gone
+    late: int = 0
     #: one-sided uses of the edge by this node, undone (docs/faults.md)
     corrections: int = 0
     #: the round of the HANDOVER it announced (``left`` only), until it is applied

@@ -16,10 +16,12 @@ Faults (docs/faults.md; the bookkeeping is :class:`~dacflnode.node.edges.EdgeBoo
 that has not delivered by the round deadline is left out of that round's mix (its weight goes to
 the node itself); every header lists the neighbours mixed in the node's last few rounds, so an
 edge used on one end only is undone exactly by the node that used it. A neighbour silent for
-``gone_after`` rounds is declared gone, and all nodes re-anchor at an agreed round. A node that
-drains out (:meth:`NodeRunner.request_leave`) hands its share of ``Σ x`` to its neighbours; a node
-far behind its neighbours joins at an agreed round from a neighbour's model. After the last round
-every node runs one more exchange, without mixing, to settle the last one-sided uses.
+``gone_after`` rounds is declared gone (one that shows it is alive is late, not gone), and all
+nodes re-anchor at an agreed round. A node that drains out (:meth:`NodeRunner.request_leave`)
+hands its share of ``Σ x`` to its neighbours; a node far behind its neighbours joins at an agreed
+round from a neighbour's model, keeping its own mass when it restarted from its checkpoint. After
+the last round every node runs ``anchor_delay`` more exchanges, without mixing, to settle the
+last one-sided uses and apply the anchors proposed near the end.
 
 Task lifetimes are structured: the pushes of a round run in a task group that ends with the round
 (delivered, given up at the deadline, or cancelled when the round is abandoned); a stop request
@@ -33,7 +35,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +45,9 @@ import torch
 
 from dacflnode.algorithms.rounds import Algorithm, NodeState
 from dacflnode.config import DAEMON_DEFAULTS
-from dacflnode.learning.files import save_model
+from dacflnode.learning.files import CorruptFile, read_verified, save_model
 from dacflnode.learning.layout import StateLayout
-from dacflnode.node.checkpoint import Checkpoint, save_checkpoint
+from dacflnode.node.checkpoint import FINAL_MODEL, Checkpoint, save_checkpoint
 from dacflnode.node.edges import Absorbed, EdgeBook
 from dacflnode.node.ledger import Ledger
 from dacflnode.node.membership import PeerState, PeerTrack
@@ -73,6 +75,15 @@ T = TypeVar("T")
 
 PHASES = ("starting", "waiting-for-peers", "joining", "exchanging", "training", "evaluating",
           "closing", "leaving", "done", "left", "stopping", "stopped", "failed")
+
+
+#: While a round waits, the neighbours whose states have not come are asked whether they are
+#: there after this many seconds, then at doubling intervals up to PROBE_MAX (daemons only: a
+#: round deadline that is finite).
+PROBE_AFTER = 1.0
+PROBE_MAX = 8.0
+#: How long such a question may take.
+PROBE_TIMEOUT = 2.0
 
 
 class Stopped(Exception):
@@ -168,6 +179,17 @@ class NodeRunner:
         self._leave = asyncio.Event()
         self._peer_rounds: dict[str, int] = {}
         self._greetings: dict[str, asyncio.Task[None]] = {}
+        #: the ``(round, peer)`` states being pulled now (one pull each)
+        self._pulling: set[tuple[int, str]] = set()
+        #: neighbours that refused this round's push for being in another round: alive
+        self._alive: set[str] = set()
+        #: rounds in which the node mixed no neighbour although the topology had some
+        self.alone_rounds = 0
+        #: whether the node restarts from a checkpoint, and from which round
+        self._restarted = resume is not None
+        self._resumed_at = state.round if resume is not None else -1
+        #: neighbours that had declared this node gone when it started (a restart)
+        self._gone_for: set[str] = set()
         self.on_round: Callable[[RoundReport], None] | None = None
         self._files = None if setup.state_dir is None else Persister(setup.node_id,
                                                                      setup.state_dir)
@@ -275,8 +297,7 @@ class NodeRunner:
                         await self._leave_network()
                         return False
                     await self.run_round(self.round)
-                self.phase = "closing"
-                await self._closing_exchange(Kind.FINAL)
+                await self._settle_the_end()
             finally:
                 await self._stop_greeting()
             self.phase = "done"
@@ -292,6 +313,28 @@ class NodeRunner:
         except PersistError as exc:
             self.phase = "failed"
             raise NodeFailed(str(exc)) from exc
+
+    async def confirm_finished(self) -> bool:
+        """Whether the node, started again, had already done every round (its checkpoint is of
+        the last round): then it makes sure ``final.safetensors`` is sound (its checksum, its
+        round) and writes it again from the checkpoint when it is missing or damaged, logs
+        "run complete", and the caller exits at once, without waiting for neighbours that are
+        gone (a service manager that restarts it then does not loop)."""
+        setup = self.setup
+        if self.round < setup.rounds:
+            return False
+        self.phase = "done"
+        if setup.state_dir is not None:
+            path = setup.state_dir / FINAL_MODEL
+            problem = await asyncio.to_thread(_final_problem, path, self.round)
+            if problem is not None:
+                log.warning("%s: the final model %s %s: writing it again from the checkpoint",
+                            setup.node_id, path, problem)
+                await self._write_final()
+        log.info("%s: run complete: %d/%d rounds; final model %s", setup.node_id, self.round,
+                 setup.rounds, "not written (no state directory)" if setup.state_dir is None
+                 else setup.state_dir / FINAL_MODEL)
+        return True
 
     async def _until_stopped(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` unless a stop request comes first (then cancel it, raise Stopped).
@@ -370,6 +413,8 @@ class NodeRunner:
         answer = getattr(ident, "join_round", 0)
         if proposal == 0 and answer > 0 and not (
                 track.state is PeerState.ACTIVE and track.active_from >= answer):
+            if startup and track.state is PeerState.ACTIVE:
+                self._gone_for.add(peer)  # it declared this node gone while it was down
             proposal = max(answer, self.round + 2)  # the peer does not mix us now: agree when
             ident = await self.transport.hello(peer, proposal)
             self._peer_rounds[peer] = ident.round
@@ -379,7 +424,14 @@ class NodeRunner:
             self._not_before(peer)
 
     async def _join_if_behind(self) -> None:
-        """Join at an agreed round, from a neighbour's model, when the network is ahead."""
+        """Join at an agreed round, from a neighbour's model, when the network is ahead.
+
+        A node that restarts from its checkpoint keeps its mass ``x − tracked`` (docs/faults.md,
+        section 5): it is added to the model it adopts, unless the network re-anchored since
+        the checkpoint (its mass is 0 then, as everyone's), a neighbour declared it gone (an
+        anchor takes its mass), or the checkpoint is stale (a neighbour mixed a later state of
+        this node than the checkpoint holds: its mass is unknown, so it asks for an anchor).
+        """
         ahead = {p: r for p, r in self._peer_rounds.items()
                  if self.peers[p].state is PeerState.ACTIVE}
         if not ahead:
@@ -388,8 +440,11 @@ class NodeRunner:
         if front <= self.round + (0 if self.setup.join else 1):
             return  # at most one round behind: pull what was missed (see _exchange)
         self.phase = "joining"
+        me, since = self.setup.node_id, self.round
         join_round = front + 2
         model = None
+        heard: tuple[int, ...] = ()
+        stale = False
         for peer in sorted(ahead, key=lambda p: (-ahead[p], p)):
             try:
                 message = await self.transport.pull(peer, max(0, ahead[peer] - 1))
@@ -398,6 +453,8 @@ class NodeRunner:
                             self.setup.node_id, peer, exc)
                 continue
             model = message.tensors.get("omega", message.tensors["x"]).clone()
+            heard = message.anchors
+            stale = any(r > since and me in used for r, used in message.used_log)
             log.info("%s: joining at round %d from the round-%d model of %s",
                      self.setup.node_id, join_round, message.round, peer)
             break
@@ -405,10 +462,33 @@ class NodeRunner:
             model = self.state.omega.clone()
             log.warning("%s: no neighbour handed a model; joining at round %d with its own",
                         self.setup.node_id, join_round)
-        # x = ω = ω_prev: this node adds as much to Σ x as to Σ tracked (docs/faults.md)
-        self.state = NodeState(join_round, model, model.clone(), model.clone())
-        self._reference = self.setup.algorithm.outgoing(self.state)
-        self.book.reset(join_round)
+        alg = self.setup.algorithm
+        passed = sorted(a for a in {*heard, *self.book.anchors} if since < a < join_round)
+        mass: torch.Tensor | None = None
+        if alg.tracked_field != "x" and not (passed or stale or self._gone_for):
+            mass = self.state.x - alg.tracked(self.state)
+        if stale:
+            log.warning("%s: the checkpoint (round %d) is older than what its neighbours mixed "
+                        "of this node: its mass is unknown; it joins without it and proposes a "
+                        "re-anchor", me, since)
+        elif self._gone_for:
+            log.info("%s: %s declared this node gone: it joins without its mass (the "
+                     "re-anchor takes it)", me, ", ".join(sorted(self._gone_for)))
+        elif passed:
+            log.info("%s: the network re-anchored at round %s since this node's round %d: "
+                     "it joins with mass 0", me, ", ".join(map(str, passed)), since)
+        # x = ω = ω_prev (+ its mass): it adds as much to Σ x as to Σ tracked, plus the mass
+        # it had (docs/faults.md)
+        x = model.clone() if mass is None else model + mass
+        self.state = NodeState(join_round, x, model, model.clone())
+        self._reference = alg.outgoing(self.state)
+        if stale or self._gone_for or not self._restarted:
+            self.book.reset(join_round)
+        else:
+            self.book.resumed(since, join_round, passed)
+        self.book.anchors |= {a for a in heard if a >= join_round}
+        if stale:
+            self.book.propose_anchor(join_round)
         self.transport.inbox.discard_before(join_round)
         for peer in sorted(ahead):
             try:
@@ -487,6 +567,8 @@ class NodeRunner:
         self._greet_the_missing()
         self._reanchor_if_due(t)
         self.phase = "exchanging"
+        self._alive.clear()
+        since = time.monotonic()
         active = self.mixing(t)
         handovers = self.book.handovers_due(t)
         message = self._message(t, len(active))
@@ -499,8 +581,16 @@ class NodeRunner:
                  if j in received and received[j].kind is Kind.STATE}
         missing = tuple(j for j in active if j not in mixed and j not in absorbed.left
                         and self.peers[j].mixes_in(t))  # not re-agreed to a later round
+        heard = self.transport.inbox.heard
+        faults = setup.faults
+        # an edge-round an injected fault drops is silent by definition (so that a fault plan
+        # plays the same whatever the timing, in the simulator and on daemons)
+        alive = {j for j in missing if (j in self._alive or heard.get(j, -math.inf) >= since)
+                 and not (faults is not None and faults.drops(j, setup.node_id, t))}
         self.book.note_round(t, list(mixed), missing,
-                             [j for j in handovers if j not in received])
+                             [j for j in handovers if j not in received], alive)
+        if not mixed and self.active(t):
+            self.alone_rounds += 1
         if missing:
             log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
                         setup.node_id, t, ", ".join(missing))
@@ -548,13 +638,43 @@ class NodeRunner:
             self.on_round(report)
         return report
 
-    async def _closing_exchange(self, kind: Kind) -> list[str]:
+    async def _settle_the_end(self) -> None:
+        """After the last round ``R``: ``anchor_delay`` closing exchanges of kind ``FINAL``
+        (rounds ``R .. R + anchor_delay − 1``), without mixing or training. Their headers settle
+        the last one-sided uses and carry every anchor proposed in the last rounds to every
+        node; each anchor up to ``R + anchor_delay`` is applied at its round, the last one after
+        the exchanges. So no entry or anchor is dropped because the run ends, and every node
+        that finishes holds ``Σ x = Σ tracked`` (docs/faults.md, section 1). A neighbour that
+        misses a closing exchange is not waited for in the next ones. The node's round is
+        ``R`` again afterwards."""
+        self.phase = "closing"
+        end = self.setup.rounds
+        last = end + self.book.anchor_delay
+        silent: set[str] = set()
+        try:
+            while self.round < last:
+                heard = await self._closing_exchange(Kind.FINAL, skip=silent)
+                silent |= {j for j in self.mixing(self.round) if j not in heard}
+                self._set_round(self.round + 1)
+            self._reanchor_if_due(last)
+        finally:
+            self._set_round(end)  # stopped or not: its round is R
+        if len(self.book.ledger):
+            log.warning("%s: %d one-sided uses left unsettled at the end (a neighbour did not "
+                        "answer the closing exchanges); dacflnode invariant settles them from "
+                        "its checkpoint", self.setup.node_id, len(self.book.ledger))
+
+    def _set_round(self, round_: int) -> None:
+        state = self.state
+        self.state = NodeState(round_, state.x, state.omega, state.omega_prev)
+
+    async def _closing_exchange(self, kind: Kind, skip: Collection[str] = ()) -> list[str]:
         """One more exchange of round ``self.round`` without mixing (after the last round, or
         before leaving): the neighbours' headers settle the last one-sided uses. Returns the
-        neighbours heard from."""
+        neighbours heard from (``skip``: neighbours not to exchange with)."""
         t = self.round
         self._reanchor_if_due(t)
-        active = self.mixing(t)
+        active = [j for j in self.mixing(t) if j not in skip]
         handovers = self.book.handovers_due(t)
         message = self._message(t, len(active), kind)
         deadline = time.monotonic() + self.setup.round_deadline
@@ -632,11 +752,54 @@ class NodeRunner:
             for peer in active:
                 if faults is None or not faults.drops(me, peer, t):
                     pushes.create_task(self._push(peer, message, deadline))
-            for peer in active:  # a neighbour already past round t (we restarted): pull its state
-                if self._peer_rounds.get(peer, 0) > t:
+            for peer in active:
+                # a neighbour already past round t (we restarted) no longer pushes it; one in
+                # round t when this node restarted may have pushed it to the node's previous
+                # process: pull its state
+                seen = self._peer_rounds.get(peer, -1)
+                if seen > t or (seen == t and t == self._resumed_at):
                     await self._pull(peer, t, deadline)
-            received = await inbox.wait(t, expected, max(0.0, deadline - time.monotonic()))
+            probe = None
+            if math.isfinite(self.setup.round_deadline):
+                probe = asyncio.create_task(self._probe(t, active, deadline))
+            try:
+                received = await inbox.wait(t, expected,
+                                            max(0.0, deadline - time.monotonic()))
+            finally:
+                if probe is not None:
+                    probe.cancel()
+                    await asyncio.wait({probe})
         return received
+
+    async def _probe(self, t: int, active: Sequence[str], deadline: float) -> None:
+        """While the round waits, ask the neighbours whose state has not come whether they are
+        there (a Hello, which changes nothing on their side): one that answers is alive (late,
+        not gone: docs/faults.md), and one that has moved on past round ``t`` without this node
+        is pulled from at once; one that does not answer shows as unreachable in ``status``."""
+        inbox = self.transport.inbox
+        faults = self.setup.faults
+        me = self.setup.node_id
+        delay = PROBE_AFTER
+        while True:
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            for peer in active:
+                if inbox.has(t, peer) or (faults is not None and faults.drops(peer, me, t)):
+                    continue
+                try:
+                    ident = await asyncio.wait_for(self.transport.hello(peer), PROBE_TIMEOUT)
+                except (PeerUnavailable, HandshakeRefused, TimeoutError):
+                    continue
+                except TransportClosed:
+                    return  # the node is shutting down
+                except Exception:  # background work: log it, never let it end the round
+                    log.exception("%s: asking %s whether it is there failed unexpectedly", me,
+                                  peer)
+                    continue
+                self._alive.add(peer)
+                self._peer_rounds[peer] = ident.round
+                if ident.round > t:  # it went on without this node: take its state of round t
+                    await self._pull(peer, t, deadline)
+            delay = min(2 * delay, PROBE_MAX)
 
     async def _push(self, peer: str, message: RoundMessage, deadline: float) -> None:
         delay = 0.05
@@ -654,10 +817,13 @@ class NodeRunner:
             except TransportClosed:
                 return  # the node is shutting down
             except WireError as exc:
+                if exc.reason in (Reason.ROUND_PASSED, Reason.ROUND_AHEAD, Reason.DUPLICATE):
+                    self._alive.add(peer)  # late or ahead, not gone
                 if exc.reason is Reason.ROUND_PASSED:
                     # the neighbour moved on without this node: take its state of the round
                     # (a one-sided use, undone once its header says so)
-                    if message.kind is not Kind.HANDOVER:
+                    if message.kind is not Kind.HANDOVER and self.peers[peer].mixes_in(
+                            message.round):  # (not: the edge was re-agreed to a later round)
                         await self._pull(peer, message.round, deadline)
                     return
                 if exc.reason is Reason.DUPLICATE:
@@ -678,20 +844,32 @@ class NodeRunner:
         state passes the inbox's guard like a pushed one."""
         inbox = self.transport.inbox
         faults = self.setup.faults
-        if inbox.has(t, peer) or (faults is not None and faults.drops(peer, self.setup.node_id,
-                                                                       t)):
+        key = (t, peer)
+        # here already, dropped, or on its way: a restarted node pulls a state and its push of
+        # the round, refused ROUND_PASSED, asks for the same one
+        if inbox.has(t, peer) or key in self._pulling or (
+                faults is not None and faults.drops(peer, self.setup.node_id, t)):
             return
+        self._pulling.add(key)
         try:
             message = await self.transport.pull(
                 peer, t, timeout=max(0.0, min(deadline - time.monotonic(), 30.0)))
             await inbox.put(message)
             log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer)
-        except (PeerUnavailable, WireError, TransportClosed) as exc:
+        except WireError as exc:
+            if exc.reason is Reason.DUPLICATE:
+                return  # its push of the state arrived while the pull was on its way
+            level = logging.INFO if exc.reason is Reason.NOT_KEPT else logging.WARNING
+            log.log(level, "%s: pull of round %d from %s failed: %s", self.setup.node_id, t,
+                    peer, exc)
+        except (PeerUnavailable, TransportClosed) as exc:
             log.warning("%s: pull of round %d from %s failed: %s", self.setup.node_id, t, peer,
                         exc)
         except Exception:  # a transport failure nobody foresaw must not end the round
             log.exception("%s: pull of round %d from %s failed unexpectedly",
                           self.setup.node_id, t, peer)
+        finally:
+            self._pulling.discard(key)
 
     # ------------------------------------------------------------------ files
     async def _write(self, what: str, fn: Callable[..., object], *args: Any) -> None:
@@ -716,6 +894,7 @@ class NodeRunner:
             "consensus_residual": report.residual,
             "neighbours_used": list(report.used),
             "neighbours_missing": list(report.missing),
+            "alone_rounds": self.alone_rounds,
             "exchange_s": round(report.exchange_s, 4),
             "train_s": round(report.train_s, 4),
             "seconds": round(report.seconds, 4),
@@ -736,5 +915,23 @@ class NodeRunner:
             return
         meta = {"algorithm": setup.algorithm.name, "node": setup.node_id,
                 "round": str(self.state.round), "fingerprint": setup.layout.fingerprint()}
-        await self._write("final model", save_model, setup.state_dir / "final.safetensors",
+        await self._write("final model", save_model, setup.state_dir / FINAL_MODEL,
                           setup.layout, model, setup.trainer.local_buffers(), meta)
+
+
+def _final_problem(path: Path, round_: int) -> str | None:
+    """What is wrong with the final model ``path`` of a run of ``round_`` rounds (to follow the
+    file's name), or ``None``."""
+    if not path.exists():
+        return "is missing"
+    try:
+        meta, tensors, verified = read_verified(path)
+    except (OSError, CorruptFile) as exc:
+        return str(exc).removeprefix(f"{path}: ")
+    if not verified:
+        return "has no checksum"
+    if meta.get("round") != str(round_):
+        return f"is of round {meta.get('round')}, not {round_}"
+    if not all(bool(torch.isfinite(t).all()) for t in tensors.values() if t.is_floating_point()):
+        return "holds non-finite values"
+    return None

@@ -115,6 +115,11 @@ class _StatusCollector(Collector):
                                          labels=["node"])
         reanchored.add_metric([n], status.reanchored if status else 0)
         yield reanchored
+        alone = CounterMetricFamily("dacfl_rounds_alone",
+                                    "Rounds mixed with no neighbour although the topology had "
+                                    "some", labels=["node"])
+        alone.add_metric([n], status.alone_rounds if status else 0)
+        yield alone
         yield from self._data_gauges(status)
 
     def _data_gauges(self, status: NodeStatus | None) -> Iterator[Metric]:

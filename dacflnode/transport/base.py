@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -159,6 +160,9 @@ class Inbox:
     #: node mixes with ``peer`` (0: as always), given the round ``peer`` proposed (0: none).
     #: Set by the node runner; ``None`` answers 0.
     on_join: Callable[[str, int], int] | None = None
+    #: When (``time.monotonic()``) each neighbour last called this node: a Hello, a pull, or
+    #: a push, accepted or refused for its round. A neighbour heard from is alive, if late.
+    heard: dict[str, float] = field(default_factory=dict)
     _messages: dict[int, dict[str, RoundMessage]] = field(default_factory=dict)
     _changed: asyncio.Condition | None = None
     _forgone: dict[int, set[str]] = field(default_factory=dict)
@@ -182,6 +186,11 @@ class Inbox:
         if round_ > current + self.window:
             return Refusal(Reason.ROUND_AHEAD, f"this node is only in round {current}")
         return None
+
+    def heard_from(self, sender: str) -> None:
+        """``sender`` called this node just now (see :attr:`heard`)."""
+        if sender in self.senders:
+            self.heard[sender] = time.monotonic()
 
     def has(self, round_: int, sender: str) -> bool:
         """Whether ``sender``'s message for ``round_`` is buffered."""

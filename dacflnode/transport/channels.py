@@ -16,10 +16,15 @@ Only this module and ``grpc_*.py`` import grpc. The options, and why:
     ``permit_without_calls`` matters on the server too: without it the server counts a ping on an
     idle connection as abuse and closes the connection with ``GOAWAY too_many_pings``.
 
-``grpc.http2.min_recv_ping_interval_without_data_ms`` (10 s, server) /
+``grpc.http2.min_ping_interval_without_data_ms`` (10 s, server) /
 ``grpc.http2.max_ping_strikes`` (2, server)
     The server accepts the clients' 20 s pings (the default minimum is 5 minutes) but still
-    closes connections that ping much faster than that.
+    closes connections that ping much faster than that. This is the name gRPC core reads for
+    the *received* ping interval (``GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS``);
+    under any other name the server keeps its 5 minutes, counts a strike per keepalive ping of
+    an idle connection and, at the third, closes it with ``GOAWAY ENHANCE_YOUR_CALM
+    "too_many_pings"`` (an error line on the client's stderr, and a reconnect).
+    ``tests/transport/test_keepalive.py`` keeps a client and a server idle over several pings.
 
 ``grpc.so_reuseport`` (0, server)
     gRPC turns ``SO_REUSEPORT`` on by default, so two processes can both "successfully" listen
@@ -102,6 +107,9 @@ the same CA; the servicer reads the client's id from the verified certificate.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import socket
 from collections.abc import Sequence
 
 import grpc
@@ -124,7 +132,7 @@ _COMMON_OPTIONS: list[tuple[str, int]] = [
 SERVER_OPTIONS: list[tuple[str, int]] = [
     *_COMMON_OPTIONS,
     ("grpc.so_reuseport", 0),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 2),
     ("grpc.server_handshake_timeout_ms", 10_000),
     ("grpc.max_connection_idle_ms", 300_000),
@@ -161,7 +169,48 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 
 
 class BindError(OSError):
-    """The server could not listen on the address (taken, not local, or malformed)."""
+    """The server could not listen on ``address`` (taken, not local, or malformed)."""
+
+    def __init__(self, message: str, address: str) -> None:
+        super().__init__(message)
+        self.address = address
+
+
+def _check_free(address: str) -> None:
+    """Raise :class:`BindError` with the kernel's reason when ``address`` cannot be bound.
+
+    gRPC reports a taken port only as "Failed to bind" (and logs its own error line on stderr);
+    binding a plain socket first, as gRPC does (``SO_REUSEADDR``), gives the reason in one line
+    and keeps gRPC's line off stderr. Every address the host resolves to must be free: a port
+    taken on one of them would split the node's connections with another process.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) == 0:
+        return  # malformed, or port 0 (any free port): gRPC decides
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host or None, int(port_text), type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise BindError(f"cannot listen on {address}: cannot resolve {host!r} ({exc})",
+                        address) from exc
+    failures: list[OSError] = []
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                with contextlib.suppress(OSError):
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                failures.append(exc)
+    # an address of the host that does not exist here (``::1`` without IPv6) is gRPC's to skip
+    taken = [e for e in failures if e.errno in (errno.EADDRINUSE, errno.EACCES)]
+    if taken or (failures and len(failures) == len(infos)):
+        first = (taken or failures)[0]
+        raise BindError(f"cannot listen on {address}: {first.strerror or first}",
+                        address) from first
 
 
 def create_server(
@@ -229,6 +278,7 @@ def bind(
     :func:`server_credentials`). Raises :class:`BindError` (an :class:`OSError`) naming the
     address when it cannot be bound.
     """
+    _check_free(address)
     try:
         if tls is None:
             port = int(server.add_insecure_port(address))
@@ -237,7 +287,8 @@ def bind(
                 address, server_credentials(tls, require_client_auth=require_client_auth)))
     except RuntimeError as exc:  # grpc >= 1.47 raises; older versions returned 0
         raise BindError(f"cannot listen on {address}: {exc} (port taken, or not a local "
-                        "host:port?)") from exc
+                        "host:port?)", address) from exc
     if port == 0:
-        raise BindError(f"cannot listen on {address} (port taken, or not a local host:port?)")
+        raise BindError(f"cannot listen on {address} (port taken, or not a local host:port?)",
+                        address)
     return port

@@ -75,6 +75,9 @@ class NodeStatus:
     class_counts: dict[str, int] = field(default_factory=dict)
     #: Files of its data folder that could not be decoded and were left out (bad_files: skip).
     skipped_files: int = 0
+    #: Rounds since the node started in which it mixed no neighbour although the topology had
+    #: some (0 for a healthy node, also next to a stalled one: docs/faults.md).
+    alone_rounds: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""

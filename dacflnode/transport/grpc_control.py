@@ -191,6 +191,7 @@ def status_to_proto(s: NodeStatus) -> pb.StatusReply:
         anchors=s.anchors, reanchored=s.reanchored, leaving=s.leaving,
         data_size=s.data_size, test_size=s.test_size, class_counts=s.class_counts,
         skipped_files=s.skipped_files,
+        alone_rounds=s.alone_rounds,
     )
 
 
@@ -210,6 +211,7 @@ def status_from_proto(r: pb.StatusReply) -> NodeStatus:
         anchors=list(r.anchors), reanchored=r.reanchored, leaving=r.leaving,
         data_size=r.data_size, test_size=r.test_size, class_counts=dict(r.class_counts),
         skipped_files=r.skipped_files,
+        alone_rounds=r.alone_rounds,
     )
 
 

@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
 import grpc
@@ -174,9 +174,12 @@ class NeighborServicer:
     ``peer_ids`` is None: the ids in the messages are taken on trust.
     """
 
-    def __init__(self, receiver: Receiver, *, authenticated: bool = False) -> None:
+    def __init__(self, receiver: Receiver, *, authenticated: bool = False,
+                 on_hello: Callable[[str], None] | None = None) -> None:
         self.receiver = receiver
         self.authenticated = authenticated
+        #: called with the neighbour's id after each Hello this node answered
+        self.on_hello = on_hello
         self._payload_bytes = 4 * sum(math.prod(shape) for shape in receiver.tensors.values())
 
     def _peer_ids(self, context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[str] | None:
@@ -187,9 +190,12 @@ class NeighborServicer:
         context: grpc.aio.ServicerContext[pb.HelloRequest, pb.HelloReply],
     ) -> pb.HelloReply:
         try:
-            return self.receiver.hello(request, context.peer(), peer_ids=self._peer_ids(context))
+            reply = self.receiver.hello(request, context.peer(), peer_ids=self._peer_ids(context))
         except WireError as err:
             await _abort(context, err)
+        if self.on_hello is not None:
+            self.on_hello(request.node_id)
+        return reply
 
     async def PushState(
         self, request_iterator: AsyncIterator[Chunk],
@@ -339,6 +345,8 @@ class GrpcTransport(Transport):
         self._state = "new"  # new -> serving -> stopped
         self._stubs: dict[str, NeighborCalls] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
+        #: channels being closed (replaced by :meth:`_fresh_channel`)
+        self._closing: set[asyncio.Task[None]] = set()
         self._outgoing = HeaderCache(self.receiver)
 
     # ------------------------------------------------------------------ serving
@@ -347,7 +355,8 @@ class GrpcTransport(Transport):
             raise RuntimeError(f"transport of {self.identity.node_id} is {self._state}")
         server = self._server if self._server is not None else channels.create_server()
         add_neighbor_service(
-            NeighborServicer(self.receiver, authenticated=self.tls is not None), server)
+            NeighborServicer(self.receiver, authenticated=self.tls is not None,
+                             on_hello=self._fresh_channel), server)
         self._health = health.aio.HealthServicer()
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -356,6 +365,7 @@ class GrpcTransport(Transport):
             self.port = channels.bind(server, self.listen, self.tls)
         except OSError:
             self._state = "stopped"
+            await server.stop(None)  # a server dropped unstopped warns once its loop is closed
             raise
         await server.start()
         self._server = server
@@ -365,6 +375,7 @@ class GrpcTransport(Transport):
             try:
                 self.health_port = channels.bind(probe, self.health_listen)
             except OSError:
+                await probe.stop(None)
                 await server.stop(None)
                 self._state = "stopped"
                 raise
@@ -410,6 +421,21 @@ class GrpcTransport(Transport):
             self._channels[peer] = channel
             stub = self._stubs[peer] = NeighborCalls(channel)
         return stub
+
+    def _fresh_channel(self, peer: str) -> None:
+        """``peer`` just said Hello: it is up. A channel to it that is waiting out its reconnect
+        backoff (the neighbour was down: a restart) is replaced, so that the next call reaches
+        it now rather than seconds later (docs/faults.md, section 5)."""
+        channel = self._channels.get(peer)
+        if channel is None or self._state == "stopped":
+            return
+        if channel.get_state() is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return
+        del self._channels[peer]
+        self._stubs.pop(peer, None)
+        task = asyncio.get_running_loop().create_task(channel.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _stats(self, peer: str) -> PeerStats:
         return self.stats.setdefault(peer, PeerStats())  # a peer added to `peers` later

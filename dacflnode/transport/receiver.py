@@ -87,6 +87,9 @@ OFFLOAD_BYTES = 64 * 1024
 #: At most this many chunks of one stream wait for the worker (each holds its received bytes);
 #: a stream that gets further ahead waits for the oldest.
 MAX_QUEUED = 2
+#: Refusals that show the caller alive, only in another round (docs/faults.md: slow is not gone).
+_ALIVE = frozenset({Reason.ROUND_PASSED, Reason.ROUND_AHEAD, Reason.DUPLICATE,
+                    Reason.IN_PROGRESS})
 
 
 class Assembler:
@@ -219,6 +222,8 @@ class Receiver:
 
     def _refused(self, call: str, who: str, peer: str, round_: int, exc: WireError) -> None:
         self.refusals[exc.reason] += 1
+        if exc.reason in _ALIVE:
+            self.inbox.heard_from(who)
         if who in self.inbox.senders:
             self.refused_by[who] += 1
             if call == "push" and exc.reason is Reason.ROUND_PASSED:
@@ -244,6 +249,7 @@ class Receiver:
             self._refused("hello", request.node_id, peer, -1, exc)
             raise
         self.stats.setdefault(request.node_id, PeerStats()).connected = True
+        self.inbox.heard_from(request.node_id)
         on_join = self.inbox.on_join
         join_round = 0 if on_join is None else on_join(request.node_id, int(request.join_round))
         return pb.HelloReply(
@@ -351,6 +357,7 @@ class Receiver:
         return size
 
     def _received(self, message: RoundMessage, size: int) -> None:
+        self.inbox.heard_from(message.sender)
         stats = self.stats.setdefault(message.sender, PeerStats())
         stats.connected = True
         stats.last_round_received = max(stats.last_round_received, message.round)
@@ -374,6 +381,7 @@ class Receiver:
         (``PERMISSION_DENIED`` to a stranger, ``NOT_FOUND``/``NOT_KEPT``)."""
         try:
             self._admit(request.requester, peer_ids, Reason.NOT_NEIGHBOUR)
+            self.inbox.heard_from(request.requester)
             found = self.outbox.get(int(request.round))
             if found is None:
                 raise WireError("NOT_FOUND", f"no state kept for round {request.round} "

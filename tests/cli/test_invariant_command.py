@@ -64,17 +64,55 @@ def test_json_is_one_object_and_an_undecidable_correction_is_counted(tmp_path):
     first, _ = write_pair(tmp_path)
     (tmp_path / "empty").mkdir()
     result = run("invariant", "--json", str(first), str(tmp_path / "empty"))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # the correction is left open: not settled
     data = json.loads(result.stdout)
     assert data["nodes"] == ["node-0"] and data["unresolved"] == 1
     assert data["resolved_residual"] == data["raw_residual"] > 0
     assert data["skipped"] == [{"source": str(tmp_path / "empty"),
                                 "reason": "no checkpoint yet"}]
+    assert data["holds"] is False and data["verdict"].startswith("BROKEN: ")
+    assert "1 pending correction(s) unresolved" in data["verdict"]
+    assert f"{tmp_path / 'empty'}: no checkpoint yet" in data["verdict"]
 
-    both = json.loads(run("invariant", "--json", str(tmp_path / "node-0"),
-                          str(tmp_path / "node-1")).stdout)
+    settled = run("invariant", "--json", str(tmp_path / "node-0"), str(tmp_path / "node-1"))
+    assert settled.exit_code == 0, settled.output
+    both = json.loads(settled.stdout)
     assert both["unresolved"] == 0 and both["per_node"]["node-0"]["applied"] == 1
     assert both["resolved_residual"] < 1e-6 < both["raw_residual"]
+    assert both["holds"] is True and both["tolerance"] == 2e-6
+    assert both["verdict"] == f"holds: {both['resolved_residual']:.2g} ≤ 2e-06"
+
+
+def test_the_verdict_is_the_last_line_and_a_residual_above_the_tolerance_breaks_it(tmp_path):
+    write_pair(tmp_path)
+    dirs = [str(tmp_path / "node-0"), str(tmp_path / "node-1")]
+    holds = run("invariant", *dirs)
+    assert holds.exit_code == 0 and holds.output.splitlines()[-1].startswith("holds: ")
+    strict = run("invariant", "--tolerance", "0", *dirs)
+    resolved = json.loads(run("invariant", "--json", *dirs).stdout)["resolved_residual"]
+    if resolved > 0:  # float32 rounding left something: a zero tolerance refuses it
+        assert strict.exit_code == 1
+        assert strict.output.splitlines()[-1] == f"BROKEN: residual {resolved:.2g} > 0"
+    else:
+        assert strict.exit_code == 0
+    # node-0 alone: its correction cannot be settled, and its sum is off
+    alone = run("invariant", dirs[0])
+    last = alone.output.splitlines()[-1]
+    assert alone.exit_code == 1 and last.startswith("BROKEN: ")
+    assert "1 pending correction(s) unresolved" in last and "> 2e-06" in last
+
+
+def test_an_unreadable_checkpoint_among_readable_ones_breaks_the_verdict(tmp_path):
+    _, second = write_pair(tmp_path)
+    data = bytearray(second.read_bytes())
+    data[-3] ^= 0x10  # one flipped bit in node-1's file
+    second.write_bytes(bytes(data))
+    result = run("invariant", "--json", str(tmp_path / "node-0"), str(tmp_path / "node-1"))
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["nodes"] == ["node-0"] and report["holds"] is False
+    assert "does not match its checksum" in report["skipped"][0]["reason"]
+    assert f"{tmp_path / 'node-1'}: " in report["verdict"]
 
 
 def test_peers_files_are_read_for_their_state_directories(tmp_path):
@@ -161,10 +199,11 @@ def test_live_fetches_each_nodes_checkpoint_and_skips_those_that_do_not_answer(
 
     provider.data = first.read_bytes()
     result = run("invariant", "--live", "--json", "--token", TOKEN, *map(str, peers))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # node-1 did not answer: no verdict of holding
     data = json.loads(result.stdout)
     assert data["nodes"] == ["node-0"] and data["unresolved"] == 1
     assert [s["source"].split(" ")[0] for s in data["skipped"]] == [str(peers[1])]
+    assert data["holds"] is False and "no dacflnode daemon answers" in data["verdict"]
 
     refused = run("invariant", "--live", "--token", TOKEN + "-wrong", str(peers[0]))
     assert refused.exit_code == 1 and "refused the control token" in refused.output

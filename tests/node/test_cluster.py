@@ -195,3 +195,30 @@ def test_final_model_loads_into_the_architecture(tmp_path):
     model = build_model("tiny-cnn", (1, 8, 8), 10)
     model.load_state_dict(load_file(str(tmp_path / "node-0" / "final.safetensors")))
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_a_killed_node_whose_checkpoint_was_damaged_resumes_from_the_previous_one(tmp_path):
+    """One flipped float in the newest checkpoint of a killed node: the restarted node says
+    so, resumes from checkpoint.prev.safetensors (a round further back) and the run ends with
+    every node done and the invariant holding."""
+    paths, procs = start_cluster(tmp_path, 3, rounds=20)
+    state = tmp_path / "node-1"
+    wait_for_rounds(state, 3)
+    procs[1].kill()
+    procs[1].wait()
+    newest = state / "checkpoint.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-7] ^= 0x08  # a bit of the last tensor's bytes
+    newest.write_bytes(bytes(data))
+    procs[1] = start_node(paths[1])
+    assert wait_all(procs, 150) == [0, 0, 0]
+    log = (state / "daemon.log").read_text()
+    assert "does not match its checksum" in log and "resuming from the previous checkpoint" in log
+    assert (state / "checkpoint.damaged.safetensors").exists()
+    assert "received already" not in log  # its pulls and refused pushes ask once per state
+    result = subprocess.run([sys.executable, "-m", "dacflnode", "invariant", "--json",
+                             *(str(tmp_path / f"node-{i}") for i in range(3))],
+                            capture_output=True, text=True, timeout=60, env=ENV)
+    report = json.loads(result.stdout)
+    assert report["rounds"] == {"node-0": 20, "node-1": 20, "node-2": 20}
+    assert result.returncode == 0 and report["holds"], report["verdict"]

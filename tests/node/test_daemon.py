@@ -16,7 +16,7 @@ from dacflnode.node.daemon import Daemon
 from dacflnode.node.membership import PeerState, PeerTrack
 from dacflnode.node.peers import PeersFile, load_peers
 from dacflnode.node.runner import NodeRunner
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire.errors import Reason, WireError
 
@@ -74,9 +74,12 @@ def test_status_shows_each_neighbours_track_and_the_refusals_it_caused(tmp_path)
     daemon = Daemon(pf)
     first, second = pf.neighbour_ids()
     runner = with_runner(daemon)
-    runner.transport = Mock(stats={})
-    runner.peers = {first: PeerTrack(state=PeerState.GONE, missed=5, corrections=2)}
+    runner.transport = Mock(stats={second: PeerStats(connected=False)})
+    # the second is active, but its last call failed (it is stopped): shown as unreachable
+    runner.peers = {first: PeerTrack(state=PeerState.GONE, missed=5, corrections=2),
+                    second: PeerTrack()}
     runner.anchors, runner.reanchored, runner.leaving = {9, 7}, 1, False
+    runner.alone_rounds = 3
     runner.round, runner.phase, runner.last_accuracy, runner.last_loss = 4, "training", 0.5, 1.0
     runner.residual.return_value = 0.25
     receiver = Receiver(Identity(pf.node.id, "m", "r"),
@@ -90,8 +93,10 @@ def test_status_shows_each_neighbours_track_and_the_refusals_it_caused(tmp_path)
     a, b = by_id[first], by_id[second]
     assert (a.state, a.missed_rounds, a.corrections, a.late_states, a.refused) == (
         "gone", 5, 2, 1, 2)
-    assert (b.state, b.missed_rounds, b.late_states, b.refused) == ("", 0, 0, 0)
+    assert (b.state, b.missed_rounds, b.late_states, b.refused) == ("unreachable", 0, 0, 0)
     assert status.anchors == [7, 9] and status.reanchored == 1 and not status.leaving
+    assert status.alone_rounds == 3
+    assert 'dacfl_rounds_alone_total{node="node-0"} 3.0' in daemon.metrics.prometheus()
     assert 'dacfl_peer_missed_rounds_total{node="node-0",peer="' + first + '"} 5.0' in \
         daemon.metrics.prometheus()
 

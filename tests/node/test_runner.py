@@ -4,9 +4,11 @@ caller's cancellation reaches the caller, refusals are recognised by their reaso
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from dacflnode.wire.errors import Reason, WireError
 def make_runner(
     network: MemoryNetwork, node_id: str, neighbours: list[str], *, start_round: int = 0,
     rounds: int = 3, deadline: float = math.inf, used_prev: tuple[str, ...] = (),
+    **options: Any,
 ) -> NodeRunner:
     torch.manual_seed(0)
     model = build_model("tiny-cnn", (1, 8, 8), 10)
@@ -42,7 +45,7 @@ def make_runner(
                                 {name: (layout.numel,) for name in algorithm.exchanged})
     setup = NodeSetup(node_id=node_id, neighbours=neighbours, algorithm=algorithm,
                       trainer=ThreadedTrainer(local, x, y), layout=layout, rounds=rounds,
-                      round_deadline=deadline)
+                      round_deadline=deadline, **options)
     state = replace(NodeState.initial(layout.flatten_module(model)), round=start_round)
     resume = None
     if used_prev:
@@ -154,8 +157,11 @@ def test_a_resumed_node_announces_the_neighbours_its_checkpoint_says_it_used():
         await b.transport.start()
         sent = record_pushes(a)
         assert list(await asyncio.gather(a.run(), b.run())) == [True, True]
-        assert [(m.round, m.used, m.kind) for m in sent] == [
+        assert [(m.round, m.used, m.kind) for m in sent[:2]] == [
             (1, ("b",), Kind.STATE), (2, ("b",), Kind.FINAL)]
+        # then the other closing exchanges, one per round of the anchor delay
+        assert [(m.round, m.kind) for m in sent[2:]] == [(r, Kind.FINAL) for r in (3, 4, 5)]
+        assert a.round == b.round == 2
 
     asyncio.run(scenario())
 
@@ -199,3 +205,45 @@ def test_the_runner_guards_its_inbox_and_an_honest_run_is_never_refused():
         assert a.transport.inbox.get(3) == {}
 
     asyncio.run(scenario())
+
+
+def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning(caplog):
+    """A restarted node pulls the state of a neighbour already past its round, and its push of
+    that round, refused ROUND_PASSED, asks for the same state: one pull, no WARNING (the
+    second used to fail as "received already"); a push that lands during a pull is no
+    warning either."""
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"])
+        calls: list[int] = []
+        release = asyncio.Event()
+
+        async def slow_pull(peer: str, round_: int, expect_tensors: object = None,
+                            timeout: float = 0.0) -> RoundMessage:
+            calls.append(round_)
+            await release.wait()
+            return RoundMessage("b", round_, 1, a.setup.algorithm.outgoing(a.state))
+
+        a.transport.pull = slow_pull  # type: ignore[method-assign]
+        deadline = asyncio.get_running_loop().time() + 10
+        first = asyncio.create_task(a._pull("b", 0, deadline))
+        second = asyncio.create_task(a._pull("b", 0, deadline))
+        await until(lambda: calls == [0])
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(first, second)
+        assert calls == [0] and a.transport.inbox.has(0, "b")
+
+        release.clear()  # a pull of round 1 overtaken by the push of the same state
+        pull = asyncio.create_task(a._pull("b", 1, deadline))
+        await until(lambda: calls == [0, 1])
+        await a.transport.inbox.put(
+            RoundMessage("b", 1, 1, a.setup.algorithm.outgoing(a.state)))
+        release.set()
+        await pull
+        assert a.transport.inbox.has(1, "b")
+
+    with caplog.at_level(logging.INFO, logger="dacflnode"):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert sum("pulled round" in r.getMessage() for r in caplog.records) == 1

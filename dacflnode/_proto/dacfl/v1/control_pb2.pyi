@@ -164,6 +164,7 @@ class StatusReply(_message.Message):
     TEST_SIZE_FIELD_NUMBER: _builtins.int
     CLASS_COUNTS_FIELD_NUMBER: _builtins.int
     SKIPPED_FILES_FIELD_NUMBER: _builtins.int
+    ALONE_ROUNDS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     algorithm: _builtins.str
     round: _builtins.int
@@ -191,6 +192,8 @@ class StatusReply(_message.Message):
     """samples it evaluates on (test data or held-out fraction)"""
     skipped_files: _builtins.int
     """undecodable files left out (bad_files: skip)"""
+    alone_rounds: _builtins.int
+    """rounds mixed with no neighbour since start (docs/faults.md)"""
     @_builtins.property
     def neighbours(self) -> _containers.RepeatedCompositeFieldContainer[Global___NeighbourStatus]: ...
     @_builtins.property
@@ -231,10 +234,11 @@ class StatusReply(_message.Message):
         test_size: _builtins.int = ...,
         class_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         skipped_files: _builtins.int = ...,
+        alone_rounds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
