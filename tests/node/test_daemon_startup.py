@@ -23,11 +23,9 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.daemon import build_node
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.peers import load_peers
-from tests.node.cluster_helpers import ENV, TINY
+from tests.node.cluster_helpers import ENV, NOISE, TINY, assert_one_line_failure
 
 ROUNDS = 2
-#: What a failed start must never print.
-NOISE = ("Traceback", "never awaited", "Event loop is closed", "add_port.cc")
 
 
 def peers(tmp_path: Path, **node: object) -> Path:
@@ -49,17 +47,6 @@ def start(path: Path, timeout: float = 60) -> tuple[subprocess.CompletedProcess[
     run = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
                          capture_output=True, text=True, timeout=timeout, env=ENV)
     return run, time.monotonic() - began
-
-
-def assert_one_line_failure(run: subprocess.CompletedProcess[str], path: Path,
-                            *said: str) -> None:
-    assert run.returncode == 2, run.stderr
-    assert not any(n in run.stderr for n in NOISE), run.stderr
-    errors = [line for line in run.stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1, run.stderr
-    assert all(s in errors[0] for s in said), errors[0]
-    log = (load_peers(path).node.state_dir / "daemon.log").read_text()
-    assert errors[0].split(" ERROR ", 1)[1] in log
 
 
 @pytest.mark.parametrize("setting", ["node.listen", "node.control", "node.health"])

@@ -14,7 +14,7 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports, launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import ENV, max_diff
+from tests.node.cluster_helpers import ENV, assert_one_line_failure, max_diff
 from tests.node.owndata_helpers import CLASSES, MIX, write_csv_nodes, write_png_nodes
 
 #: Own PNG folders of 8x8 images: the default model for one-channel images (fmnist-cnn) and the
@@ -113,10 +113,7 @@ def test_a_daemon_whose_folder_holds_a_corrupt_png_exits_2_with_one_line(tmp_pat
     }))
     proc = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers", str(peers)],
                           capture_output=True, text=True, timeout=120, env=ENV)
-    assert proc.returncode == 2, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and str(bad) in errors[0] and "bad_files: skip" in errors[0]
-    assert "Traceback" not in proc.stderr
+    assert_one_line_failure(proc, peers, str(bad), "bad_files: skip")
 
 
 def test_bad_files_skip_leaves_the_corrupt_png_out_and_counts_it(tmp_path):
