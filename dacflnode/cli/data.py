@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from dacflnode.cli.errors import config_errors
+from dacflnode.config.run import read_yaml_file
 from dacflnode.errors import ConfigError
 
 _KINDS = ("folder", "table", "python")
@@ -41,14 +41,7 @@ def _split_list(value: str | None) -> list[str] | None:
 
 
 def _read_config(path: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError("config", f"cannot read {path}: {err.strerror}") from err
-    except yaml.YAMLError as err:
-        raise ConfigError("config", f"{path} is not valid YAML: {err}") from err
-    if data is None:
-        return {}
+    data = read_yaml_file(path)
     if not isinstance(data, dict):
         raise ConfigError("config", f"{path} must hold a mapping of option: value")
     merged: dict[str, Any] = {}

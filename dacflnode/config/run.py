@@ -472,16 +472,21 @@ def config_from_mapping(values: Mapping[str, Any], base: RunConfig | None = None
     return schema.from_mapping(RunConfig, values, base)
 
 
-def load_yaml_config(path: str | Path) -> RunConfig:
-    """Read a run configuration; a top-level ``run:`` section is accepted too."""
+def read_yaml_file(path: str | Path) -> Any:
+    """The YAML document in ``path`` (``{}`` when empty); :class:`ConfigError` (field
+    ``config``) naming the file when it cannot be read or parsed."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError("config", f"{path} is not valid YAML: {exc}") from exc
-    if data is None:
-        data = {}
+    return {} if data is None else data
+
+
+def load_yaml_config(path: str | Path) -> RunConfig:
+    """Read a run configuration; a top-level ``run:`` section is accepted too."""
+    data: Any = read_yaml_file(path)
     prefix = ""
     if isinstance(data, dict) and isinstance(data.get("run"), dict) and len(data) == 1:
         data, prefix = data["run"], "run."
