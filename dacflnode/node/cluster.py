@@ -14,6 +14,8 @@ needs.
 from __future__ import annotations
 
 import dataclasses
+import os
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,7 +159,9 @@ def generate_cluster(
     ``127.0.0.1``; another host must be asked for) at ``metrics_ports[i]``, or the control
     port + 1000 (by default the listen port + 2000) unless ``control_ports`` are given (ports
     picked one by one, e.g. free ones: then there is none without ``metrics_ports``) or that is
-    above 65535. Its neighbours are its neighbours
+    above 65535. A ``metrics_host`` other hosts reach gets a bearer token (``node.metrics_token``,
+    one for the whole cluster), also written to ``out_dir/metrics.token`` (mode 0600) for the
+    scraper's ``credentials_file``. Its neighbours are its neighbours
     in the graph, reached at their host.
 
     The graph is drawn with ``run.seed``, as the simulator draws it; ``seed``, when given,
@@ -249,6 +253,9 @@ def generate_cluster(
     out = Path(out_dir).expanduser().absolute()
     root = Path(state_root).expanduser().absolute() if state_root is not None else out
     certs = Path(tls_dir).expanduser().absolute() if tls_dir is not None else None
+    metrics_token = (secrets.token_urlsafe(32)
+                     if any(m is not None for m in metrics) and not is_loopback(metrics_host)
+                     else None)
     files: list[PeersFile] = []
     for i, node in enumerate(ids):
         path = out / f"{node}.yaml"
@@ -264,6 +271,7 @@ def generate_cluster(
                     tls=tls_files(certs, node) if certs is not None else None,
                     insecure=insecure,
                     metrics=metrics[i],
+                    metrics_token=metrics_token if metrics[i] is not None else None,
                 ),
                 neighbours=tuple(
                     Neighbour(ids[j], format_address(node_host[j], listen_ports[j]))
@@ -280,6 +288,22 @@ def generate_cluster(
     if certs is not None:
         write_certs(certs, ids)
     out.mkdir(parents=True, exist_ok=True)
+    if metrics_token is not None:
+        write_metrics_token(out / METRICS_TOKEN_FILE, metrics_token)
     for pf, text in zip(files, texts, strict=True):
         pf.path.write_text(text)
     return [pf.path for pf in files]
+
+
+#: Where :func:`generate_cluster` writes the cluster's metrics token for the scraper.
+METRICS_TOKEN_FILE = "metrics.token"
+
+
+def write_metrics_token(path: Path, token: str) -> None:
+    """``token`` and a newline to ``path``, readable by this user only (mode 0600 whatever the
+    umask; an existing file is replaced)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(token + "\n")

@@ -26,10 +26,10 @@ channels → the Control server stops → the metrics server stops (see docs/arc
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import math
 import signal
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -131,8 +131,6 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     return BuiltNode(setup, state, identity, str(device), checkpoint)
 
 
-#: How long a scrape waits for the event loop to refresh the status before it serves the last.
-METRICS_REFRESH_TIMEOUT = 2.0
 
 class Daemon:
     """One node process: servers, runner, signals."""
@@ -150,6 +148,8 @@ class Daemon:
         self.data_info: DataInfo | None = None
         #: what was refused so far, by reason (filled in by :meth:`run` once the servers exist)
         self.refusal_counts: Callable[[], dict[str, int]] = dict
+        #: the ``/metrics`` server, while it runs
+        self.metrics_server: MetricsServer | None = None
 
     # ---------------------------------------------------------------- ControlProvider
     def status(self) -> NodeStatus:
@@ -273,45 +273,44 @@ class Daemon:
         pf = self.pf
         return not is_loopback(parse_address(pf.node.control, "node.control", pf.path)[0])
 
-    def start_metrics(self, loop: asyncio.AbstractEventLoop) -> MetricsServer | None:
-        """Serve ``/metrics`` on ``node.metrics`` (``None`` when it is not set); a scrape
-        refreshes the status on the event loop first, as the Control service's ``metrics`` does.
-        An address that cannot be bound is a :class:`ConfigError` naming ``node.metrics``."""
+    def metrics_ssl(self, host: str) -> ssl.SSLContext | None:
+        """HTTPS with the node's certificate for a metrics port other hosts reach, when the node
+        has ``node.tls`` (loopback stays plain HTTP for the Prometheus of the same host)."""
+        files = self.pf.node.tls
+        if files is None or is_loopback(host):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(files.cert, files.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError("node.tls", f"in {self.pf.path}: cannot use {files.cert} and "
+                              f"{files.key} for the metrics server: {exc}: issue the node's "
+                              "files with `dacflnode certs`") from exc
+        return context
+
+    async def start_metrics(self) -> MetricsServer | None:
+        """Serve ``/metrics`` on ``node.metrics`` from this event loop (``None`` when it is not
+        set); a scrape refreshes the status first, as the Control service's ``metrics`` does.
+        With ``node.metrics_token`` every request must carry it; beyond loopback with
+        ``node.tls`` it is HTTPS. An address that cannot be bound is a :class:`ConfigError`
+        naming ``node.metrics``."""
         address = self.pf.node.metrics
         if address is None:
             return None
         host, port = parse_address(address, "node.metrics", self.pf.path)
-
-        def refresh() -> None:
-            done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-            def on_loop() -> None:
-                try:
-                    self.status()
-                    done.set_result(None)
-                except Exception as exc:
-                    done.set_exception(exc)
-
-            try:
-                loop.call_soon_threadsafe(on_loop)
-            except RuntimeError:  # the loop is closed: the node is exiting
-                return
-            try:
-                done.result(timeout=METRICS_REFRESH_TIMEOUT)
-            except TimeoutError:
-                log.warning("%s: status not refreshed within %.0fs: serving the last one",
-                            self.pf.node.id, METRICS_REFRESH_TIMEOUT)
-
-        server = MetricsServer(self.metrics.registry, host, port, refresh)
+        server = MetricsServer(self.metrics.registry, host, port, self.status,
+                               token=self.pf.node.metrics_token, ssl=self.metrics_ssl(host))
         try:
-            bound = server.start()
+            bound = await server.start()
         except OSError as exc:
             raise ConfigError("node.metrics", f"in {self.pf.path}: cannot serve metrics on "
                               f"{address}: {exc.strerror or exc}: choose a free port, or drop "
                               "node.metrics") from exc
-        log.info("%s: Prometheus metrics on http://%s/metrics%s", self.pf.node.id,
-                 format_address(host, bound),
-                 "" if is_loopback(host) else " (reachable from other hosts, no authentication)")
+        self.metrics_server = server
+        log.info("%s: Prometheus metrics on %s://%s/metrics (%s)", self.pf.node.id,
+                 server.scheme, format_address(host, bound),
+                 "bearer token required" if self.pf.node.metrics_token else "no token")
         return server
 
     # ---------------------------------------------------------------- lifecycle
@@ -326,12 +325,12 @@ class Daemon:
             loop.add_signal_handler(sig, self.on_signal, sig)
         try:
             tls = self.tls_material()
-            metrics_server = self.start_metrics(loop)
+            metrics_server = await self.start_metrics()
             try:
                 return await self._serve(tls)
             finally:
                 if metrics_server is not None:
-                    await asyncio.to_thread(metrics_server.stop)
+                    await metrics_server.stop()
         except (ConfigError, CheckpointError) as exc:
             log.error("%s: cannot start: %s", self.pf.node.id, exc)
             if self.runner is not None:
@@ -405,6 +404,8 @@ class Daemon:
             token_refused = sum(i.refused for i in interceptors)
             if token_refused:
                 counts["control-token"] = token_refused
+            if self.metrics_server is not None and self.metrics_server.refused:
+                counts["metrics-token"] = self.metrics_server.refused
             return counts
 
         self.refusal_counts = refusal_counts

@@ -17,6 +17,8 @@
         {ca: certs/ca.crt, cert: certs/node-0.crt, key: certs/node-0.key}
       insecure: false                # true: allow plaintext on a non-loopback node.listen
       control_token: ...             # required with a non-loopback node.control
+      metrics_token: ...             # required with a non-loopback node.metrics (or:)
+      metrics_token_file: token.txt  # a file holding it (not readable by others)
     neighbours:                      # required, non-empty
       - {id: node-1, address: 127.0.0.1:7001}
     run:                             # optional: every RunConfig and DaemonSettings key
@@ -44,8 +46,10 @@ Exposure is checked at load (``docs/security.md``): a ``node.listen`` reachable 
 (anything but 127.0.0.0/8, ``::1`` and ``localhost``; ``0.0.0.0`` and ``::`` included) needs
 ``node.tls`` or an explicit ``node.insecure: true``, and a ``node.control`` reachable from other
 hosts needs both ``node.tls`` and a ``node.control_token``. ``node.metrics`` has no default
-(``dacflnode topology`` writes ``127.0.0.1:<listen port + 2000>``); it serves the metrics without
-authentication, so an address other hosts reach is served only when the file names it.
+(``dacflnode topology`` writes ``127.0.0.1:<listen port + 2000>``); on loopback it serves the
+metrics to anyone on the host, and an address other hosts reach needs ``node.metrics_token``
+(or ``node.metrics_token_file``, a file holding it that other users cannot read): every request
+must then carry ``Authorization: Bearer <token>``, over HTTPS when ``node.tls`` is set.
 
 Addresses are parsed in :mod:`dacflnode.node.addresses`, the algorithm policy lives in
 :mod:`dacflnode.node.daemon_algorithms`, and :mod:`dacflnode.node.peers_yaml` writes the file.
@@ -98,7 +102,7 @@ _TOP_KEYS = ("node", "neighbours", "run")
 _NODE_DATA_KEYS = ("data_root", "test_root", "bad_files")
 _NODE_KEYS = (
     "id", "listen", "control", "metrics", "health", "state_dir", "share", "tls", "insecure",
-    "control_token", *_NODE_DATA_KEYS,
+    "control_token", "metrics_token", "metrics_token_file", *_NODE_DATA_KEYS,
 )
 
 #: ``dacflnode topology`` puts node.metrics on 127.0.0.1 at the listen port plus this.
@@ -135,6 +139,11 @@ class NodeSection:
     #: ``host:port`` of a plaintext gRPC port serving only ``grpc.health.v1`` (for probes that
     #: cannot present a client certificate, such as Kubernetes' native gRPC probes); None: none
     health: str | None = None
+    #: the bearer token a scraper of ``node.metrics`` must present (read from
+    #: :attr:`metrics_token_file` when that is given); kept out of repr (and so out of logs)
+    metrics_token: str | None = dataclasses.field(default=None, repr=False)
+    #: the file ``metrics_token`` was read from (None: given in the peers file, or none)
+    metrics_token_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -363,8 +372,57 @@ class _Parser:
         insecure = self.boolean(raw.get("insecure"), "node.insecure")
         token = self.token(raw.get("control_token"))
         self.exposure(host, control, tls, insecure, token)
+        metrics_token, metrics_token_file = self.metrics_token(raw)
+        self.metrics_exposure(metrics, metrics_token)
         return NodeSection(
-            node_id, listen, control, state_dir, share, tls, insecure, token, metrics, health
+            node_id, listen, control, state_dir, share, tls, insecure, token, metrics, health,
+            metrics_token, metrics_token_file,
+        )
+
+    def metrics_token(self, raw: dict[str, Any]) -> tuple[str | None, Path | None]:
+        """``node.metrics_token`` or the token in ``node.metrics_token_file`` (one of them);
+        never echoed. The file must not be readable by other users (a Kubernetes Secret's
+        0440 is fine: the group is the pod's)."""
+        value, file_value = raw.get("metrics_token"), raw.get("metrics_token_file")
+        if value is not None and file_value is not None:
+            raise self.err("node.metrics_token_file", "contradicts node.metrics_token: keep one")
+        if file_value is None:
+            return self.token(value, "node.metrics_token"), None
+        path = self.path(file_value, "node.metrics_token_file")
+        try:
+            mode = path.stat().st_mode
+            text = path.read_text(encoding="ascii", errors="replace")[:8192]
+        except OSError as exc:
+            raise self.err("node.metrics_token_file",
+                           f"cannot read {path}: {exc.strerror}: write the token there (one "
+                           "line) or fix the file's permissions") from None
+        if mode & 0o007:
+            raise self.err("node.metrics_token_file",
+                           f"{path} is open to other users (mode {mode & 0o777:o}): "
+                           f"chmod 600 {path}")
+        token = text.strip()
+        if not _TOKEN_RE.fullmatch(token):
+            raise self.err(
+                "node.metrics_token_file",
+                f"{path} must hold one token of at least {_TOKEN_MIN} printable ASCII characters"
+                f" without spaces (got {len(token)} characters)",
+            )
+        return token, path
+
+    def metrics_exposure(self, metrics: str | None, token: str | None) -> None:
+        """Refuse a metrics port that other hosts reach without a bearer token."""
+        if metrics is None or token is not None:
+            return
+        host = parse_address(metrics, "node.metrics", self.file)[0]
+        if is_loopback(host):
+            return
+        raise self.err(
+            "node.metrics_token",
+            f"required: node.metrics {metrics} is reachable from other hosts, and the metrics"
+            " name the node, its neighbours and its traffic: set node.metrics_token (or"
+            " node.metrics_token_file) and give Prometheus the same token (scrape config"
+            " authorization: credentials_file, see docs/operations.md), or keep node.metrics"
+            " on 127.0.0.1",
         )
 
     def metrics(self, value: Any, listen: str, control: str) -> str | None:
@@ -409,15 +467,15 @@ class _Parser:
             raise self.err(field, f"expected true or false, got {value!r}")
         return value
 
-    def token(self, value: Any) -> str | None:
+    def token(self, value: Any, field: str = "node.control_token") -> str | None:
         if value is None:
             return None
         # never echo the value: it is a secret
         if not isinstance(value, str):
-            raise self.err("node.control_token", f"expected a string, got {_kind_of(value)}")
+            raise self.err(field, f"expected a string, got {_kind_of(value)}")
         if not _TOKEN_RE.fullmatch(value):
             raise self.err(
-                "node.control_token",
+                field,
                 f"use at least {_TOKEN_MIN} printable ASCII characters without spaces"
                 f" (got {len(value)} characters)",
             )

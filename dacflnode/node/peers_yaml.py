@@ -90,6 +90,10 @@ def node_section(pf: PeersFile) -> dict[str, Any]:
         out["insecure"] = True
     if node.control_token is not None:
         out["control_token"] = node.control_token
+    if node.metrics_token_file is not None:
+        out["metrics_token_file"] = str(node.metrics_token_file.absolute())
+    elif node.metrics_token is not None:
+        out["metrics_token"] = node.metrics_token
     return out
 
 

@@ -3,7 +3,8 @@ status`` shows is plain data kept with the transport that serialises it
 (:mod:`dacflnode.transport.control_types`), re-exported here.
 
 One exposition, two ways to fetch it: ``GET http://<node.metrics>/metrics`` (what Prometheus
-scrapes, :class:`MetricsServer`) and the Control service's ``dacflnode metrics --format
+scrapes, :class:`~dacflnode.node.metrics_http.MetricsServer`, served from the node's event loop
+with a connection cap and deadlines) and the Control service's ``dacflnode metrics --format
 prometheus``. Both render the same :class:`NodeMetrics` registry after refreshing it from the
 node's status, so they never disagree on a name, a type or a label.
 
@@ -16,11 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,15 +26,14 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     generate_latest,
-    make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from dacflnode.node.metrics_http import METRICS_PATH, MetricsServer
 from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
 
-__all__ = ["MetricsServer", "NeighbourInfo", "NodeMetrics", "NodeStatus"]
+__all__ = ["METRICS_PATH", "MetricsServer", "NeighbourInfo", "NodeMetrics", "NodeStatus"]
 
 log = logging.getLogger("dacflnode.metrics")
 
@@ -221,68 +217,3 @@ class NodeMetrics:
     def prometheus(self) -> str:
         """The text exposition (format 0.0.4), as the Control service returns it."""
         return generate_latest(self.registry).decode()
-
-
-class _QuietHandler(WSGIRequestHandler):
-    """Request lines go to the debug log, not to stderr."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("metrics %s: " + format, self.address_string(), *args)
-
-
-#: What :class:`MetricsServer` answers on: Prometheus's default scrape path.
-METRICS_PATH = "/metrics"
-
-
-class MetricsServer:
-    """``GET /metrics`` over HTTP: prometheus_client's WSGI app on a wsgiref server in a thread.
-
-    ``refresh`` runs before every scrape (from the server's thread) so that the exposition shows
-    the node as it is now; other paths answer 404. No TLS and no authentication: keep
-    ``node.metrics`` on loopback or on a network only the scraper reaches.
-    """
-
-    def __init__(self, registry: CollectorRegistry, host: str, port: int,
-                 refresh: Callable[[], None] | None = None) -> None:
-        self.host, self.port = host, port
-        self.refresh = refresh
-        self.app = make_wsgi_app(registry)
-        self._server: ThreadingWSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def _wsgi(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        if environ.get("PATH_INFO") != METRICS_PATH:
-            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-            return [f"not found: the metrics are at {METRICS_PATH}\n".encode()]
-        if self.refresh is not None:
-            try:
-                self.refresh()
-            except Exception:  # a failed refresh serves the last status, and says why
-                log.warning("metrics: could not refresh the status", exc_info=True)
-        return self.app(environ, start_response)
-
-    def start(self) -> int:
-        """Listen and serve in a daemon thread; return the bound port (``port`` 0 picks one).
-        Raises :class:`OSError` when the address cannot be bound."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-
-        class Server(ThreadingWSGIServer):
-            address_family = family
-
-        server = make_server(self.host, self.port, self._wsgi, Server, _QuietHandler)
-        self._server = server
-        self.port = int(server.server_address[1])
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name=f"metrics-{self.port}", daemon=True)
-        self._thread.start()
-        return self.port
-
-    def stop(self) -> None:
-        """Stop serving and close the socket (blocks up to the poll interval)."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)

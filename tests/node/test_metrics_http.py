@@ -147,7 +147,7 @@ def test_the_process_collectors_are_in_the_nodes_registry_only():
 
 
 # ------------------------------------------------------------------------------ HTTP server
-def test_the_http_server_refreshes_before_each_scrape_and_serves_only_metrics():
+async def test_the_http_server_refreshes_before_each_scrape_and_serves_only_metrics():
     metrics = NodeMetrics("n0", process=False)
     scrapes: list[int] = []
 
@@ -155,21 +155,22 @@ def test_the_http_server_refreshes_before_each_scrape_and_serves_only_metrics():
         scrapes.append(1)
         metrics.update(NodeStatus("n0", "dacfl", len(scrapes), 10, "training"))
 
-    server = MetricsServer(metrics.registry, "127.0.0.1", 0, refresh)
-    port = server.start()
+    server = MetricsServer(metrics.registry, "127.0.0.1", 0, refresh, render_interval=0)
+    port = await server.start()
     try:
-        assert 'dacfl_round{node="n0"} 1.0' in get(f"http://127.0.0.1:{port}/metrics")
-        assert 'dacfl_round{node="n0"} 2.0' in get(f"http://127.0.0.1:{port}/metrics")
+        url = f"http://127.0.0.1:{port}/metrics"
+        assert 'dacfl_round{node="n0"} 1.0' in await asyncio.to_thread(get, url)
+        assert 'dacfl_round{node="n0"} 2.0' in await asyncio.to_thread(get, url)
         with pytest.raises(urllib.error.HTTPError) as err:
-            get(f"http://127.0.0.1:{port}/")
+            await asyncio.to_thread(get, f"http://127.0.0.1:{port}/")
         assert err.value.code == 404
     finally:
-        server.stop()
+        await server.stop()
     with pytest.raises(urllib.error.URLError):
-        get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics", 2)
 
 
-def test_a_failing_refresh_serves_the_last_status():
+async def test_a_failing_refresh_serves_the_last_status():
     metrics = NodeMetrics("n0", process=False)
     metrics.update(NodeStatus("n0", "dacfl", 7, 10, "training"))
 
@@ -177,11 +178,12 @@ def test_a_failing_refresh_serves_the_last_status():
         raise RuntimeError("the loop is gone")
 
     server = MetricsServer(metrics.registry, "127.0.0.1", 0, refresh)
-    port = server.start()
+    port = await server.start()
     try:
-        assert 'dacfl_round{node="n0"} 7.0' in get(f"http://127.0.0.1:{port}/metrics")
+        text = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/metrics")
+        assert 'dacfl_round{node="n0"} 7.0' in text
     finally:
-        server.stop()
+        await server.stop()
 
 
 # ------------------------------------------------------------------------------ node.metrics
@@ -193,7 +195,8 @@ def peers_data(**node: object) -> dict[str, object]:
 
 def test_node_metrics_is_optional_and_round_trips_through_the_written_file(tmp_path):
     assert parse_peers(peers_data(), tmp_path / "a.yaml").node.metrics is None
-    pf = parse_peers(peers_data(metrics="0.0.0.0:9100"), tmp_path / "a.yaml")
+    pf = parse_peers(peers_data(metrics="0.0.0.0:9100", metrics_token="m" * 16),
+                     tmp_path / "a.yaml")
     assert pf.node.metrics == "0.0.0.0:9100"  # another host's reach, asked for explicitly
     back = parse_peers(yaml.safe_load(dump_peers(pf)), pf.path)
     assert back.node == pf.node
@@ -223,6 +226,10 @@ def test_generated_clusters_take_metrics_ports_and_host_as_given(tmp_path):
                              metrics_ports=[7300, 7301, 7302], metrics_host="0.0.0.0")
     assert [load_peers(p).node.metrics for p in paths] == [
         "0.0.0.0:7300", "0.0.0.0:7301", "0.0.0.0:7302"]
+    # reachable from other hosts: one token for the cluster, and a file for the scraper
+    token = (tmp_path / "a" / "metrics.token").read_text().strip()
+    assert (tmp_path / "a" / "metrics.token").stat().st_mode & 0o777 == 0o600
+    assert {load_peers(p).node.metrics_token for p in paths} == {token}
     # control ports picked one by one (free ones) leave the metrics to be picked the same way
     paths = generate_cluster("ring", 3, TINY, tmp_path / "b", ports=[7100, 7101, 7102],
                              control_ports=[7200, 7201, 7202])
