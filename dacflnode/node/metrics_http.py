@@ -14,8 +14,11 @@ OpenMetrics as the scraper asks) and deciding on gzip
 The limits (module constants, each a constructor parameter too; docs/security.md, "The metrics
 server"):
 
-* :data:`MAX_CONNECTIONS` connections at once; one more is closed as soon as it is accepted, so
-  it costs neither a thread nor a lasting file descriptor.
+* :data:`MAX_CONNECTIONS` connections at once. When one more arrives, the connection that has
+  waited longest for its request head is closed to make room (a scraper sends its request at
+  once and is answered in milliseconds, so slow connections cannot keep it out); when every
+  connection is already being answered, the new one is closed as soon as it is accepted. Either
+  way the flood costs neither a thread nor a lasting file descriptor.
 * :data:`HEAD_TIMEOUT_S` for the whole request head (request line and headers, and the TLS
   handshake when served over HTTPS): a client that sends it byte by byte (slowloris) is
   disconnected then, however steadily it trickles.
@@ -73,6 +76,9 @@ SEND_TIMEOUT_S = 10.0
 MAX_HEAD_BYTES = 16 * 1024
 #: Seconds a rendered exposition is reused for the scrapes that follow it.
 RENDER_INTERVAL_S = 0.5
+#: Connections the kernel queues until the loop accepts them (they hold no descriptor of the
+#: node's until then).
+LISTEN_BACKLOG = 128
 #: Bytes read from a connection at a time.
 _READ_BYTES = 4096
 
@@ -125,13 +131,16 @@ class MetricsServer:
         self.render_interval = render_interval
         #: requests refused for a missing or wrong bearer token
         self.refused = 0
-        #: connections closed on accept because :attr:`max_connections` were open
+        #: connections closed on accept because :attr:`max_connections` were being answered
         self.rejected = 0
+        #: connections still waiting for their request head closed to make room for a new one
+        self.evicted = 0
         #: connections closed because the head or the response took too long
         self.timed_out = 0
-        self.active = 0
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: every connection served, and (a subset, oldest first) those still reading their head
+        self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._reading: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._cache: dict[tuple[str, bool], tuple[float, _Reply]] = {}
 
     def __repr__(self) -> str:  # the token stays out of logs
@@ -145,7 +154,7 @@ class MetricsServer:
         """Listen on the running loop; return the bound port (``port`` 0 picks one). Raises
         :class:`OSError` when the address cannot be bound."""
         self._server = await asyncio.start_server(
-            self._accept, self.host, self.port, backlog=self.max_connections,
+            self._accept, self.host, self.port, backlog=LISTEN_BACKLOG,
             limit=_READ_BYTES, reuse_address=True)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
@@ -156,34 +165,51 @@ class MetricsServer:
         if server is None:
             return
         server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        tasks = list(self._conns)
+        for task in tasks:
+            self._drop(task)  # each task sees its connection end, and ends
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), timeout=2.0)
 
     # ------------------------------------------------------------------------------- connections
+    @property
+    def active(self) -> int:
+        """Connections open now."""
+        return len(self._conns)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.active >= self.max_connections or self._server is None:
-            self.rejected += 1
-            writer.transport.abort()  # the fd is released now: no lingering close
-            return
-        self.active += 1
         task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
+        if task is None or self._server is None:
+            writer.transport.abort()
+            return
+        if len(self._conns) >= self.max_connections:
+            if not self._reading:
+                self.rejected += 1
+                writer.transport.abort()  # the fd is released now: no lingering close
+                return
+            oldest = next(iter(self._reading))
+            self.evicted += 1
+            self._drop(oldest)  # its reader sees the end of the stream and the task ends
+        self._conns[task] = writer
+        self._reading[task] = writer
         try:
-            await self._serve(reader, writer)
+            await self._serve(reader, writer, task)
         except (ConnectionError, ssl_module.SSLError, OSError):
             pass  # the client went away or spoke garbage: nothing to answer
         finally:
-            self.active -= 1
-            if task is not None:
-                self._tasks.discard(task)
+            self._drop(task)
+
+    def _drop(self, task: asyncio.Task[None]) -> None:
+        """Forget a connection and close its socket at once."""
+        self._reading.pop(task, None)
+        writer = self._conns.pop(task, None)
+        if writer is not None:
             writer.transport.abort()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     task: asyncio.Task[None]) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_head_bytes)
         try:
             async with asyncio.timeout(self.head_timeout):
@@ -194,11 +220,14 @@ class MetricsServer:
             self.timed_out += 1
             return
         except h11.RemoteProtocolError as exc:
+            self._reading.pop(task, None)
             status = exc.error_status_hint
             reply = _Reply(status, b"request header fields too large\n" if status == 431
                            else b"bad request\n")
             await self._send(conn, writer, reply, head_only=False)
             return
+        finally:
+            self._reading.pop(task, None)
         if request is None:
             return  # closed before a whole request
         head_only = request.method == b"HEAD"
