@@ -125,9 +125,12 @@ class Target:
     soft_fd_limit: int | None = None  # below fd_limit: the daemon should raise it at start
     idle_timeout: float | None = None
     stream_timeout: float | None = None
+    #: serve /metrics on 127.0.0.1 (node.metrics), at :attr:`metrics`
+    metrics_port: bool = False
     proc: subprocess.Popen[bytes] | None = None
     listen: str = ""
     control: str = ""
+    metrics: str = ""
     tensors: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -147,11 +150,13 @@ class Target:
 
         run = RunConfig(dataset="synthetic", model="attacks:Wide", nodes=2, rounds=5,
                         synthetic_train=200, synthetic_test=50, device="cpu")
-        ports = free_ports(4)
+        ports = free_ports(6)
         paths = generate_cluster("complete", 2, run, self.workdir / "peers", ports=ports[:2],
-                                 control_ports=ports[2:], state_root=self.workdir,
-                                 hello_timeout=600, round_deadline=600)
+                                 control_ports=ports[2:4],
+                                 metrics_ports=ports[4:] if self.metrics_port else None,
+                                 state_root=self.workdir, hello_timeout=600, round_deadline=600)
         self.listen, self.control = f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[2]}"
+        self.metrics = f"127.0.0.1:{ports[4]}" if self.metrics_port else ""
         os.environ["ATTACK_STATE_MIB"] = str(self.state_mib)
         numel = StateLayout.from_module(Wide((1, 8, 8), 10)).numel
         self.tensors = {"omega": numel, "x": numel}
@@ -340,6 +345,112 @@ def idle_connections(target: Target, count: int, hold: float = 3.0) -> dict[str,
         "status_answers_while_held": answers, "alive": target.alive(),
         "log_bytes_before": log_before, "log_bytes_after": target.log_path.stat().st_size,
         "load_1m": load_held,
+    }
+
+
+# ---------------------------------------------------------------------------- /metrics
+def thread_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def raise_own_fd_limit(need: int) -> None:
+    """Let this process hold ``need`` sockets (soft ``RLIMIT_NOFILE`` up to the hard one)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need + 64:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, need + 256), hard))
+
+
+def scrape(address: str, timeout: float = 10.0) -> tuple[int, float]:
+    """One ``GET /metrics`` as Prometheus sends it: the status code (0: no answer) and seconds."""
+    host, port = address.rsplit(":", 1)
+    start = time.monotonic()
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: " + address.encode()
+                      + b"\r\nAccept-Encoding: gzip\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+    except OSError:
+        return 0, time.monotonic() - start
+    code = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
+    return code, round(time.monotonic() - start, 3)
+
+
+def _closed(s: socket.socket) -> bool:
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def slow_metrics(target: Target, count: int, hold: float = 3.0, wait_closed: float = 0.0,
+                 partial: bytes = b"GET /metr") -> dict[str, Any]:
+    """``count`` connections to ``/metrics`` that each send half a request line and hold it:
+    whether the daemon lives, its descriptors, threads and RSS, and whether a scrape and
+    ``dacflnode status`` answer while they are held (``hold`` s); then up to ``wait_closed`` s
+    for the daemon to have closed every one (its head deadline)."""
+    host, port = target.metrics.rsplit(":", 1)
+    raise_own_fd_limit(count)
+    fds_before, threads_before = fd_count(target.pid), thread_count(target.pid)
+    rss_before = proc_status(target.pid)["VmRSS"]
+    log_before = target.log_path.stat().st_size
+    socks: list[socket.socket] = []
+    failed = 0
+    fds_max, threads_max = fds_before, threads_before
+    start = time.monotonic()
+    try:
+        for k in range(count):
+            if time.monotonic() - start > 60:
+                break
+            s = socket.socket()
+            s.settimeout(5)
+            try:
+                s.connect((host, int(port)))
+                s.sendall(partial)
+            except OSError:
+                failed += 1
+                s.close()
+                continue
+            socks.append(s)
+            if k % 100 == 0:
+                fds_max = max(fds_max, fd_count(target.pid))
+                threads_max = max(threads_max, thread_count(target.pid))
+        opened_s = time.monotonic() - start
+        scrape_code, scrape_s = scrape(target.metrics)
+        answers = target.status_answers()
+        end = time.monotonic() + hold
+        while time.monotonic() < end:
+            fds_max = max(fds_max, fd_count(target.pid))
+            threads_max = max(threads_max, thread_count(target.pid))
+            time.sleep(0.2)
+        closed = sum(_closed(s) for s in socks)
+        load_held = load_1m()
+        rss_held = proc_status(target.pid)["VmRSS"]
+        open_socks = [s for s in socks if not _closed(s)]
+        end = time.monotonic() + wait_closed
+        while open_socks and time.monotonic() < end:
+            time.sleep(0.2)
+            open_socks = [s for s in open_socks if not _closed(s)]
+        all_closed_s = round(time.monotonic() - start, 2) if not open_socks else None
+    finally:
+        for s in socks:
+            s.close()
+    return {
+        "connections": count, "connect_failed": failed, "opened_in_s": round(opened_s, 2),
+        "held_s": hold, "closed_by_daemon": closed, "kept_open": len(socks) - closed,
+        "daemon_fds_before": fds_before, "daemon_fds_max": fds_max,
+        "daemon_threads_before": threads_before, "daemon_threads_max": threads_max,
+        "all_closed_after_s": all_closed_s,
+        "rss_growth": rss_held - rss_before, "scrape_while_held": scrape_code,
+        "scrape_s": scrape_s, "status_answers_while_held": answers, "alive": target.alive(),
+        "fd_limit": target.fd_limit, "log_bytes_before": log_before,
+        "log_bytes_after": target.log_path.stat().st_size, "load_1m": load_held,
     }
 
 

@@ -4,7 +4,8 @@ client cannot get around.
 Why not prometheus_client's own server: it is wsgiref's ``ThreadingWSGIServer``, which starts a
 thread per connection and has neither a connection cap nor timeouts, so a thousand connections
 that send half a request line exhaust the node's file descriptors (and threads). Here every
-connection is a coroutine on the loop the node already runs (``asyncio.start_server``), the HTTP
+connection is a coroutine on the loop the node already runs (accepted one at a time, and capped
+before the next is accepted), the HTTP
 framing is parsed by `h11 <https://h11.readthedocs.io>`_ (a small, well-kept, I/O-free HTTP/1.1
 parser that enforces a size cap on the request head), and prometheus_client does what it is good
 at: rendering the exposition (:func:`~prometheus_client.exposition.choose_encoder`, text or
@@ -44,7 +45,9 @@ import gzip
 import hmac
 import http
 import logging
+import socket
 import ssl as ssl_module
+import struct
 import time
 from collections.abc import Callable
 
@@ -78,11 +81,29 @@ MAX_HEAD_BYTES = 16 * 1024
 RENDER_INTERVAL_S = 0.5
 #: Connections the kernel queues until the loop accepts them (they hold no descriptor of the
 #: node's until then).
-LISTEN_BACKLOG = 128
+LISTEN_BACKLOG = 64
 #: Bytes read from a connection at a time.
 _READ_BYTES = 4096
 
 _TEXT = "text/plain; charset=utf-8"
+
+
+def _abort(sock: socket.socket) -> None:
+    """Close ``sock`` at once, with a reset rather than a lingering close."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class _Conn:
+    """One accepted connection: its socket, then its stream, and the task serving it."""
+
+    __slots__ = ("sock", "task", "writer")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.writer: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task[None] | None = None
 
 
 class _Reply:
@@ -137,10 +158,12 @@ class MetricsServer:
         self.evicted = 0
         #: connections closed because the head or the response took too long
         self.timed_out = 0
-        self._server: asyncio.Server | None = None
-        #: every connection served, and (a subset, oldest first) those still reading their head
-        self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
-        self._reading: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._listener: socket.socket | None = None
+        self._acceptor: asyncio.Task[None] | None = None
+        #: every connection served, and (a subset, oldest first) those still reading their head;
+        #: dicts as ordered sets
+        self._conns: dict[_Conn, None] = {}
+        self._reading: dict[_Conn, None] = {}
         self._cache: dict[tuple[str, bool], tuple[float, _Reply]] = {}
 
     def __repr__(self) -> str:  # the token stays out of logs
@@ -153,25 +176,31 @@ class MetricsServer:
     async def start(self) -> int:
         """Listen on the running loop; return the bound port (``port`` 0 picks one). Raises
         :class:`OSError` when the address cannot be bound."""
-        self._server = await asyncio.start_server(
-            self._accept, self.host, self.port, backlog=LISTEN_BACKLOG,
-            limit=_READ_BYTES, reuse_address=True)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        listener = socket.create_server((self.host, self.port), family=family,
+                                        backlog=LISTEN_BACKLOG)
+        listener.setblocking(False)
+        self._listener = listener
+        self.port = int(listener.getsockname()[1])
+        self._acceptor = asyncio.create_task(self._accept_loop(listener),
+                                             name=f"metrics-{self.port}")
         return self.port
 
     async def stop(self) -> None:
         """Stop listening and drop the connections in progress."""
-        server, self._server = self._server, None
-        if server is None:
+        acceptor, self._acceptor = self._acceptor, None
+        if acceptor is None:
             return
-        server.close()
-        tasks = list(self._conns)
-        for task in tasks:
-            self._drop(task)  # each task sees its connection end, and ends
+        acceptor.cancel()
+        await asyncio.gather(acceptor, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+        conns = list(self._conns)
+        for conn in conns:
+            self._drop(conn)  # each connection's task sees its stream end, and ends
+        tasks = [c.task for c in conns if c.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(server.wait_closed(), timeout=2.0)
 
     # ------------------------------------------------------------------------------- connections
     @property
@@ -179,59 +208,90 @@ class MetricsServer:
         """Connections open now."""
         return len(self._conns)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is None or self._server is None:
-            writer.transport.abort()
-            return
-        if len(self._conns) >= self.max_connections:
-            if not self._reading:
-                self.rejected += 1
-                writer.transport.abort()  # the fd is released now: no lingering close
-                return
-            oldest = next(iter(self._reading))
-            self.evicted += 1
-            self._drop(oldest)  # its reader sees the end of the stream and the task ends
-        self._conns[task] = writer
-        self._reading[task] = writer
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept one connection at a time and decide on it before the next: at the cap the
+        oldest connection still reading its head is closed (or, when none is, the new one), so
+        the node never holds more than :attr:`max_connections` + 1 descriptors for it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # out of descriptors (the node's other servers, say)
+                log.warning("metrics: cannot accept a connection: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._conns) >= self.max_connections:
+                oldest = next(iter(self._reading), None)
+                if oldest is None:
+                    self.rejected += 1
+                    _abort(sock)  # the fd is released now: no lingering close
+                    continue
+                self.evicted += 1
+                self._drop(oldest)  # its reader sees the end of the stream and the task ends
+            conn = _Conn(sock)
+            self._conns[conn] = None
+            self._reading[conn] = None
+            conn.task = asyncio.create_task(self._handle(conn))
+            await asyncio.sleep(0)  # an accept that did not wait still lets the others run
+
+    async def _handle(self, conn: _Conn) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.head_timeout  # for the handshake and the head together
         try:
-            await self._serve(reader, writer, task)
+            reader = asyncio.StreamReader(limit=_READ_BYTES)
+            protocol = asyncio.StreamReaderProtocol(reader)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    transport, _ = await loop.connect_accepted_socket(
+                        lambda: protocol, conn.sock, ssl=self.ssl,
+                        ssl_handshake_timeout=self.head_timeout if self.ssl else None)
+            except TimeoutError:
+                self.timed_out += 1
+                return
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            conn.writer = writer
+            if conn not in self._conns:  # dropped while the stream was being set up
+                return
+            await self._serve(reader, writer, conn, deadline)
         except (ConnectionError, ssl_module.SSLError, OSError):
             pass  # the client went away or spoke garbage: nothing to answer
         finally:
-            self._drop(task)
+            self._drop(conn)
 
-    def _drop(self, task: asyncio.Task[None]) -> None:
+    def _drop(self, conn: _Conn) -> None:
         """Forget a connection and close its socket at once."""
-        self._reading.pop(task, None)
-        writer = self._conns.pop(task, None)
-        if writer is not None:
-            writer.transport.abort()
+        self._reading.pop(conn, None)
+        if self._conns.pop(conn, "gone") == "gone":
+            return
+        if conn.writer is not None:
+            conn.writer.transport.abort()
+        elif conn.task is not None and conn.task is not asyncio.current_task():
+            conn.task.cancel()  # still setting up (TLS handshake): the cancel closes it
+        else:
+            _abort(conn.sock)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     task: asyncio.Task[None]) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_head_bytes)
+                     conn: _Conn, deadline: float) -> None:
+        h11conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_head_bytes)
         try:
-            async with asyncio.timeout(self.head_timeout):
-                if self.ssl is not None:
-                    await writer.start_tls(self.ssl, ssl_handshake_timeout=self.head_timeout)
-                request = await self._read_head(conn, reader)
+            async with asyncio.timeout_at(deadline):
+                request = await self._read_head(h11conn, reader)
         except TimeoutError:
             self.timed_out += 1
             return
         except h11.RemoteProtocolError as exc:
-            self._reading.pop(task, None)
+            self._reading.pop(conn, None)
             status = exc.error_status_hint
             reply = _Reply(status, b"request header fields too large\n" if status == 431
                            else b"bad request\n")
-            await self._send(conn, writer, reply, head_only=False)
+            await self._send(h11conn, writer, reply, head_only=False)
             return
         finally:
-            self._reading.pop(task, None)
+            self._reading.pop(conn, None)
         if request is None:
             return  # closed before a whole request
         head_only = request.method == b"HEAD"
-        await self._send(conn, writer, self._answer(request), head_only=head_only)
+        await self._send(h11conn, writer, self._answer(request), head_only=head_only)
 
     @staticmethod
     async def _read_head(conn: h11.Connection,

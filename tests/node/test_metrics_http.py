@@ -214,6 +214,48 @@ def test_a_bad_node_metrics_is_refused_naming_the_key(tmp_path, value, message):
     assert err.value.field == "node.metrics"
 
 
+def test_a_non_loopback_node_metrics_without_a_token_is_refused_saying_what_to_add(tmp_path):
+    for host in ("0.0.0.0", "10.1.2.3", "::"):
+        with pytest.raises(ConfigError, match=r"set node\.metrics_token") as err:
+            parse_peers(peers_data(metrics=f"[{host}]:9100" if ":" in host else f"{host}:9100"),
+                        tmp_path / "a.yaml")
+        assert err.value.field == "node.metrics_token"
+    # loopback stays open: the Prometheus of the same host
+    assert parse_peers(peers_data(metrics="127.0.0.1:9100"), tmp_path / "a.yaml").node.metrics
+
+
+def test_node_metrics_token_follows_the_control_token_rules_and_is_never_echoed(tmp_path):
+    pf = parse_peers(peers_data(metrics="0.0.0.0:9100", metrics_token="t" * 16),
+                     tmp_path / "a.yaml")
+    assert pf.node.metrics_token == "t" * 16 and "t" * 16 not in repr(pf)
+    for bad in ("short-token", "has a space in it ok", 1234567890123456789):
+        with pytest.raises(ConfigError) as err:
+            parse_peers(peers_data(metrics="0.0.0.0:9100", metrics_token=bad),
+                        tmp_path / "a.yaml")
+        assert err.value.field == "node.metrics_token" and str(bad) not in str(err.value)
+
+
+def test_node_metrics_token_file_is_read_and_must_not_be_open_to_others(tmp_path):
+    token = tmp_path / "metrics.token"
+    token.write_text("k" * 24 + "\n")
+    token.chmod(0o640)
+    pf = parse_peers(peers_data(metrics="0.0.0.0:9100", metrics_token_file="metrics.token"),
+                     tmp_path / "a.yaml")
+    assert pf.node.metrics_token == "k" * 24 and pf.node.metrics_token_file == token
+    assert parse_peers(yaml.safe_load(dump_peers(pf)), pf.path).node == pf.node
+    assert "k" * 24 not in dump_peers(pf)  # the file is named, the secret stays in it
+    token.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600") as err:
+        parse_peers(peers_data(metrics="0.0.0.0:9100", metrics_token_file="metrics.token"),
+                    tmp_path / "a.yaml")
+    assert err.value.field == "node.metrics_token_file"
+    with pytest.raises(ConfigError, match="keep one"):
+        parse_peers(peers_data(metrics_token="k" * 16, metrics_token_file="metrics.token"),
+                    tmp_path / "a.yaml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        parse_peers(peers_data(metrics_token_file="missing.token"), tmp_path / "a.yaml")
+
+
 def test_topology_puts_metrics_on_loopback_at_the_listen_port_plus_2000(tmp_path):
     paths = generate_cluster("ring", 3, TINY, tmp_path / "a", base_port=7100)
     assert [load_peers(p).node.metrics for p in paths] == [
