@@ -54,7 +54,7 @@ from dacflnode.node.data import (
     own_node_data,
 )
 from dacflnode.node.membership import PeerState
-from dacflnode.node.peers import PeersFile
+from dacflnode.node.peers import PeersFile, read_metrics_token
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
@@ -299,8 +299,11 @@ class Daemon:
         if address is None:
             return None
         host, port = parse_address(address, "node.metrics", self.pf.path)
-        server = MetricsServer(self.metrics.registry, host, port, self.status,
-                               token=self.pf.node.metrics_token, ssl=self.metrics_ssl(host))
+        node = self.pf.node
+        token = (read_metrics_token(node.metrics_token_file, self.pf.path)
+                 if node.metrics_token_file is not None else node.metrics_token)
+        server = MetricsServer(self.metrics.registry, host, port, self.status, token=token,
+                               ssl=self.metrics_ssl(host))
         try:
             bound = await server.start()
         except OSError as exc:
@@ -310,7 +313,7 @@ class Daemon:
         self.metrics_server = server
         log.info("%s: Prometheus metrics on %s://%s/metrics (%s)", self.pf.node.id,
                  server.scheme, format_address(host, bound),
-                 "bearer token required" if self.pf.node.metrics_token else "no token")
+                 "bearer token required" if token else "no token")
         return server
 
     # ---------------------------------------------------------------- lifecycle

@@ -94,6 +94,7 @@ __all__ = [
     "PeersFile",
     "load_peers",
     "parse_peers",
+    "read_metrics_token",
 ]
 
 _TOP_KEYS = ("node", "neighbours", "run")
@@ -139,10 +140,11 @@ class NodeSection:
     #: ``host:port`` of a plaintext gRPC port serving only ``grpc.health.v1`` (for probes that
     #: cannot present a client certificate, such as Kubernetes' native gRPC probes); None: none
     health: str | None = None
-    #: the bearer token a scraper of ``node.metrics`` must present (read from
-    #: :attr:`metrics_token_file` when that is given); kept out of repr (and so out of logs)
+    #: the bearer token a scraper of ``node.metrics`` must present, when the peers file holds
+    #: it; kept out of repr (and so out of logs)
     metrics_token: str | None = dataclasses.field(default=None, repr=False)
-    #: the file ``metrics_token`` was read from (None: given in the peers file, or none)
+    #: a file holding that token instead (a Kubernetes Secret, say), read when the daemon
+    #: starts (:func:`read_metrics_token`)
     metrics_token_file: Path | None = None
 
 
@@ -373,45 +375,27 @@ class _Parser:
         token = self.token(raw.get("control_token"))
         self.exposure(host, control, tls, insecure, token)
         metrics_token, metrics_token_file = self.metrics_token(raw)
-        self.metrics_exposure(metrics, metrics_token)
+        self.metrics_exposure(metrics, metrics_token, metrics_token_file)
         return NodeSection(
             node_id, listen, control, state_dir, share, tls, insecure, token, metrics, health,
             metrics_token, metrics_token_file,
         )
 
     def metrics_token(self, raw: dict[str, Any]) -> tuple[str | None, Path | None]:
-        """``node.metrics_token`` or the token in ``node.metrics_token_file`` (one of them);
-        never echoed. The file must not be readable by other users (a Kubernetes Secret's
-        0440 is fine: the group is the pod's)."""
+        """``node.metrics_token`` or ``node.metrics_token_file`` (one of them); the value is
+        never echoed. The file is read when the daemon starts (:func:`read_metrics_token`), as
+        the TLS files are, so that a peers file can be checked away from the node's host."""
         value, file_value = raw.get("metrics_token"), raw.get("metrics_token_file")
         if value is not None and file_value is not None:
             raise self.err("node.metrics_token_file", "contradicts node.metrics_token: keep one")
         if file_value is None:
             return self.token(value, "node.metrics_token"), None
-        path = self.path(file_value, "node.metrics_token_file")
-        try:
-            mode = path.stat().st_mode
-            text = path.read_text(encoding="ascii", errors="replace")[:8192]
-        except OSError as exc:
-            raise self.err("node.metrics_token_file",
-                           f"cannot read {path}: {exc.strerror}: write the token there (one "
-                           "line) or fix the file's permissions") from None
-        if mode & 0o007:
-            raise self.err("node.metrics_token_file",
-                           f"{path} is open to other users (mode {mode & 0o777:o}): "
-                           f"chmod 600 {path}")
-        token = text.strip()
-        if not _TOKEN_RE.fullmatch(token):
-            raise self.err(
-                "node.metrics_token_file",
-                f"{path} must hold one token of at least {_TOKEN_MIN} printable ASCII characters"
-                f" without spaces (got {len(token)} characters)",
-            )
-        return token, path
+        return None, self.path(file_value, "node.metrics_token_file")
 
-    def metrics_exposure(self, metrics: str | None, token: str | None) -> None:
+    def metrics_exposure(self, metrics: str | None, token: str | None,
+                         token_file: Path | None) -> None:
         """Refuse a metrics port that other hosts reach without a bearer token."""
-        if metrics is None or token is not None:
+        if metrics is None or token is not None or token_file is not None:
             return
         host = parse_address(metrics, "node.metrics", self.file)[0]
         if is_loopback(host):
@@ -690,6 +674,30 @@ class _Parser:
 
 _TOKEN_MIN = 16
 _TOKEN_RE = re.compile(rf"[\x21-\x7e]{{{_TOKEN_MIN},4096}}")
+
+
+def read_metrics_token(path: Path, peers_file: Path) -> str:
+    """The token in ``node.metrics_token_file`` ``path`` (surrounding blanks and the final
+    newline dropped). The file must not be open to other users (a Kubernetes Secret's 0440 is
+    fine: the group is the pod's). Raises :class:`ConfigError` naming the setting and the file,
+    never the value."""
+    field = "node.metrics_token_file"
+    try:
+        mode = path.stat().st_mode
+        with path.open("rb") as f:
+            data = f.read(8192)
+    except OSError as exc:
+        raise ConfigError(field, f"in {peers_file}: cannot read {path}: {exc.strerror}: write "
+                          "the token there (one line) or fix the file's permissions") from None
+    if mode & 0o007:
+        raise ConfigError(field, f"in {peers_file}: {path} is open to other users (mode "
+                          f"{mode & 0o777:o}): chmod 600 {path}")
+    token = data.decode("ascii", errors="replace").strip()
+    if not _TOKEN_RE.fullmatch(token):
+        raise ConfigError(field, f"in {peers_file}: {path} must hold one token of at least "
+                          f"{_TOKEN_MIN} printable ASCII characters without spaces (got "
+                          f"{len(token)} characters)")
+    return token
 
 
 def _kind_of(value: Any) -> str:

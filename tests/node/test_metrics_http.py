@@ -28,7 +28,7 @@ from dacflnode.errors import ConfigError
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
-from dacflnode.node.peers import load_peers, parse_peers
+from dacflnode.node.peers import load_peers, parse_peers, read_metrics_token
 from dacflnode.node.peers_yaml import dump_peers
 from dacflnode.node.status import PHASES, MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.transport.base import Identity, Inbox, Transport
@@ -235,25 +235,29 @@ def test_node_metrics_token_follows_the_control_token_rules_and_is_never_echoed(
         assert err.value.field == "node.metrics_token" and str(bad) not in str(err.value)
 
 
-def test_node_metrics_token_file_is_read_and_must_not_be_open_to_others(tmp_path):
+def test_node_metrics_token_file_is_read_at_start_and_must_not_be_open_to_others(tmp_path):
     token = tmp_path / "metrics.token"
+    pf = parse_peers(peers_data(metrics="0.0.0.0:9100", metrics_token_file="metrics.token"),
+                     tmp_path / "a.yaml")  # the file need not exist where the file is checked
+    assert pf.node.metrics_token is None and pf.node.metrics_token_file == token
+    assert parse_peers(yaml.safe_load(dump_peers(pf)), pf.path).node == pf.node
+    with pytest.raises(ConfigError, match="cannot read") as err:
+        read_metrics_token(token, pf.path)
+    assert err.value.field == "node.metrics_token_file"
     token.write_text("k" * 24 + "\n")
     token.chmod(0o640)
-    pf = parse_peers(peers_data(metrics="0.0.0.0:9100", metrics_token_file="metrics.token"),
-                     tmp_path / "a.yaml")
-    assert pf.node.metrics_token == "k" * 24 and pf.node.metrics_token_file == token
-    assert parse_peers(yaml.safe_load(dump_peers(pf)), pf.path).node == pf.node
-    assert "k" * 24 not in dump_peers(pf)  # the file is named, the secret stays in it
+    assert read_metrics_token(token, pf.path) == "k" * 24
     token.chmod(0o644)
-    with pytest.raises(ConfigError, match="chmod 600") as err:
-        parse_peers(peers_data(metrics="0.0.0.0:9100", metrics_token_file="metrics.token"),
-                    tmp_path / "a.yaml")
-    assert err.value.field == "node.metrics_token_file"
+    with pytest.raises(ConfigError, match="chmod 600"):
+        read_metrics_token(token, pf.path)
+    token.write_text("short\n")
+    token.chmod(0o600)
+    with pytest.raises(ConfigError, match="at least 16") as err:
+        read_metrics_token(token, pf.path)
+    assert "short" not in str(err.value)
     with pytest.raises(ConfigError, match="keep one"):
         parse_peers(peers_data(metrics_token="k" * 16, metrics_token_file="metrics.token"),
                     tmp_path / "a.yaml")
-    with pytest.raises(ConfigError, match="cannot read"):
-        parse_peers(peers_data(metrics_token_file="missing.token"), tmp_path / "a.yaml")
 
 
 def test_topology_puts_metrics_on_loopback_at_the_listen_port_plus_2000(tmp_path):
@@ -320,7 +324,8 @@ class MetricsCluster:
     """Real ``dacflnode start`` processes on 127.0.0.1, each serving ``/metrics`` on a port
     from bind(0); stopped through their Control services."""
 
-    def __init__(self, root: Path, nodes: int, rounds: int = 100_000, **run_kw: object) -> None:
+    def __init__(self, root: Path, nodes: int, rounds: int = 100_000,
+                 metrics_token: str | None = None, **run_kw: object) -> None:
         ports = free_ports(3 * nodes)
         cfg = replace(TINY, nodes=nodes, rounds=rounds, **run_kw)  # type: ignore[arg-type]
         self.root = root
@@ -329,6 +334,11 @@ class MetricsCluster:
             ports=ports[:nodes], control_ports=ports[nodes:2 * nodes],
             metrics_ports=ports[2 * nodes:], state_root=root, round_deadline=30, hello_timeout=60)
         self.metrics = [f"127.0.0.1:{p}" for p in ports[2 * nodes:]]
+        if metrics_token is not None:  # required of every scrape, even on loopback
+            for path in self.paths:
+                data = yaml.safe_load(path.read_text())
+                data["node"]["metrics_token"] = metrics_token
+                path.write_text(yaml.safe_dump(data, sort_keys=False))
         self.controls = [load_peers(p).node.control for p in self.paths]
         self.procs: list[subprocess.Popen[bytes]] = []
 

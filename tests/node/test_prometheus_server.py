@@ -23,26 +23,29 @@ from dacflnode.transport.grpc_control import fetch_status
 from tests.node.test_metrics_http import MetricsCluster, get
 
 PROMETHEUS = shutil.which("prometheus")
+TOKEN = "prometheus-scrapes-with-this-token"
 
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="prometheus is not installed (Debian: apt-get install prometheus)")
 
 
-def scrape_config(targets: list[str]) -> dict[str, Any]:
+def scrape_config(targets: list[str], jobs: list[dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
     return {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "dacfl", "static_configs": [{"targets": targets}]}],
+        "scrape_configs": jobs or [{"job_name": "dacfl", "static_configs": [{"targets": targets}]}],
     }
 
 
 class Prometheus:
     """A Prometheus server on a free loopback port, its data and log in ``root``."""
 
-    def __init__(self, root: Path, targets: list[str]) -> None:
+    def __init__(self, root: Path, targets: list[str],
+                 jobs: list[dict[str, Any]] | None = None) -> None:
         assert PROMETHEUS is not None
         root.mkdir(parents=True, exist_ok=True)
         config = root / "prometheus.yml"
-        config.write_text(yaml.safe_dump(scrape_config(targets)))
+        config.write_text(yaml.safe_dump(scrape_config(targets, jobs)))
         self.address = f"127.0.0.1:{free_ports(1)[0]}"
         self.log = root / "prometheus.log"
         with self.log.open("wb") as log:
@@ -113,3 +116,33 @@ def test_a_real_prometheus_scrapes_the_round_of_every_node_of_a_cluster(tmp_path
         prometheus.stop()
         codes = cluster.stop()
     assert codes == [0, 0, 0]
+
+
+def test_a_real_prometheus_scrapes_with_the_bearer_token_and_is_refused_without_it(tmp_path):
+    cluster = MetricsCluster(tmp_path / "cluster", 2, metrics_token=TOKEN)
+    credentials = tmp_path / "metrics.token"
+    credentials.write_text(TOKEN + "\n")
+    credentials.chmod(0o600)
+    prometheus = Prometheus(tmp_path / "prometheus", cluster.metrics, jobs=[
+        # as docs/operations.md tells: the token from a file, sent as Authorization: Bearer
+        {"job_name": "dacfl", "static_configs": [{"targets": cluster.metrics}],
+         "authorization": {"type": "Bearer", "credentials_file": str(credentials)}},
+        {"job_name": "anonymous", "static_configs": [{"targets": cluster.metrics}]},
+    ])
+    cluster.start()
+    try:
+        rounds = prometheus.wait_for('dacfl_round{job="dacfl"} >= 1', 2)
+        assert sorted(r["metric"]["node"] for r in rounds) == ["node-0", "node-1"]
+        refused = prometheus.wait_for('up{job="anonymous"} == 0', 2)
+        assert len(refused) == 2
+        assert prometheus.query('dacfl_round{job="anonymous"}') == []
+        # the refusals are counted by reason, as Control's are
+        counted = prometheus.wait_for(
+            'dacfl_refusals_total{job="dacfl",reason="metrics-token"} > 0', 2)
+        assert len(counted) == 2
+        statuses = [asyncio.run(fetch_status(c)) for c in cluster.controls]
+        assert all(s.refusals.get("metrics-token", 0) >= 1 for s in statuses)
+    finally:
+        prometheus.stop()
+        codes = cluster.stop()
+    assert codes == [0, 0]
