@@ -5,7 +5,8 @@ Pod ``<statefulset>-<i>`` runs node ``node-<i>`` and reads ``node-<i>.yaml`` fro
 The files come from ``dacflnode topology``, run with what the StatefulSet fixes: the number of
 nodes (``spec.replicas``), each neighbour's stable DNS name ``<statefulset>-<j>.<service>``, the
 peer port (the container port named ``peer``), the Prometheus endpoint (``node.metrics`` on all
-addresses at the port named ``metrics``), the plaintext health port of the kubelet's gRPC probes
+addresses at the port named ``metrics``, its bearer token read from the file ``token`` of the
+``metrics-token`` mount), the plaintext health port of the kubelet's gRPC probes
 (``node.health`` on all addresses at the port named ``health``), the state folder (the ``data``
 mount) and the certificates (the ``tls`` mount). The certificates themselves go into a Secret,
 never into the ConfigMap: ``dacflnode topology --tls CERTS`` creates what is missing in CERTS (a
@@ -67,6 +68,7 @@ class Pods:
     data_dir: str
     configmap: str
     secret: str
+    metrics_token_dir: str
 
     def host(self, i: int) -> str:
         return f"{self.statefulset}-{i}.{self.service}"
@@ -75,6 +77,11 @@ class Pods:
     def metrics_address(self) -> str:
         """node.metrics in a pod: every address, so that Prometheus reaches it at the pod IP."""
         return f"0.0.0.0:{self.metrics_port}"
+
+    @property
+    def metrics_token_file(self) -> str:
+        """node.metrics_token_file in a pod: the key ``token`` of the metrics Secret."""
+        return f"{self.metrics_token_dir.rstrip('/')}/token"
 
     @property
     def health_address(self) -> str:
@@ -98,7 +105,7 @@ def read_pods(path: Path = STATEFULSET) -> Pods:
     node = _named(pod["containers"], "node", "container")
     mounts = {m["name"]: m["mountPath"] for m in node["volumeMounts"]}
     volumes = pod["volumes"]
-    for needed in ("peers", "tls", "data"):
+    for needed in ("peers", "tls", "data", "metrics-token"):
         if needed not in mounts:
             raise Refused(f"{path}: container node mounts no volume named {needed!r}")
     replicas = spec["replicas"]
@@ -116,6 +123,7 @@ def read_pods(path: Path = STATEFULSET) -> Pods:
         data_dir=mounts["data"],
         configmap=_named(volumes, "peers", "volume")["configMap"]["name"],
         secret=_named(volumes, "tls-secret", "volume")["secret"]["secretName"],
+        metrics_token_dir=mounts["metrics-token"],
     )
 
 
@@ -156,7 +164,9 @@ def generate(pods: Pods, kind: str, options: list[str], certs: Path) -> str:
             text = (Path(out) / f"{node}.yaml").read_text()
             text = text.replace(f"{certs}/", f"{pods.tls_dir.rstrip('/')}/")
             text = _set_node_key(text, "metrics", pods.metrics_address, after="control")
-            text = _set_node_key(text, "health", pods.health_address, after="metrics")
+            text = _set_node_key(text, "metrics_token_file", pods.metrics_token_file,
+                                 after="metrics")
+            text = _set_node_key(text, "health", pods.health_address, after="metrics_token_file")
             _check_file(yaml.safe_load(text), node, pods)
             files[f"{node}.yaml"] = text if text.endswith("\n") else text + "\n"
     configmap = {
@@ -182,8 +192,8 @@ def generate(pods: Pods, kind: str, options: list[str], certs: Path) -> str:
 
 def _set_node_key(text: str, key: str, address: str, after: str) -> str:
     """``text`` with ``node.<key>: address`` (placed after ``node.<after>`` when new), replacing
-    the address topology writes: it puts node.metrics on loopback and writes no node.health (it
-    never exposes an endpoint on its own)."""
+    the address topology writes: it puts node.metrics on loopback and writes no node.health nor
+    node.metrics_token_file (it never exposes an endpoint on its own)."""
     lines = text.splitlines(keepends=True)
     start = lines.index("node:\n") + 1
     end = next((k for k in range(start, len(lines)) if not lines[k].startswith(" ")), len(lines))
@@ -206,7 +216,8 @@ def _check_file(peers: dict[str, Any], node: str, pods: Pods) -> None:
     }
     if peers["node"]["id"] != node or tls != want:
         raise Refused(f"{node}: node.tls is {tls}, expected {want}: is --certs a plain folder?")
-    for key, address in (("metrics", pods.metrics_address), ("health", pods.health_address)):
+    for key, address in (("metrics", pods.metrics_address), ("health", pods.health_address),
+                         ("metrics_token_file", pods.metrics_token_file)):
         if peers["node"].get(key) != address:
             raise Refused(f"{node}: node.{key} is {peers['node'].get(key)!r}, expected"
                           f" {address!r}")
@@ -296,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     print(f"make the Secret (or replace it, see deploy/README.md):\n  {shlex.join(secret)}",
           file=sys.stderr)
+    print("and the metrics token's, once (Prometheus scrapes with the same file):\n"
+          "  (umask 077; openssl rand -hex 32 > metrics.token) && kubectl create secret generic"
+          " dacflnode-metrics --from-file=token=metrics.token", file=sys.stderr)
     return 0
 
 

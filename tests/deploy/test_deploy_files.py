@@ -137,6 +137,10 @@ def test_statefulset_service_and_peers_configmap_agree():
     annotations = spec["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(metrics)
+    assert annotations["prometheus.io/scheme"] == "https"  # node.tls: HTTPS beyond loopback
+    token_secret = named(pod["volumes"], "metrics-token")["secret"]
+    assert token_secret["secretName"] == "dacflnode-metrics"
+    assert token_secret["defaultMode"] & 0o007 == 0  # the daemon refuses a token others read
     # every container has requests and limits
     for container in pod["containers"] + pod["initContainers"]:
         for key in ("requests", "limits"):
@@ -160,6 +164,8 @@ def test_statefulset_service_and_peers_configmap_agree():
         assert pf.node.state_dir == Path(mounts["data"]) / node_id
         assert pf.node.tls == tls_files(Path(mounts["tls"]), node_id)
         assert pf.node.metrics == f"0.0.0.0:{metrics}"
+        # reachable from other hosts: the bearer token comes from the metrics Secret's file
+        assert pf.node.metrics_token_file == Path(mounts["metrics-token"]) / "token"
         assert pf.node.health == f"0.0.0.0:{named(node['ports'], 'health')['containerPort']}"
         assert pf.run.nodes == n
         assert pf.neighbours and all(nb.address == addresses[nb.id] for nb in pf.neighbours)
