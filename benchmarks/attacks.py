@@ -127,7 +127,12 @@ class Target:
     stream_timeout: float | None = None
     #: serve /metrics on 127.0.0.1 (node.metrics), at :attr:`metrics`
     metrics_port: bool = False
+    #: start node-1 too, so that the rounds progress (``rounds`` of them, ``round_deadline``)
+    both: bool = False
+    rounds: int = 5
+    round_deadline: float = 600.0
     proc: subprocess.Popen[bytes] | None = None
+    neighbour: subprocess.Popen[bytes] | None = None
     listen: str = ""
     control: str = ""
     metrics: str = ""
@@ -148,13 +153,15 @@ class Target:
         from dacflnode.node.cluster import generate_cluster
         from dacflnode.node.launcher import free_ports
 
-        run = RunConfig(dataset="synthetic", model="attacks:Wide", nodes=2, rounds=5,
-                        synthetic_train=200, synthetic_test=50, device="cpu")
+        run = RunConfig(dataset="synthetic", model="attacks:Wide", nodes=2, rounds=self.rounds,
+                        synthetic_train=200, synthetic_test=50, device="cpu",
+                        eval_every=max(1, self.rounds))
         ports = free_ports(6)
         paths = generate_cluster("complete", 2, run, self.workdir / "peers", ports=ports[:2],
                                  control_ports=ports[2:4],
                                  metrics_ports=ports[4:] if self.metrics_port else None,
-                                 state_root=self.workdir, hello_timeout=600, round_deadline=600)
+                                 state_root=self.workdir, hello_timeout=600,
+                                 round_deadline=self.round_deadline)
         self.listen, self.control = f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[2]}"
         self.metrics = f"127.0.0.1:{ports[4]}" if self.metrics_port else ""
         os.environ["ATTACK_STATE_MIB"] = str(self.state_mib)
@@ -176,6 +183,10 @@ class Target:
             cmd = ["bash", "-c", f"{limits} && exec \"$@\"", "bash", *cmd]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
+        if self.both:
+            self.neighbour = subprocess.Popen(
+                [sys.executable, "-m", "dacflnode", "start", "--peers", str(paths[1])], env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         end = time.monotonic() + timeout
         while not asyncio.run(self._serving()):
             if self.proc.poll() is not None:
@@ -204,7 +215,21 @@ class Target:
                              timeout=60, cwd=ROOT, check=False)
         return cli.returncode == 0 and json.loads(cli.stdout).get("node_id") == "node-0"
 
+    def rounds_done(self) -> list[dict[str, Any]]:
+        """node-0's ``metrics.jsonl`` lines so far (one per finished round)."""
+        from dacflnode.node.metrics_log import read_metrics
+
+        path = self.workdir / "node-0" / "metrics.jsonl"
+        return read_metrics(path) if path.exists() else []
+
     def stop(self) -> int | None:
+        if self.neighbour is not None and self.neighbour.poll() is None:
+            self.neighbour.send_signal(signal.SIGTERM)
+            try:
+                self.neighbour.wait(30)
+            except subprocess.TimeoutExpired:
+                self.neighbour.kill()
+                self.neighbour.wait()
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -349,6 +374,12 @@ def idle_connections(target: Target, count: int, hold: float = 3.0) -> dict[str,
 
 
 # ---------------------------------------------------------------------------- /metrics
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of ``pid`` so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def thread_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
@@ -454,6 +485,140 @@ def slow_metrics(target: Target, count: int, hold: float = 3.0, wait_closed: flo
     }
 
 
+class SlowClients:
+    """``count`` connections to ``address`` that each send ``partial`` and hold; one the server
+    closes is opened again at once, for as long as :meth:`run` lasts (a persistent attacker)."""
+
+    def __init__(self, address: str, count: int, partial: bytes = b"GET /metr") -> None:
+        host, port = address.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.count, self.partial = count, partial
+        self.opened = self.closed_by_server = self.connect_failed = 0
+
+    def _open(self) -> socket.socket | None:
+        s = socket.socket()
+        s.settimeout(5)
+        try:
+            s.connect(self.target)
+            s.sendall(self.partial)
+        except OSError:
+            self.connect_failed += 1
+            s.close()
+            return None
+        self.opened += 1
+        s.setblocking(False)
+        return s
+
+    def run(self, seconds: float, stop: Any = None) -> None:
+        import selectors
+
+        raise_own_fd_limit(self.count)
+        end = time.monotonic() + seconds
+        sel = selectors.DefaultSelector()
+        live = 0
+        try:
+            while time.monotonic() < end and (stop is None or not stop.is_set()):
+                while live < self.count and time.monotonic() < end:
+                    s = self._open()
+                    if s is not None:
+                        sel.register(s, selectors.EVENT_READ)
+                        live += 1
+                for key, _ in sel.select(timeout=0.2):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    try:
+                        data = sock.recv(4096)
+                    except OSError:
+                        data = b""
+                    if not data:  # the server closed it: open another
+                        self.closed_by_server += 1
+                        sel.unregister(sock)
+                        sock.close()
+                        live -= 1
+        finally:
+            for key in list(sel.get_map().values()):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                sock.close()
+            sel.close()
+
+
+def metrics_rounds(workdir: Path, count: int, seconds: float, baseline: float,
+                   round_deadline: float = 30.0) -> dict[str, Any]:
+    """A 2-node run whose rounds progress; node-0's ``/metrics`` gets ``count`` slow
+    connections, reopened as the server closes them, for ``seconds``. Reported: node-0's rounds
+    per second in ``baseline`` s before and during the attack, its longest round in each
+    window against ``round_deadline``, its descriptors, threads and RSS, and whether a scrape
+    and ``dacflnode status`` answer during the attack."""
+    import threading
+
+    target = Target(workdir, state_mib=0.01, metrics_port=True, both=True, rounds=1_000_000,
+                    round_deadline=round_deadline)
+    target.start()
+    try:
+        end = time.monotonic() + 120
+        while len(target.rounds_done()) < 3:  # both nodes are up and mixing
+            if time.monotonic() > end or not target.alive():
+                raise RuntimeError(f"the rounds did not start; see {target.log_path}")
+            time.sleep(0.2)
+        fds_before, threads_before = fd_count(target.pid), thread_count(target.pid)
+        rss_before = proc_status(target.pid)["VmRSS"]
+        r0, cpu0 = len(target.rounds_done()), cpu_seconds(target.pid)
+        time.sleep(baseline)
+        r1, cpu1 = len(target.rounds_done()), cpu_seconds(target.pid)
+        load_base = load_1m()
+        clients = SlowClients(target.metrics, count)
+        stop = threading.Event()
+        attacker = threading.Thread(target=clients.run, args=(seconds + 60, stop), daemon=True)
+        attacker.start()
+        while clients.opened < count and attacker.is_alive():  # the flood is in place
+            time.sleep(0.1)
+        r2, cpu2 = len(target.rounds_done()), cpu_seconds(target.pid)
+        start = time.monotonic()
+        fds_max, threads_max = fds_before, threads_before
+        scrapes: list[tuple[int, float]] = []
+        answers = []
+        while time.monotonic() - start < seconds:
+            fds_max = max(fds_max, fd_count(target.pid))
+            threads_max = max(threads_max, thread_count(target.pid))
+            if len(scrapes) < 10:
+                scrapes.append(scrape(target.metrics))
+            if len(answers) < 3:
+                answers.append(target.status_answers())
+            time.sleep(0.5)
+        attack_s = time.monotonic() - start
+        r3, cpu3 = len(target.rounds_done()), cpu_seconds(target.pid)
+        load_attack = load_1m()
+        rss_attack = proc_status(target.pid)["VmRSS"]
+        stop.set()
+        attacker.join(30)
+        rows = target.rounds_done()
+        longest_base = max(float(x["seconds"]) for x in rows[r0:r1]) if r1 > r0 else None
+        longest_attack = max(float(x["seconds"]) for x in rows[r2:r3]) if r3 > r2 else None
+        return {
+            "connections": count, "attack_s": round(attack_s, 1), "baseline_s": baseline,
+            "opened": clients.opened, "closed_by_daemon": clients.closed_by_server,
+            "connect_failed": clients.connect_failed,
+            "rounds_per_s_before": round((r1 - r0) / baseline, 2),
+            "rounds_per_s_attack": round((r3 - r2) / attack_s, 2),
+            "longest_round_s_before": longest_base, "longest_round_s_attack": longest_attack,
+            "round_deadline_s": round_deadline,
+            "daemon_cpu_per_round_ms_before": round(1000 * (cpu1 - cpu0) / max(1, r1 - r0), 1),
+            "daemon_cpu_per_round_ms_attack": round(1000 * (cpu3 - cpu2) / max(1, r3 - r2), 1),
+            "daemon_cpu_share_before": round((cpu1 - cpu0) / baseline, 2),
+            "daemon_cpu_share_attack": round((cpu3 - cpu2) / attack_s, 2),
+            "daemon_fds_before": fds_before, "daemon_fds_max": fds_max,
+            "daemon_threads_before": threads_before, "daemon_threads_max": threads_max,
+            "rss_growth": rss_attack - rss_before,
+            "scrapes_during_attack": [code for code, _ in scrapes],
+            "scrape_s_max": max((t for _, t in scrapes), default=None),
+            "status_answers_during_attack": all(answers) and bool(answers),
+            "alive": target.alive(), "load_1m_before": load_base, "load_1m": load_attack,
+        }
+    finally:
+        target.stop()
+
+
 # ---------------------------------------------------------------------------- hellos
 async def big_hellos(target: Target, count: int, id_kib: int,
                      concurrency: int = 16) -> dict[str, Any]:
@@ -494,6 +659,12 @@ async def big_hellos(target: Target, count: int, id_kib: int,
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"},
                                "load_1m_start": load_1m(), "cpus": os.cpu_count()}
+    if args.scenario in ("all", "metrics"):
+        with tempfile.TemporaryDirectory(prefix="dacfl-attacks-") as tmp:
+            results["metrics"] = metrics_rounds(Path(tmp), args.slow_metrics,
+                                                args.metrics_seconds, args.metrics_baseline)
+        if args.scenario == "metrics":
+            return results
     with tempfile.TemporaryDirectory(prefix="dacfl-attacks-") as tmp:
         base = Target(Path(tmp) / "a", state_mib=args.state_mib, idle_timeout=args.idle_timeout,
                       stream_timeout=args.stream_timeout)
@@ -514,8 +685,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def metrics_table(m: dict[str, Any]) -> list[tuple[str, str, float]]:
+    mib = 1 << 20
+    return [
+        ("slow /metrics", f"{m['connections']} held for {m['attack_s']} s (reopened as closed: "
+         f"{m['opened']} opened, {m['closed_by_daemon']} closed by the daemon); alive: "
+         f"{m['alive']}", m["load_1m"]),
+        ("  daemon", f"fds {m['daemon_fds_before']} -> max {m['daemon_fds_max']}, threads "
+         f"{m['daemon_threads_before']} -> max {m['daemon_threads_max']}, RSS "
+         f"{m['rss_growth'] / mib:+.1f} MiB", m["load_1m"]),
+        ("  rounds", f"{m['rounds_per_s_before']}/s before, {m['rounds_per_s_attack']}/s during;"
+         f" longest {m['longest_round_s_before']} s before, {m['longest_round_s_attack']} s "
+         f"during (deadline {m['round_deadline_s']} s)", m["load_1m"]),
+        ("  daemon CPU", f"{m['daemon_cpu_share_before']} -> {m['daemon_cpu_share_attack']} "
+         f"cores; {m['daemon_cpu_per_round_ms_before']} -> "
+         f"{m['daemon_cpu_per_round_ms_attack']} ms a round", m["load_1m"]),
+        ("  answers", f"scrapes {m['scrapes_during_attack']} (slowest {m['scrape_s_max']} s), "
+         f"status: {m['status_answers_during_attack']}", m["load_1m"]),
+    ]
+
+
 def table(r: dict[str, Any]) -> str:
     mib = 1 << 20
+    if "stalled" not in r:
+        rows = metrics_table(r["metrics"])
+        width = max(len(a) for a, _, _ in rows)
+        return "\n".join([f"{'attack'.ljust(width)}  figure  (load 1m)",
+                          *(f"{a.ljust(width)}  {b}  ({load})" for a, b, load in rows)])
     s, c, h = r["stalled"], r["connections"], r["hellos"]
     rows = [
         ("stalled streams", f"{s['streams']} over {s['channels']} connections, "
@@ -536,6 +732,7 @@ def table(r: dict[str, Any]) -> str:
          f"{h['seconds']} s: {h['codes']}", h["load_1m"]),
         ("  daemon.log", f"{h['log_bytes_before']} -> {h['log_bytes_after']} bytes, longest line "
          f"{h['longest_log_line']} chars, forged line: {h['forged_line_in_log']}", h["load_1m"]),
+        *(metrics_table(r["metrics"]) if "metrics" in r else []),
     ]
     width = max(len(a) for a, _, _ in rows)
     lines = [f"{'attack'.ljust(width)}  {'figure'}  (load 1m)"]
@@ -560,14 +757,29 @@ def main() -> None:
     p.add_argument("--fd-limit", type=int, default=1024)
     p.add_argument("--hellos", type=int, default=1000)
     p.add_argument("--id-kib", type=int, default=100)
+    p.add_argument("--scenario", choices=("all", "metrics"), default="all",
+                   help="metrics: only the slow /metrics connections against a 2-node run")
+    p.add_argument("--slow-metrics", type=int, default=1100,
+                   help="slow connections to /metrics, held and reopened")
+    p.add_argument("--metrics-seconds", type=float, default=30.0,
+                   help="seconds the slow /metrics connections are held")
+    p.add_argument("--metrics-baseline", type=float, default=15.0,
+                   help="seconds of rounds measured before that attack")
     args = p.parse_args()
     if args.quick:
         args.streams, args.connections, args.hellos = 60, 400, 200
+        args.metrics_seconds, args.metrics_baseline = 15.0, 10.0
         args.idle_timeout = args.idle_timeout or 2.0
         args.wait = min(args.wait, 15.0)
     results = run(args)
     if not args.json:
         print(table(results))
+    if "stalled" not in results:  # the metrics scenario alone: rounds during / before
+        m = results["metrics"]
+        before = m["rounds_per_s_before"] or float("nan")
+        emit_result("attacks-metrics", m["rounds_per_s_attack"] / before, 0.5, True,
+                    as_json=args.json, **results)
+        return
     s = results["stalled"]
     emit_result("attacks", s["hwm_growth"] / (s["streams"] * s["state_bytes"]), 0.25, False,
                 as_json=args.json, states_held_at_peak=round(s["hwm_growth"] / s["state_bytes"], 2),
