@@ -143,7 +143,7 @@ class MetricsServer:
         self.registry = registry
         self.host, self.port = host, port
         self.refresh = refresh
-        self._token = None if token is None else f"Bearer {token}".encode()
+        self._token = None if token is None else token.encode()
         self.ssl = ssl
         self.max_connections = max_connections
         self.head_timeout = head_timeout
@@ -307,8 +307,7 @@ class MetricsServer:
 
     def _answer(self, request: h11.Request) -> _Reply:
         headers = {name: value for name, value in request.headers}
-        if self._token is not None and not hmac.compare_digest(
-                headers.get(b"authorization", b""), self._token):
+        if self._token is not None and not self._authorized(headers.get(b"authorization", b"")):
             self.refused += 1
             log.warning("metrics: refused a request without the bearer token of "
                         "node.metrics_token")
@@ -321,6 +320,14 @@ class MetricsServer:
             return _Reply(404, f"not found: the metrics are at {METRICS_PATH}\n".encode())
         return self._exposition(headers.get(b"accept", b"").decode("latin-1"),
                                 headers.get(b"accept-encoding", b"").decode("latin-1"))
+
+    def _authorized(self, authorization: bytes) -> bool:
+        """Whether ``Authorization`` is ``Bearer <the token>`` (the scheme in any case, the
+        token compared in constant time)."""
+        assert self._token is not None
+        scheme, _, credentials = authorization.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(),
+                                                                   self._token)
 
     def _exposition(self, accept: str, accept_encoding: str) -> _Reply:
         """The exposition in the format the scraper accepts, rendered at most once per

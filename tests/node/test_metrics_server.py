@@ -214,7 +214,13 @@ async def test_with_a_token_a_request_without_it_gets_401_and_is_counted(serve):
     good = await fetch(server.port, b"GET /metrics HTTP/1.1\r\nHost: n\r\n"
                        b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
     assert status_of(good) == 200 and b"dacfl_round" in good
-    assert server.refused == 3
+    lower = await fetch(server.port, b"GET /metrics HTTP/1.1\r\nHost: n\r\n"
+                        b"authorization: bearer " + TOKEN.encode() + b"\r\n\r\n")
+    assert status_of(lower) == 200  # the scheme is case-insensitive (RFC 7235)
+    basic = await fetch(server.port, b"GET /metrics HTTP/1.1\r\nHost: n\r\n"
+                        b"Authorization: Basic " + TOKEN.encode() + b"\r\n\r\n")
+    assert status_of(basic) == 401
+    assert server.refused == 4
 
 
 async def test_https_with_the_nodes_certificate(serve, tmp_path: Path):
