@@ -64,7 +64,8 @@ def _ports(value: str | None, field: str) -> list[int] | None:
                    " + 2000, or none when --control-ports is given).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               help="Address the /metrics endpoints listen on (another host's scraper needs"
-                   " 0.0.0.0 or the node's address).")
+                   " 0.0.0.0 or the node's address; then every node requires one bearer"
+                   " token, also written to OUT/metrics.token for the scraper).")
 @click.option(
     "--listen-host",
     help="Address every node binds to, e.g. 0.0.0.0. [default: the node's host]",
