@@ -131,6 +131,7 @@ class Target:
     both: bool = False
     rounds: int = 5
     round_deadline: float = 600.0
+    eval_every: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     neighbour: subprocess.Popen[bytes] | None = None
     listen: str = ""
@@ -155,7 +156,7 @@ class Target:
 
         run = RunConfig(dataset="synthetic", model="attacks:Wide", nodes=2, rounds=self.rounds,
                         synthetic_train=200, synthetic_test=50, device="cpu",
-                        eval_every=max(1, self.rounds))
+                        **({} if self.eval_every is None else {"eval_every": self.eval_every}))
         ports = free_ports(6)
         paths = generate_cluster("complete", 2, run, self.workdir / "peers", ports=ports[:2],
                                  control_ports=ports[2:4],
@@ -553,7 +554,7 @@ def metrics_rounds(workdir: Path, count: int, seconds: float, baseline: float,
     import threading
 
     target = Target(workdir, state_mib=0.01, metrics_port=True, both=True, rounds=1_000_000,
-                    round_deadline=round_deadline)
+                    round_deadline=round_deadline, eval_every=1_000_000)
     target.start()
     try:
         end = time.monotonic() + 120
