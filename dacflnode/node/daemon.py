@@ -185,7 +185,7 @@ class Daemon:
             consensus_residual=runner.residual() if runner else math.nan,
             device=self.device, uptime_s=time.time() - self.started,
             listen_address=pf.node.listen, tls=pf.node.tls is not None,
-            refusals=self.refusal_counts(),
+            refusals=self.refusals(),
             anchors=sorted(runner.anchors) if runner else [],
             reanchored=runner.reanchored if runner else 0,
             leaving=runner.leaving if runner else self._leave_early,
@@ -198,6 +198,14 @@ class Daemon:
             status.skipped_files = info.skipped
         self.metrics.update(status)
         return status
+
+    def refusals(self) -> dict[str, int]:
+        """What was refused so far, by reason: the servers' counts and the metrics server's
+        requests without its token (``metrics-token``)."""
+        counts = self.refusal_counts()
+        if self.metrics_server is not None and self.metrics_server.refused:
+            counts["metrics-token"] = self.metrics_server.refused
+        return counts
 
     def metrics_text(self, fmt: str) -> tuple[str, str]:
         from dacflnode.transport.grpc_control import metrics_json
@@ -407,8 +415,6 @@ class Daemon:
             token_refused = sum(i.refused for i in interceptors)
             if token_refused:
                 counts["control-token"] = token_refused
-            if self.metrics_server is not None and self.metrics_server.refused:
-                counts["metrics-token"] = self.metrics_server.refused
             return counts
 
         self.refusal_counts = refusal_counts
