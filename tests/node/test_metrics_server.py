@@ -249,3 +249,29 @@ async def test_https_with_the_nodes_certificate(serve, tmp_path: Path):
     finally:
         for s in socks:
             s.close()
+
+
+async def test_the_daemon_serves_https_with_the_nodes_certificate_beyond_loopback_only(
+        serve, tmp_path: Path):
+    from dacflnode.node.daemon import Daemon
+    from dacflnode.node.peers import parse_peers
+
+    write_certs(tmp_path, ["node-0", "node-1"])
+    files = tls_files(tmp_path, "node-0")
+    pf = parse_peers({
+        "node": {"id": "node-0", "listen": "127.0.0.1:7000", "share": 0,
+                 "metrics": "0.0.0.0:9100", "metrics_token": TOKEN,
+                 "tls": {"ca": str(files.ca), "cert": str(files.cert), "key": str(files.key)}},
+        "neighbours": [{"id": "node-1", "address": "127.0.0.1:7001"}],
+        "run": {"nodes": 2, "dataset": "synthetic"}}, tmp_path / "node-0.yaml")
+    daemon = Daemon(pf)
+    assert daemon.metrics_ssl("127.0.0.1") is None  # the Prometheus of the same host: HTTP
+    context = daemon.metrics_ssl("0.0.0.0")
+    assert context is not None
+    # served here on loopback with the context the daemon made for 0.0.0.0
+    server = await serve(ssl=context, token=TOKEN)
+    client = ssl.create_default_context(cafile=str(files.ca))
+    reply = await fetch(server.port, b"GET /metrics HTTP/1.1\r\nHost: n\r\n"
+                        b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n",
+                        wrap=lambda s: client.wrap_socket(s, server_hostname="node-0"))
+    assert status_of(reply) == 200
