@@ -379,6 +379,109 @@ async def big_hellos(target: Target, count: int, id_kib: int,
     }
 
 
+# ---------------------------------------------------------------------------- slots
+async def headerless_streams(listen: str, streams: int, stop: asyncio.Event,
+                             channels: int = 8) -> dict[str, Any]:
+    """``streams`` PushState streams that never send a message, each reopened as soon as it
+    ends, until ``stop`` is set; how they ended (status code and reason) and how many were
+    opened. ``UNAVAILABLE`` (the node is not up yet, or gone) is retried after 50 ms."""
+    chans = [grpc.aio.insecure_channel(listen, options=[("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(channels)]
+    ended: dict[str, int] = {}
+    opened = 0
+
+    async def one(i: int) -> None:
+        nonlocal opened
+        stub = neighbor_pb2_grpc.NeighborStub(chans[i % channels])
+        while not stop.is_set():
+            opened += 1
+            try:
+                await stub.PushState(timeout=120)  # a call made to be written to: never is
+                key = "OK"
+            except grpc.aio.AioRpcError as exc:
+                reason = dict(exc.trailing_metadata() or ()).get("dacfl-reason", "")
+                key = f"{exc.code().name}/{reason}" if reason else exc.code().name
+                if exc.code() is grpc.StatusCode.UNAVAILABLE:
+                    await asyncio.sleep(0.05)
+            ended[key] = ended.get(key, 0) + 1
+
+    tasks = [asyncio.create_task(one(i)) for i in range(streams)]
+    await stop.wait()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for ch in chans:
+        await ch.close()
+    return {"streams": streams, "opened": opened, "ended": dict(sorted(ended.items()))}
+
+
+#: The run of the ``slots`` scenario: a 3-node ring of the tiny CNN on synthetic data.
+def ring_config(rounds: int) -> Any:
+    from dacflnode.config import RunConfig
+
+    return RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, nodes=3, rounds=rounds,
+                     synthetic_train=600, synthetic_test=200, device="cpu",
+                     algorithm=("dacfl",), topology="ring")
+
+
+async def ring_run(workdir: Path, rounds: int, attack_streams: int = 0,
+                   daemon_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A live 3-node ring (``dacflnode start`` per node, plaintext on 127.0.0.1) running
+    ``rounds`` rounds; with ``attack_streams``, that many header-less streams are kept open
+    against node-0 from its start to its end (:func:`headerless_streams`). Rounds per minute
+    count the rounds' own time on node-0 (exchange, training, evaluation: not start-up)."""
+    from dacflnode.node.launcher import run_cluster
+    from dacflnode.node.metrics_log import read_metrics
+
+    stop = asyncio.Event()
+    cluster = asyncio.create_task(run_cluster(
+        ring_config(rounds), workdir, algorithm="dacfl", topology="ring", round_deadline=120,
+        hello_timeout=120, daemon_settings=daemon_settings))
+    attack: asyncio.Task[dict[str, Any]] | None = None
+    peers = workdir / "peers" / "node-0.yaml"
+    load = [load_1m()]
+    try:
+        if attack_streams:
+            while not peers.exists() and not cluster.done():
+                await asyncio.sleep(0.05)
+            if not cluster.done():
+                listen = yaml.safe_load(peers.read_text())["node"]["listen"]
+                attack = asyncio.create_task(headerless_streams(listen, attack_streams, stop))
+        while not cluster.done():
+            await asyncio.sleep(1.0)
+            load.append(load_1m())
+        summary = await cluster
+    finally:
+        stop.set()
+        attacked = await attack if attack is not None else None
+        if not cluster.done():
+            cluster.cancel()
+    lines = {n: read_metrics(workdir / n / "metrics.jsonl")
+             for n in ("node-0", "node-1", "node-2")}
+    seconds = sum(line["seconds"] for line in lines["node-0"])
+    return {
+        "rounds": rounds, "attack_streams": attack_streams,
+        "rounds_per_min": round(60.0 * len(lines["node-0"]) / seconds, 2),
+        "round_s_max": round(max(line["seconds"] for ls in lines.values() for line in ls), 2),
+        "exchange_s_max": round(max(line["exchange_s"] for ls in lines.values()
+                                    for line in ls), 2),
+        "neighbours_missing": sum(len(line["neighbours_missing"]) for ls in lines.values()
+                                  for line in ls),
+        "wall_s": summary["wall_s"], "attack": attacked,
+        "load_1m": max(load),
+    }
+
+
+async def slots(workdir: Path, streams: int, rounds: int) -> dict[str, Any]:
+    """The ``slots`` scenario: an untouched ring, then the same ring with ``streams``
+    header-less streams reopened continuously against node-0."""
+    untouched = await ring_run(workdir / "untouched", rounds)
+    attacked = await ring_run(workdir / "attacked", rounds, attack_streams=streams)
+    return {"untouched": untouched, "attacked": attacked,
+            "rounds_per_min_ratio": round(attacked["rounds_per_min"]
+                                          / untouched["rounds_per_min"], 3)}
+
+
 # ---------------------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"},
