@@ -462,6 +462,8 @@ class GrpcTransport(Transport):
         self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
                                  idle_timeout=idle_timeout, stream_timeout=stream_timeout,
                                  first_message_timeout=first_message_timeout)
+        #: The Neighbor calls in flight, by caller (see :mod:`~dacflnode.transport.slots`).
+        self.slots = CallSlots(stale_after=first_message_timeout)
         self.hello_timeout = hello_timeout
         self.port: int | None = None
         self._server = server
@@ -480,7 +482,7 @@ class GrpcTransport(Transport):
         server = self._server if self._server is not None else channels.create_server()
         add_neighbor_service(
             NeighborServicer(self.receiver, authenticated=self.tls is not None,
-                             on_hello=self._fresh_channel), server)
+                             on_hello=self._fresh_channel, slots=self.slots), server)
         self._health = health.aio.HealthServicer()
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
