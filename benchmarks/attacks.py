@@ -125,6 +125,7 @@ class Target:
     soft_fd_limit: int | None = None  # below fd_limit: the daemon should raise it at start
     idle_timeout: float | None = None
     stream_timeout: float | None = None
+    first_message_timeout: float | None = None
     proc: subprocess.Popen[bytes] | None = None
     listen: str = ""
     control: str = ""
@@ -162,6 +163,8 @@ class Target:
             peers["run"]["stream_idle_timeout"] = self.idle_timeout
         if self.stream_timeout is not None:
             peers["run"]["stream_timeout"] = self.stream_timeout
+        if self.first_message_timeout is not None:
+            peers["run"]["first_message_timeout"] = self.first_message_timeout
         paths[0].write_text(yaml.safe_dump(peers, sort_keys=False))
         cmd = [sys.executable, "-m", "dacflnode", "start", "--peers", str(paths[0])]
         if self.fd_limit is not None:  # exec keeps the pid: /proc/PID is the daemon's
@@ -377,6 +380,74 @@ async def big_hellos(target: Target, count: int, id_kib: int,
         "forged_line_in_log": any(line.startswith("2099-01-01") for line in text.splitlines()),
         "load_1m": load_1m(), "alive": target.alive(),
     }
+
+
+# ---------------------------------------------------------------------------- duplicates
+async def stalled_duplicates(target: Target, stalled: int, round_: int = 1,
+                             wait: float = 30.0) -> dict[str, Any]:
+    """``stalled`` push streams in node-1's name for ``round_`` that send a valid header and
+    then nothing, then node-1's real push of that round (the whole state, retried every 0.2 s
+    while it is refused ``IN_PROGRESS``, at most ``wait`` s); how long the real push took."""
+    names = sorted(target.tensors)
+    total = 4 * sum(target.tensors.values())
+    digest = xxhash.xxh3_128()
+    zeros = bytes(CHUNK)
+    for off in range(0, total, CHUNK):
+        digest.update(zeros[: min(CHUNK, total - off)])
+    header = pb.StateChunk(header=pb.StateHeader(
+        sender="node-1", round=round_, degree=1, payload_bytes=total, checksum=digest.digest(),
+        tensors=[pb.TensorSpec(name=n, dtype="float32", shape=[target.tensors[n]])
+                 for n in names]))
+
+    async def whole() -> Any:
+        yield header
+        for off in range(0, total, CHUNK):
+            yield pb.StateChunk(data=zeros[: min(CHUNK, total - off)])
+
+    ended: list[str] = []
+    async with grpc.aio.insecure_channel(target.listen, options=[
+            ("grpc.max_send_message_length", 8 << 20)]) as ch:
+        stub = neighbor_pb2_grpc.NeighborStub(ch)
+
+        async def stall() -> None:
+            call = stub.PushState(timeout=wait + 30)
+            try:
+                await call.write(header)
+                await call
+                ended.append("OK")
+            except grpc.aio.AioRpcError as exc:
+                reason = dict(exc.trailing_metadata() or ()).get("dacfl-reason", "")
+                ended.append(f"{exc.code().name}/{reason}")
+
+        held = [asyncio.create_task(stall()) for _ in range(stalled)]
+        await asyncio.sleep(0.5)  # their headers are in
+        start = time.monotonic()
+        tries = 0
+        refusals: dict[str, int] = {}
+        outcome = "timed out"
+        while time.monotonic() - start < wait:
+            tries += 1
+            try:
+                await stub.PushState(whole(), timeout=wait)
+                outcome = "OK"
+                break
+            except grpc.aio.AioRpcError as exc:
+                reason = dict(exc.trailing_metadata() or ()).get("dacfl-reason", "")
+                key = f"{exc.code().name}/{reason}"
+                refusals[key] = refusals.get(key, 0) + 1
+                if reason != "in-progress":
+                    outcome = key
+                    break
+            await asyncio.sleep(0.2)
+        took = time.monotonic() - start
+        _, pending = await asyncio.wait(held, timeout=5.0)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+    return {"stalled": stalled, "round": round_, "real_push": outcome,
+            "real_push_s": round(took, 2), "tries": tries, "refused": refusals,
+            "stalled_ended": sorted(ended), "stalled_still_open": len(pending),
+            "alive": target.alive(), "load_1m": load_1m()}
 
 
 # ---------------------------------------------------------------------------- slots

@@ -16,9 +16,10 @@ fails the TLS handshake (plaintext, another CA) never reaches the servicer: it s
 Calling side: one channel per neighbour (made by :mod:`dacflnode.transport.channels`, on first
 contact), and every call carries a deadline. Status codes map to the transport's errors:
 
-* ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``, and ``RESOURCE_EXHAUSTED`` or
-  ``INTERNAL`` without a refusal reason (see :func:`unreachable`): :class:`PeerUnavailable`
-  (down, not started yet, busy or too slow: retry later);
+* ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``, ``RESOURCE_EXHAUSTED`` or
+  ``INTERNAL`` without a refusal reason, and ``RESOURCE_EXHAUSTED`` with
+  :attr:`~dacflnode.wire.errors.Reason.TOO_MANY_CALLS` (see :func:`unreachable`):
+  :class:`PeerUnavailable` (down, not started yet, busy or too slow: retry later);
 * Hello: ``FAILED_PRECONDITION``, ``PERMISSION_DENIED``, ``UNIMPLEMENTED``:
   :class:`HandshakeRefused`; any other code: :class:`PeerUnavailable`;
 * PushState / PullState: any other code: ``WireError(code name, details, reason)``.
@@ -143,15 +144,18 @@ def unreachable(err: grpc.aio.AioRpcError) -> bool:
     gRPC's server-wide call limit (``maximum_concurrent_rpcs``, see
     :mod:`~dacflnode.transport.channels`): the peer is busy, perhaps flooded, and a neighbour's
     push must be retried, not given up. The receiver's own ``RESOURCE_EXHAUSTED`` refusals
-    (a stream cut at its idle or total deadline) carry a reason. An ``INTERNAL`` without a
+    (a stream cut at its idle or total deadline) carry a reason, except that
+    :attr:`~Reason.TOO_MANY_CALLS` means busy too: this node's quota of call slots on the peer
+    is taken (:mod:`~dacflnode.transport.slots`). An ``INTERNAL`` without a
     reason is grpc's own "Internal error from Core": a write failed because the call had ended
     under it (its deadline passed while this process was stopped, the connection broke); the
     peer refused nothing.
     """
     if err.code() in _UNREACHABLE:
         return True
-    if err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and reason_of(err) is Reason.TOO_MANY_CALLS:
-        return True  # the peer's call slots for this node are taken: busy, retry
+    if (err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            and reason_of(err) is Reason.TOO_MANY_CALLS):
+        return True
     return err.code() in _UNREACHABLE_WITHOUT_REASON and reason_of(err) is Reason.OTHER
 
 
@@ -302,8 +306,8 @@ class NeighborServicer:
                 return await self.receiver.push(stream(), context.peer(), peer_ids=peer_ids,
                                                 call=call)
             except WireError as err:
-                if err.reason not in _CUT_NOW:
-                    await self._drain(request_iterator)
+                if err.reason not in _CUT_NOW and err is not call.cut_error:
+                    await self._drain(request_iterator)  # (a stream cut for another: at once)
                 await _abort(context, err)
         finally:
             self.slots.close(call)

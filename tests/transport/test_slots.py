@@ -190,7 +190,8 @@ async def test_over_grpc_a_neighbour_on_a_flooded_host_still_pushes_at_once():
     # nothing hold at most the host's quota, and alice's call takes the oldest one's place
     bob = await bob_server(first=30.0)  # the flood is not cut by the deadline here
     alice = GrpcTransport(Identity("alice", MODEL, RUN), "127.0.0.1:0",
-                          {"bob": f"127.0.0.1:{bob.port}"}, Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS)
+                          {"bob": f"127.0.0.1:{bob.port}"},
+                          Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS)
     flood_channels = [grpc.aio.insecure_channel(f"127.0.0.1:{bob.port}",
                                                 options=[("grpc.use_local_subchannel_pool", 1)])
                       for _ in range(4)]
@@ -230,7 +231,8 @@ async def test_over_tls_a_member_beyond_its_quota_is_refused_too_many_calls(pki)
     alice_channel = channels.create_channel(address, tls_files(pki, "alice").load(),
                                             target_name="bob")
     carol = GrpcTransport(Identity("carol", MODEL, RUN), "127.0.0.1:0", {"bob": address},
-                          Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS, tls=tls_files(pki, "carol").load())
+                          Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS,
+                          tls=tls_files(pki, "carol").load())
     held = [silent_call(alice_channel, "PushState") for _ in range(PER_PEER)]
     try:
         deadline = time.monotonic() + 10.0
