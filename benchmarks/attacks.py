@@ -19,6 +19,16 @@ outside client built only from the generated ``dacfl.v1`` stubs then runs, one a
   held, and the growth of ``daemon.log``.
 * **hellos**: ``--hellos`` Hello calls with a ``--id-kib`` KiB ``node_id`` (plus one with a
   newline in it). Reported: ``daemon.log`` bytes before and after, and its longest line.
+* **duplicates**: one, then two push streams in node-1's name that send a valid header and
+  then nothing, then node-1's real push of the same round (retried while refused
+  ``IN_PROGRESS``), against a daemon with the default deadlines. Reported: how long the real
+  push took (at once beside one stalled stream; at most ``first_message_timeout`` beside two).
+* **slots**: a live 3-node ring (``dacflnode start`` per node, tiny CNN, synthetic data,
+  plaintext on 127.0.0.1) runs ``--slot-rounds`` rounds untouched, then again with
+  ``--slot-streams`` PushState streams that never send a message kept open against node-0
+  (each reopened as soon as the node cuts it). Reported: rounds per minute of each (node-0's
+  rounds, start-up excluded), the longest round and exchange, neighbours missed, how the
+  streams ended, and the load average; the ``attacked / untouched`` ratio (target ≥ 0.9).
 
 Each figure comes with the 1-minute load average at the time. The stream deadlines are the
 daemon's defaults (:data:`dacflnode.transport.receiver.IDLE_TIMEOUT`, ``STREAM_TIMEOUT``);
@@ -31,8 +41,8 @@ bytes those streams pushed (``streams`` × state): a receiver without limits hol
 bounded (one state per neighbour and accepted round, plus transient buffers), so the ratio falls
 as ``--streams`` grows; ``states_held_at_peak`` gives the same growth in states.
 
-Usage: ``python benchmarks/attacks.py [--quick] [--json]``; ``--quick``: 60 streams, 400
-connections, 200 Hellos, a 2 s idle deadline.
+Usage: ``python benchmarks/attacks.py [--quick] [--json] [--scenarios slots,...]``;
+``--quick``: 60 streams, 400 connections, 200 Hellos, a 2 s idle deadline, 4 ring rounds.
 The CI versions of these attacks, with assertions, are in ``tests/node/test_attacks.py``.
 """
 
@@ -48,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +80,8 @@ from _common import add_standard_args, emit_result  # noqa: E402
 #: The HTTP/2 client preface followed by an empty SETTINGS frame: what a gRPC client sends first.
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
 CHUNK = 1 << 20
+#: The scenarios, in the order they run.
+SCENARIOS = ("stalled", "hellos", "connections", "duplicates", "slots")
 
 
 class Wide(nn.Module):
@@ -557,49 +569,98 @@ async def slots(workdir: Path, streams: int, rounds: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"},
                                "load_1m_start": load_1m(), "cpus": os.cpu_count()}
+    wanted = set(args.scenarios.split(","))
     with tempfile.TemporaryDirectory(prefix="dacfl-attacks-") as tmp:
-        base = Target(Path(tmp) / "a", state_mib=args.state_mib, idle_timeout=args.idle_timeout,
-                      stream_timeout=args.stream_timeout)
-        base.start()
-        try:
-            results["stalled"] = asyncio.run(stalled_streams(
-                base, args.streams, args.channels, args.wait))
-            results["hellos"] = asyncio.run(big_hellos(base, args.hellos, args.id_kib))
-            results["stalled"]["status_answers_after"] = base.status_answers()
-        finally:
-            results["exit_code_stalled_hellos"] = base.stop()
-        limited = replace(base, workdir=Path(tmp) / "b", fd_limit=args.fd_limit, proc=None)
-        limited.start()
-        try:
-            results["connections"] = idle_connections(limited, args.connections)
-        finally:
-            results["exit_code_connections"] = limited.stop()
+        if wanted & {"stalled", "hellos"}:
+            base = Target(Path(tmp) / "a", state_mib=args.state_mib,
+                          idle_timeout=args.idle_timeout, stream_timeout=args.stream_timeout)
+            base.start()
+            try:
+                if "stalled" in wanted:
+                    results["stalled"] = asyncio.run(stalled_streams(
+                        base, args.streams, args.channels, args.wait))
+                if "hellos" in wanted:
+                    results["hellos"] = asyncio.run(big_hellos(base, args.hellos, args.id_kib))
+                if "stalled" in wanted:
+                    results["stalled"]["status_answers_after"] = base.status_answers()
+            finally:
+                results["exit_code_stalled_hellos"] = base.stop()
+        if "connections" in wanted:
+            limited = Target(Path(tmp) / "b", state_mib=args.state_mib,
+                             idle_timeout=args.idle_timeout,
+                             stream_timeout=args.stream_timeout, fd_limit=args.fd_limit)
+            limited.start()
+            try:
+                results["connections"] = idle_connections(limited, args.connections)
+            finally:
+                results["exit_code_connections"] = limited.stop()
+        if "duplicates" in wanted:
+            patient = Target(Path(tmp) / "d", state_mib=args.state_mib)
+            patient.start()
+            try:
+                results["duplicates"] = [asyncio.run(stalled_duplicates(patient, n, round_=r))
+                                         for r, n in ((0, 1), (1, 2))]
+            finally:
+                results["exit_code_duplicates"] = patient.stop()
+        if "slots" in wanted:
+            results["slots"] = asyncio.run(slots(Path(tmp) / "s", args.slot_streams,
+                                                 args.slot_rounds))
     return results
 
 
 def table(r: dict[str, Any]) -> str:
     mib = 1 << 20
-    s, c, h = r["stalled"], r["connections"], r["hellos"]
-    rows = [
-        ("stalled streams", f"{s['streams']} over {s['channels']} connections, "
-         f"{s['state_bytes'] / mib:.1f} MiB state each", s["load_1m"]),
-        ("  RSS growth", f"{s['rss_growth'] / mib:+.1f} MiB (peak {s['hwm_growth'] / mib:+.1f} "
-         f"MiB), {s['held_after_writing']} held after writing", s["load_1m"]),
-        ("  ended", ", ".join(f"{k}: {v['count']} at {v['first_s']}-{v['last_s']} s"
-                              for k, v in s["outcomes"].items()), s["load_1m"]),
-        ("  open after wait", f"{s['still_open_after_wait']} (waited {s['wait_s']} s); "
-         f"status answers: {s['status_answers_after']}", s["load_1m"]),
-        ("idle connections", f"{c['connections']} under ulimit -n {c['fd_limit']}: "
-         f"{c['kept_open']} kept, {c['closed_by_daemon']} closed, "
-         f"{c['connect_failed']} connect failed", c["load_1m"]),
-        ("  daemon fds", f"{c['daemon_fds_before']} -> {c['daemon_fds_held']}; status answers: "
-         f"{c['status_answers_while_held']}; alive: {c['alive']}", c["load_1m"]),
-        ("  daemon.log", f"{c['log_bytes_before']} -> {c['log_bytes_after']} bytes", c["load_1m"]),
-        ("huge Hellos", f"{h['hellos']} x {h['id_bytes'] // 1024} KiB node_id in "
-         f"{h['seconds']} s: {h['codes']}", h["load_1m"]),
-        ("  daemon.log", f"{h['log_bytes_before']} -> {h['log_bytes_after']} bytes, longest line "
-         f"{h['longest_log_line']} chars, forged line: {h['forged_line_in_log']}", h["load_1m"]),
-    ]
+    rows: list[tuple[str, str, Any]] = []
+    if "stalled" in r:
+        s = r["stalled"]
+        rows += [
+            ("stalled streams", f"{s['streams']} over {s['channels']} connections, "
+             f"{s['state_bytes'] / mib:.1f} MiB state each", s["load_1m"]),
+            ("  RSS growth", f"{s['rss_growth'] / mib:+.1f} MiB (peak "
+             f"{s['hwm_growth'] / mib:+.1f} MiB), {s['held_after_writing']} held after writing",
+             s["load_1m"]),
+            ("  ended", ", ".join(f"{k}: {v['count']} at {v['first_s']}-{v['last_s']} s"
+                                  for k, v in s["outcomes"].items()), s["load_1m"]),
+            ("  open after wait", f"{s['still_open_after_wait']} (waited {s['wait_s']} s); "
+             f"status answers: {s['status_answers_after']}", s["load_1m"]),
+        ]
+    if "connections" in r:
+        c = r["connections"]
+        rows += [
+            ("idle connections", f"{c['connections']} under ulimit -n {c['fd_limit']}: "
+             f"{c['kept_open']} kept, {c['closed_by_daemon']} closed, "
+             f"{c['connect_failed']} connect failed", c["load_1m"]),
+            ("  daemon fds", f"{c['daemon_fds_before']} -> {c['daemon_fds_held']}; status "
+             f"answers: {c['status_answers_while_held']}; alive: {c['alive']}", c["load_1m"]),
+            ("  daemon.log", f"{c['log_bytes_before']} -> {c['log_bytes_after']} bytes",
+             c["load_1m"]),
+        ]
+    if "hellos" in r:
+        h = r["hellos"]
+        rows += [
+            ("huge Hellos", f"{h['hellos']} x {h['id_bytes'] // 1024} KiB node_id in "
+             f"{h['seconds']} s: {h['codes']}", h["load_1m"]),
+            ("  daemon.log", f"{h['log_bytes_before']} -> {h['log_bytes_after']} bytes, "
+             f"longest line {h['longest_log_line']} chars, forged line: "
+             f"{h['forged_line_in_log']}", h["load_1m"]),
+        ]
+    for d in r.get("duplicates", []):
+        rows.append((f"stalled duplicates ({d['stalled']})",
+                     f"real push {d['real_push']} after {d['real_push_s']} s, {d['tries']} "
+                     f"tries; stalled ones ended {d['stalled_ended']}", d["load_1m"]))
+    if "slots" in r:
+        sl = r["slots"]
+        for name in ("untouched", "attacked"):
+            x = sl[name]
+            what = (f"{x['rounds_per_min']} rounds/min, longest round {x['round_s_max']} s, "
+                    f"longest exchange {x['exchange_s_max']} s, "
+                    f"{x['neighbours_missing']} neighbours missed")
+            if x["attack"]:
+                what += (f"; {x['attack']['streams']} streams, {x['attack']['opened']} opened, "
+                         f"ended {x['attack']['ended']}")
+            rows.append((f"3-node ring, {name}", what, x["load_1m"]))
+        rows.append(("  attacked / untouched", f"{sl['rounds_per_min_ratio']} (rounds per "
+                     "minute)", sl["attacked"]["load_1m"]))
     width = max(len(a) for a, _, _ in rows)
     lines = [f"{'attack'.ljust(width)}  {'figure'}  (load 1m)"]
     lines += [f"{a.ljust(width)}  {b}  ({load})" for a, b, load in rows]
@@ -623,18 +684,34 @@ def main() -> None:
     p.add_argument("--fd-limit", type=int, default=1024)
     p.add_argument("--hellos", type=int, default=1000)
     p.add_argument("--id-kib", type=int, default=100)
+    p.add_argument("--slot-streams", type=int, default=70,
+                   help="header-less streams kept open against the ring of the slots scenario")
+    p.add_argument("--slot-rounds", type=int, default=10,
+                   help="rounds of each ring of the slots scenario")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help=f"comma-separated, of: {', '.join(SCENARIOS)}")
     args = p.parse_args()
+    unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
+    if unknown:
+        p.error(f"unknown scenario(s) {sorted(unknown)}: choose from {', '.join(SCENARIOS)}")
     if args.quick:
         args.streams, args.connections, args.hellos = 60, 400, 200
         args.idle_timeout = args.idle_timeout or 2.0
         args.wait = min(args.wait, 15.0)
+        args.slot_rounds = min(args.slot_rounds, 4)
     results = run(args)
     if not args.json:
         print(table(results))
-    s = results["stalled"]
-    emit_result("attacks", s["hwm_growth"] / (s["streams"] * s["state_bytes"]), 0.25, False,
-                as_json=args.json, states_held_at_peak=round(s["hwm_growth"] / s["state_bytes"], 2),
-                **results)
+    if "stalled" in results:
+        s = results["stalled"]
+        emit_result("attacks", s["hwm_growth"] / (s["streams"] * s["state_bytes"]), 0.25, False,
+                    as_json=args.json,
+                    states_held_at_peak=round(s["hwm_growth"] / s["state_bytes"], 2), **results)
+    elif "slots" in results:
+        emit_result("attacks-slots", results["slots"]["rounds_per_min_ratio"], 0.9, True,
+                    as_json=args.json, **results)
+    elif args.json:
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":

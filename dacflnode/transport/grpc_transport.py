@@ -309,6 +309,11 @@ class NeighborServicer:
                 if err.reason not in _CUT_NOW and err is not call.cut_error:
                     await self._drain(request_iterator)  # (a stream cut for another: at once)
                 await _abort(context, err)
+        except asyncio.CancelledError:  # cut while its refusal was being drained
+            cut = call.taken()
+            if cut is None:
+                raise
+            await _abort(context, cut)
         finally:
             self.slots.close(call)
 
