@@ -47,7 +47,7 @@ async def parked() -> Call:
     """A call served by a task that waits forever (until it is cut)."""
     task = asyncio.create_task(asyncio.Event().wait())
     await asyncio.sleep(0)
-    return Call(task=task)  # type: ignore[arg-type]
+    return Call(task=task)
 
 
 # ---------------------------------------------------------------- the pools
@@ -124,7 +124,7 @@ async def test_a_cut_call_reads_its_refusal_and_other_cancellations_stay_cancell
     for cut in (True, False):
         task = asyncio.create_task(serve())
         await asyncio.sleep(0)
-        calls[:] = [Call(task=task)]  # type: ignore[arg-type]
+        calls[:] = [Call(task=task)]
         if cut:
             calls[0].cut(WireError("RESOURCE_EXHAUSTED", "cut", Reason.PREEMPTED))
         else:
