@@ -154,12 +154,13 @@ def test_stalled_duplicates_delay_a_push_by_at_most_the_first_message_deadline(p
 
 
 def test_headerless_streams_reopened_continuously_do_not_slow_a_rings_rounds(tmp_path):
-    from dacflnode.transport.receiver import FIRST_MESSAGE_TIMEOUT
-
     r = asyncio.run(attacks.ring_run(tmp_path, rounds=4, attack_streams=70))
     ended = r["attack"]["ended"]
     cut = ended.get("RESOURCE_EXHAUSTED/preempted", 0) + ended.get("RESOURCE_EXHAUSTED/idle", 0)
     assert cut >= 70, r  # the streams reached node-0 and were cut there
-    # before the slots, 70 such streams held node-0's 64 call slots and rounds waited ~30-50 s
+    # before the slots, 70 such streams held node-0's 64 call slots for the 30 s idle deadline:
+    # a round's exchange waited 27 s, another the whole 120 s round deadline and went on
+    # without both neighbours. Now no neighbour is missed and an exchange waits only for the
+    # neighbours' training (a few seconds at most on 2 loaded cores; 0.5 s unloaded)
     assert r["neighbours_missing"] == 0, r
-    assert r["exchange_s_max"] < FIRST_MESSAGE_TIMEOUT, r
+    assert r["exchange_s_max"] < 15.0, r
