@@ -472,9 +472,10 @@ async def headerless_streams(listen: str, streams: int, stop: asyncio.Event,
              for _ in range(channels)]
     ended: dict[str, int] = {}
     opened = 0
+    up = False  # the node has answered a stream: UNAVAILABLE before that is its start-up
 
     async def one(i: int) -> None:
-        nonlocal opened
+        nonlocal opened, up
         stub = neighbor_pb2_grpc.NeighborStub(chans[i % channels])
         while not stop.is_set():
             opened += 1
@@ -485,7 +486,9 @@ async def headerless_streams(listen: str, streams: int, stop: asyncio.Event,
                 reason = dict(exc.trailing_metadata() or ()).get("dacfl-reason", "")
                 key = f"{exc.code().name}/{reason}" if reason else exc.code().name
                 if exc.code() is grpc.StatusCode.UNAVAILABLE:
+                    key += "" if up else " (starting)"
                     await asyncio.sleep(0.05)
+            up = up or not key.startswith("UNAVAILABLE")
             ended[key] = ended.get(key, 0) + 1
 
     tasks = [asyncio.create_task(one(i)) for i in range(streams)]
