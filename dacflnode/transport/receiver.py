@@ -299,7 +299,7 @@ class Receiver:
             stalled = stalest.idle()
             if stalled < self.first_message_timeout:
                 raise WireError("ABORTED", f"a state of {sender} for round {round_} is being "
-                                "received on another stream", Reason.IN_PROGRESS)
+                                "received on two other streams", Reason.IN_PROGRESS)
             streams.remove(stalest)
             stalest.cut(WireError(
                 "RESOURCE_EXHAUSTED", f"this stream of the state of {sender} for round "
