@@ -19,6 +19,16 @@ outside client built only from the generated ``dacfl.v1`` stubs then runs, one a
   held, and the growth of ``daemon.log``.
 * **hellos**: ``--hellos`` Hello calls with a ``--id-kib`` KiB ``node_id`` (plus one with a
   newline in it). Reported: ``daemon.log`` bytes before and after, and its longest line.
+* **duplicates**: one, then two push streams in node-1's name that send a valid header and
+  then nothing, then node-1's real push of the same round (retried while refused
+  ``IN_PROGRESS``), against a daemon with the default deadlines. Reported: how long the real
+  push took (at once beside one stalled stream; at most ``first_message_timeout`` beside two).
+* **slots**: a live 3-node ring (``dacflnode start`` per node, tiny CNN, synthetic data,
+  plaintext on 127.0.0.1) runs ``--slot-rounds`` rounds untouched, then again with
+  ``--slot-streams`` PushState streams that never send a message kept open against node-0
+  (each reopened as soon as the node cuts it). Reported: rounds per minute of each (node-0's
+  rounds, start-up excluded), the longest round and exchange, neighbours missed, how the
+  streams ended, and the load average; the ``attacked / untouched`` ratio (target ≥ 0.9).
 
 Each figure comes with the 1-minute load average at the time. The stream deadlines are the
 daemon's defaults (:data:`dacflnode.transport.receiver.IDLE_TIMEOUT`, ``STREAM_TIMEOUT``);
@@ -31,8 +41,8 @@ bytes those streams pushed (``streams`` × state): a receiver without limits hol
 bounded (one state per neighbour and accepted round, plus transient buffers), so the ratio falls
 as ``--streams`` grows; ``states_held_at_peak`` gives the same growth in states.
 
-Usage: ``python benchmarks/attacks.py [--quick] [--json]``; ``--quick``: 60 streams, 400
-connections, 200 Hellos, a 2 s idle deadline.
+Usage: ``python benchmarks/attacks.py [--quick] [--json] [--scenarios slots,...]``;
+``--quick``: 60 streams, 400 connections, 200 Hellos, a 2 s idle deadline, 4 ring rounds.
 The CI versions of these attacks, with assertions, are in ``tests/node/test_attacks.py``.
 """
 
@@ -48,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +80,8 @@ from _common import add_standard_args, emit_result  # noqa: E402
 #: The HTTP/2 client preface followed by an empty SETTINGS frame: what a gRPC client sends first.
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
 CHUNK = 1 << 20
+#: The scenarios, in the order they run.
+SCENARIOS = ("metrics", "stalled", "hellos", "connections", "duplicates", "slots")
 
 
 class Wide(nn.Module):
@@ -132,6 +144,7 @@ class Target:
     rounds: int = 5
     round_deadline: float = 600.0
     eval_every: int | None = None
+    first_message_timeout: float | None = None
     proc: subprocess.Popen[bytes] | None = None
     neighbour: subprocess.Popen[bytes] | None = None
     listen: str = ""
@@ -175,6 +188,8 @@ class Target:
             peers["run"]["stream_idle_timeout"] = self.idle_timeout
         if self.stream_timeout is not None:
             peers["run"]["stream_timeout"] = self.stream_timeout
+        if self.first_message_timeout is not None:
+            peers["run"]["first_message_timeout"] = self.first_message_timeout
         paths[0].write_text(yaml.safe_dump(peers, sort_keys=False))
         cmd = [sys.executable, "-m", "dacflnode", "start", "--peers", str(paths[0])]
         if self.fd_limit is not None:  # exec keeps the pid: /proc/PID is the daemon's
@@ -656,33 +671,224 @@ async def big_hellos(target: Target, count: int, id_kib: int,
     }
 
 
+# ---------------------------------------------------------------------------- duplicates
+async def stalled_duplicates(target: Target, stalled: int, round_: int = 1,
+                             wait: float = 30.0) -> dict[str, Any]:
+    """``stalled`` push streams in node-1's name for ``round_`` that send a valid header and
+    then nothing, then node-1's real push of that round (the whole state, retried every 0.2 s
+    while it is refused ``IN_PROGRESS``, at most ``wait`` s); how long the real push took."""
+    names = sorted(target.tensors)
+    total = 4 * sum(target.tensors.values())
+    digest = xxhash.xxh3_128()
+    zeros = bytes(CHUNK)
+    for off in range(0, total, CHUNK):
+        digest.update(zeros[: min(CHUNK, total - off)])
+    header = pb.StateChunk(header=pb.StateHeader(
+        sender="node-1", round=round_, degree=1, payload_bytes=total, checksum=digest.digest(),
+        tensors=[pb.TensorSpec(name=n, dtype="float32", shape=[target.tensors[n]])
+                 for n in names]))
+
+    async def whole() -> Any:
+        yield header
+        for off in range(0, total, CHUNK):
+            yield pb.StateChunk(data=zeros[: min(CHUNK, total - off)])
+
+    ended: list[str] = []
+    async with grpc.aio.insecure_channel(target.listen, options=[
+            ("grpc.max_send_message_length", 8 << 20)]) as ch:
+        stub = neighbor_pb2_grpc.NeighborStub(ch)
+
+        async def stall() -> None:
+            call = stub.PushState(timeout=wait + 30)
+            try:
+                await call.write(header)
+                await call
+                ended.append("OK")
+            except grpc.aio.AioRpcError as exc:
+                reason = dict(exc.trailing_metadata() or ()).get("dacfl-reason", "")
+                ended.append(f"{exc.code().name}/{reason}")
+
+        held = [asyncio.create_task(stall()) for _ in range(stalled)]
+        await asyncio.sleep(0.5)  # their headers are in
+        start = time.monotonic()
+        tries = 0
+        refusals: dict[str, int] = {}
+        outcome = "timed out"
+        while time.monotonic() - start < wait:
+            tries += 1
+            try:
+                await stub.PushState(whole(), timeout=wait)
+                outcome = "OK"
+                break
+            except grpc.aio.AioRpcError as exc:
+                reason = dict(exc.trailing_metadata() or ()).get("dacfl-reason", "")
+                key = f"{exc.code().name}/{reason}"
+                refusals[key] = refusals.get(key, 0) + 1
+                if reason != "in-progress":
+                    outcome = key
+                    break
+            await asyncio.sleep(0.2)
+        took = time.monotonic() - start
+        _, pending = await asyncio.wait(held, timeout=5.0)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+    return {"stalled": stalled, "round": round_, "real_push": outcome,
+            "real_push_s": round(took, 2), "tries": tries, "refused": refusals,
+            "stalled_ended": sorted(ended), "stalled_still_open": len(pending),
+            "alive": target.alive(), "load_1m": load_1m()}
+
+
+# ---------------------------------------------------------------------------- slots
+async def headerless_streams(listen: str, streams: int, stop: asyncio.Event,
+                             channels: int = 8) -> dict[str, Any]:
+    """``streams`` PushState streams that never send a message, each reopened as soon as it
+    ends, until ``stop`` is set; how they ended (status code and reason) and how many were
+    opened. ``UNAVAILABLE`` (the node is not up yet, or gone) is retried after 50 ms."""
+    chans = [grpc.aio.insecure_channel(listen, options=[("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(channels)]
+    ended: dict[str, int] = {}
+    opened = 0
+    up = False  # the node has answered a stream: UNAVAILABLE before that is its start-up
+
+    async def one(i: int) -> None:
+        nonlocal opened, up
+        stub = neighbor_pb2_grpc.NeighborStub(chans[i % channels])
+        while not stop.is_set():
+            opened += 1
+            try:
+                await stub.PushState(timeout=120)  # a call made to be written to: never is
+                key = "OK"
+            except grpc.aio.AioRpcError as exc:
+                reason = dict(exc.trailing_metadata() or ()).get("dacfl-reason", "")
+                key = f"{exc.code().name}/{reason}" if reason else exc.code().name
+                if exc.code() is grpc.StatusCode.UNAVAILABLE:
+                    key += "" if up else " (starting)"
+                    await asyncio.sleep(0.05)
+            up = up or not key.startswith("UNAVAILABLE")
+            ended[key] = ended.get(key, 0) + 1
+
+    tasks = [asyncio.create_task(one(i)) for i in range(streams)]
+    await stop.wait()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for ch in chans:
+        await ch.close()
+    return {"streams": streams, "opened": opened, "ended": dict(sorted(ended.items()))}
+
+
+#: The run of the ``slots`` scenario: a 3-node ring of the tiny CNN on synthetic data.
+def ring_config(rounds: int) -> Any:
+    from dacflnode.config import RunConfig
+
+    return RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, nodes=3, rounds=rounds,
+                     synthetic_train=600, synthetic_test=200, device="cpu",
+                     algorithm=("dacfl",), topology="ring")
+
+
+async def ring_run(workdir: Path, rounds: int, attack_streams: int = 0,
+                   daemon_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A live 3-node ring (``dacflnode start`` per node, plaintext on 127.0.0.1) running
+    ``rounds`` rounds; with ``attack_streams``, that many header-less streams are kept open
+    against node-0 from its start to its end (:func:`headerless_streams`). Rounds per minute
+    count the rounds' own time on node-0 (exchange, training, evaluation: not start-up)."""
+    from dacflnode.node.launcher import run_cluster
+    from dacflnode.node.metrics_log import read_metrics
+
+    stop = asyncio.Event()
+    cluster = asyncio.create_task(run_cluster(
+        ring_config(rounds), workdir, algorithm="dacfl", topology="ring", round_deadline=120,
+        hello_timeout=120, daemon_settings=daemon_settings))
+    attack: asyncio.Task[dict[str, Any]] | None = None
+    peers = workdir / "peers" / "node-0.yaml"
+    load = [load_1m()]
+    try:
+        if attack_streams:
+            while not peers.exists() and not cluster.done():
+                await asyncio.sleep(0.05)
+            if not cluster.done():
+                listen = yaml.safe_load(peers.read_text())["node"]["listen"]
+                attack = asyncio.create_task(headerless_streams(listen, attack_streams, stop))
+        while not cluster.done():
+            await asyncio.sleep(1.0)
+            load.append(load_1m())
+        summary = await cluster
+    finally:
+        stop.set()
+        attacked = await attack if attack is not None else None
+        if not cluster.done():
+            cluster.cancel()
+    lines = {n: read_metrics(workdir / n / "metrics.jsonl")
+             for n in ("node-0", "node-1", "node-2")}
+    seconds = sum(line["seconds"] for line in lines["node-0"])
+    return {
+        "rounds": rounds, "attack_streams": attack_streams,
+        "rounds_per_min": round(60.0 * len(lines["node-0"]) / seconds, 2),
+        "round_s_max": round(max(line["seconds"] for ls in lines.values() for line in ls), 2),
+        "exchange_s_max": round(max(line["exchange_s"] for ls in lines.values()
+                                    for line in ls), 2),
+        "neighbours_missing": sum(len(line["neighbours_missing"]) for ls in lines.values()
+                                  for line in ls),
+        "wall_s": summary["wall_s"], "attack": attacked,
+        "load_1m": max(load),
+    }
+
+
+async def slots(workdir: Path, streams: int, rounds: int) -> dict[str, Any]:
+    """The ``slots`` scenario: an untouched ring, then the same ring with ``streams``
+    header-less streams reopened continuously against node-0."""
+    untouched = await ring_run(workdir / "untouched", rounds)
+    attacked = await ring_run(workdir / "attacked", rounds, attack_streams=streams)
+    return {"untouched": untouched, "attacked": attacked,
+            "rounds_per_min_ratio": round(attacked["rounds_per_min"]
+                                          / untouched["rounds_per_min"], 3)}
+
+
 # ---------------------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"},
                                "load_1m_start": load_1m(), "cpus": os.cpu_count()}
-    if args.scenario in ("all", "metrics"):
+    wanted = set(args.scenarios.split(","))
+    if "metrics" in wanted:
         with tempfile.TemporaryDirectory(prefix="dacfl-attacks-") as tmp:
             results["metrics"] = metrics_rounds(Path(tmp), args.slow_metrics,
                                                 args.metrics_seconds, args.metrics_baseline)
-        if args.scenario == "metrics":
-            return results
     with tempfile.TemporaryDirectory(prefix="dacfl-attacks-") as tmp:
-        base = Target(Path(tmp) / "a", state_mib=args.state_mib, idle_timeout=args.idle_timeout,
-                      stream_timeout=args.stream_timeout)
-        base.start()
-        try:
-            results["stalled"] = asyncio.run(stalled_streams(
-                base, args.streams, args.channels, args.wait))
-            results["hellos"] = asyncio.run(big_hellos(base, args.hellos, args.id_kib))
-            results["stalled"]["status_answers_after"] = base.status_answers()
-        finally:
-            results["exit_code_stalled_hellos"] = base.stop()
-        limited = replace(base, workdir=Path(tmp) / "b", fd_limit=args.fd_limit, proc=None)
-        limited.start()
-        try:
-            results["connections"] = idle_connections(limited, args.connections)
-        finally:
-            results["exit_code_connections"] = limited.stop()
+        if wanted & {"stalled", "hellos"}:
+            base = Target(Path(tmp) / "a", state_mib=args.state_mib,
+                          idle_timeout=args.idle_timeout, stream_timeout=args.stream_timeout)
+            base.start()
+            try:
+                if "stalled" in wanted:
+                    results["stalled"] = asyncio.run(stalled_streams(
+                        base, args.streams, args.channels, args.wait))
+                if "hellos" in wanted:
+                    results["hellos"] = asyncio.run(big_hellos(base, args.hellos, args.id_kib))
+                if "stalled" in wanted:
+                    results["stalled"]["status_answers_after"] = base.status_answers()
+            finally:
+                results["exit_code_stalled_hellos"] = base.stop()
+        if "connections" in wanted:
+            limited = Target(Path(tmp) / "b", state_mib=args.state_mib,
+                             idle_timeout=args.idle_timeout,
+                             stream_timeout=args.stream_timeout, fd_limit=args.fd_limit)
+            limited.start()
+            try:
+                results["connections"] = idle_connections(limited, args.connections)
+            finally:
+                results["exit_code_connections"] = limited.stop()
+        if "duplicates" in wanted:
+            patient = Target(Path(tmp) / "d", state_mib=args.state_mib)
+            patient.start()
+            try:
+                results["duplicates"] = [asyncio.run(stalled_duplicates(patient, n, round_=r))
+                                         for r, n in ((0, 1), (1, 2))]
+            finally:
+                results["exit_code_duplicates"] = patient.stop()
+        if "slots" in wanted:
+            results["slots"] = asyncio.run(slots(Path(tmp) / "s", args.slot_streams,
+                                                 args.slot_rounds))
     return results
 
 
@@ -708,33 +914,59 @@ def metrics_table(m: dict[str, Any]) -> list[tuple[str, str, float]]:
 
 def table(r: dict[str, Any]) -> str:
     mib = 1 << 20
-    if "stalled" not in r:
-        rows = metrics_table(r["metrics"])
-        width = max(len(a) for a, _, _ in rows)
-        return "\n".join([f"{'attack'.ljust(width)}  figure  (load 1m)",
-                          *(f"{a.ljust(width)}  {b}  ({load})" for a, b, load in rows)])
-    s, c, h = r["stalled"], r["connections"], r["hellos"]
-    rows = [
-        ("stalled streams", f"{s['streams']} over {s['channels']} connections, "
-         f"{s['state_bytes'] / mib:.1f} MiB state each", s["load_1m"]),
-        ("  RSS growth", f"{s['rss_growth'] / mib:+.1f} MiB (peak {s['hwm_growth'] / mib:+.1f} "
-         f"MiB), {s['held_after_writing']} held after writing", s["load_1m"]),
-        ("  ended", ", ".join(f"{k}: {v['count']} at {v['first_s']}-{v['last_s']} s"
-                              for k, v in s["outcomes"].items()), s["load_1m"]),
-        ("  open after wait", f"{s['still_open_after_wait']} (waited {s['wait_s']} s); "
-         f"status answers: {s['status_answers_after']}", s["load_1m"]),
-        ("idle connections", f"{c['connections']} under ulimit -n {c['fd_limit']}: "
-         f"{c['kept_open']} kept, {c['closed_by_daemon']} closed, "
-         f"{c['connect_failed']} connect failed", c["load_1m"]),
-        ("  daemon fds", f"{c['daemon_fds_before']} -> {c['daemon_fds_held']}; status answers: "
-         f"{c['status_answers_while_held']}; alive: {c['alive']}", c["load_1m"]),
-        ("  daemon.log", f"{c['log_bytes_before']} -> {c['log_bytes_after']} bytes", c["load_1m"]),
-        ("huge Hellos", f"{h['hellos']} x {h['id_bytes'] // 1024} KiB node_id in "
-         f"{h['seconds']} s: {h['codes']}", h["load_1m"]),
-        ("  daemon.log", f"{h['log_bytes_before']} -> {h['log_bytes_after']} bytes, longest line "
-         f"{h['longest_log_line']} chars, forged line: {h['forged_line_in_log']}", h["load_1m"]),
-        *(metrics_table(r["metrics"]) if "metrics" in r else []),
-    ]
+    rows: list[tuple[str, str, Any]] = []
+    if "stalled" in r:
+        s = r["stalled"]
+        rows += [
+            ("stalled streams", f"{s['streams']} over {s['channels']} connections, "
+             f"{s['state_bytes'] / mib:.1f} MiB state each", s["load_1m"]),
+            ("  RSS growth", f"{s['rss_growth'] / mib:+.1f} MiB (peak "
+             f"{s['hwm_growth'] / mib:+.1f} MiB), {s['held_after_writing']} held after writing",
+             s["load_1m"]),
+            ("  ended", ", ".join(f"{k}: {v['count']} at {v['first_s']}-{v['last_s']} s"
+                                  for k, v in s["outcomes"].items()), s["load_1m"]),
+            ("  open after wait", f"{s['still_open_after_wait']} (waited {s['wait_s']} s); "
+             f"status answers: {s['status_answers_after']}", s["load_1m"]),
+        ]
+    if "connections" in r:
+        c = r["connections"]
+        rows += [
+            ("idle connections", f"{c['connections']} under ulimit -n {c['fd_limit']}: "
+             f"{c['kept_open']} kept, {c['closed_by_daemon']} closed, "
+             f"{c['connect_failed']} connect failed", c["load_1m"]),
+            ("  daemon fds", f"{c['daemon_fds_before']} -> {c['daemon_fds_held']}; status "
+             f"answers: {c['status_answers_while_held']}; alive: {c['alive']}", c["load_1m"]),
+            ("  daemon.log", f"{c['log_bytes_before']} -> {c['log_bytes_after']} bytes",
+             c["load_1m"]),
+        ]
+    if "hellos" in r:
+        h = r["hellos"]
+        rows += [
+            ("huge Hellos", f"{h['hellos']} x {h['id_bytes'] // 1024} KiB node_id in "
+             f"{h['seconds']} s: {h['codes']}", h["load_1m"]),
+            ("  daemon.log", f"{h['log_bytes_before']} -> {h['log_bytes_after']} bytes, "
+             f"longest line {h['longest_log_line']} chars, forged line: "
+             f"{h['forged_line_in_log']}", h["load_1m"]),
+        ]
+    for d in r.get("duplicates", []):
+        rows.append((f"stalled duplicates ({d['stalled']})",
+                     f"real push {d['real_push']} after {d['real_push_s']} s, {d['tries']} "
+                     f"tries; stalled ones ended {d['stalled_ended']}", d["load_1m"]))
+    if "slots" in r:
+        sl = r["slots"]
+        for name in ("untouched", "attacked"):
+            x = sl[name]
+            what = (f"{x['rounds_per_min']} rounds/min, longest round {x['round_s_max']} s, "
+                    f"longest exchange {x['exchange_s_max']} s, "
+                    f"{x['neighbours_missing']} neighbours missed")
+            if x["attack"]:
+                what += (f"; {x['attack']['streams']} streams, {x['attack']['opened']} opened, "
+                         f"ended {x['attack']['ended']}")
+            rows.append((f"3-node ring, {name}", what, x["load_1m"]))
+        rows.append(("  attacked / untouched", f"{sl['rounds_per_min_ratio']} (rounds per "
+                     "minute)", sl["attacked"]["load_1m"]))
+    if "metrics" in r:
+        rows += metrics_table(r["metrics"])
     width = max(len(a) for a, _, _ in rows)
     lines = [f"{'attack'.ljust(width)}  {'figure'}  (load 1m)"]
     lines += [f"{a.ljust(width)}  {b}  ({load})" for a, b, load in rows]
@@ -758,33 +990,46 @@ def main() -> None:
     p.add_argument("--fd-limit", type=int, default=1024)
     p.add_argument("--hellos", type=int, default=1000)
     p.add_argument("--id-kib", type=int, default=100)
-    p.add_argument("--scenario", choices=("all", "metrics"), default="all",
-                   help="metrics: only the slow /metrics connections against a 2-node run")
     p.add_argument("--slow-metrics", type=int, default=1100,
                    help="slow connections to /metrics, held and reopened")
     p.add_argument("--metrics-seconds", type=float, default=30.0,
                    help="seconds the slow /metrics connections are held")
     p.add_argument("--metrics-baseline", type=float, default=15.0,
                    help="seconds of rounds measured before that attack")
+    p.add_argument("--slot-streams", type=int, default=70,
+                   help="header-less streams kept open against the ring of the slots scenario")
+    p.add_argument("--slot-rounds", type=int, default=10,
+                   help="rounds of each ring of the slots scenario")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help=f"comma-separated, of: {', '.join(SCENARIOS)}")
     args = p.parse_args()
+    unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
+    if unknown:
+        p.error(f"unknown scenario(s) {sorted(unknown)}: choose from {', '.join(SCENARIOS)}")
     if args.quick:
         args.streams, args.connections, args.hellos = 60, 400, 200
         args.metrics_seconds, args.metrics_baseline = 15.0, 10.0
         args.idle_timeout = args.idle_timeout or 2.0
         args.wait = min(args.wait, 15.0)
+        args.slot_rounds = min(args.slot_rounds, 4)
     results = run(args)
     if not args.json:
         print(table(results))
-    if "stalled" not in results:  # the metrics scenario alone: rounds during / before
+    if "stalled" in results:
+        s = results["stalled"]
+        emit_result("attacks", s["hwm_growth"] / (s["streams"] * s["state_bytes"]), 0.25, False,
+                    as_json=args.json,
+                    states_held_at_peak=round(s["hwm_growth"] / s["state_bytes"], 2), **results)
+    elif "slots" in results:
+        emit_result("attacks-slots", results["slots"]["rounds_per_min_ratio"], 0.9, True,
+                    as_json=args.json, **results)
+    elif "metrics" in results:  # rounds during the slow /metrics connections / before
         m = results["metrics"]
         before = m["rounds_per_s_before"] or float("nan")
         emit_result("attacks-metrics", m["rounds_per_s_attack"] / before, 0.5, True,
                     as_json=args.json, **results)
-        return
-    s = results["stalled"]
-    emit_result("attacks", s["hwm_growth"] / (s["streams"] * s["state_bytes"]), 0.25, False,
-                as_json=args.json, states_held_at_peak=round(s["hwm_growth"] / s["state_bytes"], 2),
-                **results)
+    elif args.json:
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,15 @@ class DaemonSettings:
         above=0.0,
         cli=False,
     )
+    first_message_timeout: float = setting(
+        5.0,
+        help="Seconds a neighbour's call may take to send its first message (a push stream's"
+        " header, a pull or Hello request) before this node cuts it; a stalled call in a"
+        " neighbour's name gives way to a new one after as long (docs/security.md).",
+        scope=Scope.NODE,
+        above=0.0,
+        cli=False,
+    )
     stream_timeout: float = setting(
         300.0,
         help="Seconds a whole push stream may take before this node cuts it; raise it for big"

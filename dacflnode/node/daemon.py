@@ -390,6 +390,7 @@ class Daemon:
                                       tensors, tls=tls,
                                       idle_timeout=pf.daemon.stream_idle_timeout,
                                       stream_timeout=pf.daemon.stream_timeout,
+                                      first_message_timeout=pf.daemon.first_message_timeout,
                                       health_listen=pf.node.health)
             runner = NodeRunner(built.setup, transport, built.state, resume=built.checkpoint)
             self.receiver = transport.receiver

@@ -88,7 +88,8 @@ described; ``tests/node/test_attacks.py`` and ``benchmarks/attacks.py`` rerun th
     with ``RESOURCE_EXHAUSTED`` (measured: 10 served, 20 refused of 30). This is what bounds
     memory: a push holds at most one state (its decoder's buffer), so stalled pushes cost at
     most 64 states, and the Receiver's per-stream deadlines free them. A node with more than
-    ~20 neighbours needs a larger value.
+    ~20 neighbours needs a larger value. Who may hold how many of these slots (per certificate
+    identity, per host, per claimed id and host) is :mod:`~dacflnode.transport.slots`' job.
 
 Not set: ``grpc.max_connection_age_ms`` (honoured too: connections closed after the set age
 plus ``grpc.max_connection_age_grace_ms``) would cut a long push of a large model at the end of

@@ -16,9 +16,10 @@ fails the TLS handshake (plaintext, another CA) never reaches the servicer: it s
 Calling side: one channel per neighbour (made by :mod:`dacflnode.transport.channels`, on first
 contact), and every call carries a deadline. Status codes map to the transport's errors:
 
-* ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``, and ``RESOURCE_EXHAUSTED`` or
-  ``INTERNAL`` without a refusal reason (see :func:`unreachable`): :class:`PeerUnavailable`
-  (down, not started yet, busy or too slow: retry later);
+* ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``, ``RESOURCE_EXHAUSTED`` or
+  ``INTERNAL`` without a refusal reason, and ``RESOURCE_EXHAUSTED`` with
+  :attr:`~dacflnode.wire.errors.Reason.TOO_MANY_CALLS` (see :func:`unreachable`):
+  :class:`PeerUnavailable` (down, not started yet, busy or too slow: retry later);
 * Hello: ``FAILED_PRECONDITION``, ``PERMISSION_DENIED``, ``UNIMPLEMENTED``:
   :class:`HandshakeRefused`; any other code: :class:`PeerUnavailable`;
 * PushState / PullState: any other code: ``WireError(code name, details, reason)``.
@@ -83,7 +84,14 @@ from dacflnode.transport.handshake import (
 )
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.pulling import pull_expectation
-from dacflnode.transport.receiver import IDLE_TIMEOUT, STREAM_TIMEOUT, Assembler, Receiver
+from dacflnode.transport.receiver import (
+    FIRST_MESSAGE_TIMEOUT,
+    IDLE_TIMEOUT,
+    STREAM_TIMEOUT,
+    Assembler,
+    Receiver,
+)
+from dacflnode.transport.slots import Call, CallSlots, PoolKey, peer_host
 from dacflnode.wire.codec import (
     CHUNK_BYTES,
     Chunk,
@@ -136,12 +144,17 @@ def unreachable(err: grpc.aio.AioRpcError) -> bool:
     gRPC's server-wide call limit (``maximum_concurrent_rpcs``, see
     :mod:`~dacflnode.transport.channels`): the peer is busy, perhaps flooded, and a neighbour's
     push must be retried, not given up. The receiver's own ``RESOURCE_EXHAUSTED`` refusals
-    (a stream cut at its idle or total deadline) carry a reason. An ``INTERNAL`` without a
+    (a stream cut at its idle or total deadline) carry a reason, except that
+    :attr:`~Reason.TOO_MANY_CALLS` means busy too: this node's quota of call slots on the peer
+    is taken (:mod:`~dacflnode.transport.slots`). An ``INTERNAL`` without a
     reason is grpc's own "Internal error from Core": a write failed because the call had ended
     under it (its deadline passed while this process was stopped, the connection broke); the
     peer refused nothing.
     """
     if err.code() in _UNREACHABLE:
+        return True
+    if (err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            and reason_of(err) is Reason.TOO_MANY_CALLS):
         return True
     return err.code() in _UNREACHABLE_WITHOUT_REASON and reason_of(err) is Reason.OTHER
 
@@ -172,42 +185,137 @@ class NeighborServicer:
     identities of the verified client certificate to the receiver as ``peer_ids``, and the
     receiver refuses a Hello, push or pull made in another node's name. Without it,
     ``peer_ids`` is None: the ids in the messages are taken on trust.
+
+    Call slots (:mod:`~dacflnode.transport.slots`): every call holds a slot of ``slots`` from
+    its start, in its certificate identity's pool (TLS) or, on plaintext, in its host's pool
+    until its first message names who it claims to be, then in the pool of that id and host.
+    Every call must send its first message (a push stream's header, the Hello or pull request)
+    within ``first_message_timeout`` seconds (``RESOURCE_EXHAUSTED``,
+    :attr:`~dacflnode.wire.errors.Reason.IDLE`); Hello and PullState are therefore served as
+    request streams of which the first message is read, with that deadline (on the wire a
+    unary request is a stream of one message, so any client can call them).
     """
 
     def __init__(self, receiver: Receiver, *, authenticated: bool = False,
-                 on_hello: Callable[[str], None] | None = None) -> None:
+                 on_hello: Callable[[str], None] | None = None,
+                 first_message_timeout: float | None = None,
+                 slots: CallSlots | None = None) -> None:
         self.receiver = receiver
         self.authenticated = authenticated
         #: called with the neighbour's id after each Hello this node answered
         self.on_hello = on_hello
+        self.first_message_timeout = (receiver.first_message_timeout
+                                      if first_message_timeout is None else first_message_timeout)
+        self.slots = slots if slots is not None else CallSlots(
+            stale_after=self.first_message_timeout)
         self._payload_bytes = 4 * sum(math.prod(shape) for shape in receiver.tensors.values())
 
     def _peer_ids(self, context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[str] | None:
         return authenticated_ids(context) if self.authenticated else None
 
+    async def _open(self, what: str, context: grpc.aio.ServicerContext[Any, Any]
+                    ) -> tuple[Call, frozenset[str] | None]:
+        """Open the call's slot (aborting the call when its pool is full)."""
+        call = Call()
+        peer_ids = self._peer_ids(context)
+        if peer_ids is not None:
+            key: PoolKey = ("cert", ",".join(sorted(peer_ids)))
+        else:
+            key = ("address", peer_host(context.peer()))
+        try:
+            self.slots.open(call, key)
+        except WireError as err:
+            self.receiver.refused(what, "?", context.peer(), -1, err)
+            await _abort(context, err)
+        return call, peer_ids
+
+    async def _first(self, what: str, call: Call, requests: AsyncIterator[Any],
+                     context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        """The call's first message (``None`` when it ended without one), read within the
+        first-message deadline; aborts the call when the deadline passes or it is cut."""
+        try:
+            try:
+                async with asyncio.timeout(self.first_message_timeout):
+                    first = await anext(aiter(requests), None)
+            except TimeoutError:
+                raise WireError("RESOURCE_EXHAUSTED", "the call sent no first message within "
+                                f"{self.first_message_timeout:.3g}s", Reason.IDLE) from None
+            except asyncio.CancelledError:
+                cut = call.taken()
+                if cut is None:
+                    raise
+                raise cut from None
+        except WireError as err:
+            self.slots.close(call)
+            self.receiver.refused(what, "?", context.peer(), -1, err)
+            await _abort(context, err)
+        call.touch()
+        return first
+
+    async def _claim(self, what: str, call: Call, claimed: str, round_: int,
+                     context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """On plaintext, move the call to the pool of the id its first message claims."""
+        if self.authenticated:
+            return
+        try:
+            self.slots.move(call, ("claim", claimed, peer_host(context.peer())))
+        except WireError as err:
+            self.receiver.refused(what, claimed, context.peer(), round_, err)
+            await _abort(context, err)
+
     async def Hello(
-        self, request: pb.HelloRequest,
+        self, request_iterator: AsyncIterator[pb.HelloRequest],
         context: grpc.aio.ServicerContext[pb.HelloRequest, pb.HelloReply],
     ) -> pb.HelloReply:
+        call, peer_ids = await self._open("hello", context)
         try:
-            reply = self.receiver.hello(request, context.peer(), peer_ids=self._peer_ids(context))
-        except WireError as err:
-            await _abort(context, err)
-        if self.on_hello is not None:
-            self.on_hello(request.node_id)
-        return reply
+            request = await self._first("hello", call, request_iterator, context)
+            if request is None:
+                request = pb.HelloRequest()
+            await self._claim("hello", call, request.node_id, -1, context)
+            try:
+                reply = self.receiver.hello(request, context.peer(), peer_ids=peer_ids)
+            except WireError as err:
+                await _abort(context, err)
+            if self.on_hello is not None:
+                self.on_hello(request.node_id)
+            return reply
+        finally:
+            self.slots.close(call)
 
     async def PushState(
         self, request_iterator: AsyncIterator[Chunk],
         context: grpc.aio.ServicerContext[Chunk, pb.PushReply],
     ) -> pb.PushReply:
+        call, peer_ids = await self._open("push", context)
         try:
-            return await self.receiver.push(request_iterator, context.peer(),
-                                            peer_ids=self._peer_ids(context))
-        except WireError as err:
-            if err.reason not in (Reason.IDLE, Reason.TOO_SLOW):  # a stalled stream: cut it now
-                await self._drain(request_iterator)
-            await _abort(context, err)
+            first = await self._first("push", call, request_iterator, context)
+            if isinstance(first, pb.StateChunk) and first.HasField("header"):
+                await self._claim("push", call, first.header.sender, int(first.header.round),
+                                  context)
+            else:
+                await self._claim("push", call, "", -1, context)
+
+            async def stream() -> AsyncIterator[Chunk]:
+                if first is not None:
+                    yield first
+                async for chunk in request_iterator:
+                    yield chunk
+
+            try:
+                return await self.receiver.push(stream(), context.peer(), peer_ids=peer_ids,
+                                                call=call)
+            except WireError as err:
+                if err.reason not in _CUT_NOW and err is not call.cut_error:
+                    await self._drain(request_iterator)  # (a stream cut for another: at once)
+                await _abort(context, err)
+        except asyncio.CancelledError:  # cut while its refusal was being drained
+            cut = call.taken()
+            if cut is None:
+                raise
+            await _abort(context, cut)
+        finally:
+            self.slots.close(call)
 
     async def _drain(self, stream: AsyncIterator[Chunk]) -> None:
         """Read and drop the rest of a refused stream, so the sender half-closes before the
@@ -231,27 +339,50 @@ class NeighborServicer:
                         return
 
     async def PullState(
-        self, request: pb.PullRequest,
+        self, request_iterator: AsyncIterator[pb.PullRequest],
         context: grpc.aio.ServicerContext[pb.PullRequest, bytes],
     ) -> AsyncIterator[bytes]:
-        stream: Iterator[bytes]
+        call, peer_ids = await self._open("pull", context)
         try:
-            stream = self.receiver.pull_serialized(request, context.peer(),
-                                                   peer_ids=self._peer_ids(context))
-        except WireError as err:
-            await _abort(context, err)
-        for chunk in stream:
-            yield chunk
+            request = await self._first("pull", call, request_iterator, context)
+            if request is None:
+                request = pb.PullRequest()
+            await self._claim("pull", call, request.requester, int(request.round), context)
+            stream: Iterator[bytes]
+            try:
+                stream = self.receiver.pull_serialized(request, context.peer(),
+                                                       peer_ids=peer_ids)
+            except WireError as err:
+                await _abort(context, err)
+            try:
+                for chunk in stream:
+                    yield chunk
+                    call.touch()
+            except asyncio.CancelledError:
+                cut = call.taken()
+                if cut is None:
+                    raise
+                self.receiver.refused("pull", request.requester, context.peer(),
+                                      int(request.round), cut)
+                await _abort(context, cut)
+        finally:
+            self.slots.close(call)
+
+
+#: Refusals after which a push stream is ended at once instead of read to its end: it stalled,
+#: or it holds a slot or buffer another stream needs.
+_CUT_NOW = frozenset({Reason.IDLE, Reason.TOO_SLOW, Reason.PREEMPTED, Reason.TOO_MANY_CALLS})
 
 
 def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) -> None:
-    """Serve ``dacfl.v1.Neighbor`` on ``server`` as the generated
-    ``add_NeighborServicer_to_server`` does, except for the state streams: PushState's chunks
+    """Serve ``dacfl.v1.Neighbor`` on ``server`` with hand-made handlers: PushState's chunks
     are parsed by :func:`~dacflnode.wire.codec.parse_chunk` (a data chunk's payload stays a
-    view of the received bytes), and PullState sends the bytes
-    :meth:`Receiver.pull_serialized` made."""
+    view of the received bytes), PullState sends the bytes :meth:`Receiver.pull_serialized`
+    made, and Hello and PullState read their request as a stream (of one message: see
+    :class:`NeighborServicer`), so that a call that never sends it is cut at the first-message
+    deadline instead of holding its slot until the caller's own deadline."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        "Hello": grpc.unary_unary_rpc_method_handler(
+        "Hello": grpc.stream_unary_rpc_method_handler(
             servicer.Hello,
             request_deserializer=pb.HelloRequest.FromString,
             response_serializer=pb.HelloReply.SerializeToString,
@@ -261,7 +392,7 @@ def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) ->
             request_deserializer=parse_chunk,
             response_serializer=pb.PushReply.SerializeToString,
         ),
-        "PullState": grpc.unary_stream_rpc_method_handler(
+        "PullState": grpc.stream_stream_rpc_method_handler(
             servicer.PullState,
             request_deserializer=pb.PullRequest.FromString,
             response_serializer=serialize_chunk,
@@ -324,6 +455,7 @@ class GrpcTransport(Transport):
         tls: TlsMaterial | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         stream_timeout: float = STREAM_TIMEOUT,
+        first_message_timeout: float = FIRST_MESSAGE_TIMEOUT,
         health_listen: str | None = None,
     ) -> None:
         self.identity = identity
@@ -337,7 +469,10 @@ class GrpcTransport(Transport):
         self.tensors = dict(tensors)
         self.stats: dict[str, PeerStats] = {p: PeerStats() for p in self.peers}
         self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
-                                 idle_timeout=idle_timeout, stream_timeout=stream_timeout)
+                                 idle_timeout=idle_timeout, stream_timeout=stream_timeout,
+                                 first_message_timeout=first_message_timeout)
+        #: The Neighbor calls in flight, by caller (see :mod:`~dacflnode.transport.slots`).
+        self.slots = CallSlots(stale_after=first_message_timeout)
         self.hello_timeout = hello_timeout
         self.port: int | None = None
         self._server = server
@@ -356,7 +491,7 @@ class GrpcTransport(Transport):
         server = self._server if self._server is not None else channels.create_server()
         add_neighbor_service(
             NeighborServicer(self.receiver, authenticated=self.tls is not None,
-                             on_hello=self._fresh_channel), server)
+                             on_hello=self._fresh_channel, slots=self.slots), server)
         self._health = health.aio.HealthServicer()
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -20,15 +20,21 @@ validated. The checks, in order:
    member names, rounds or shapes. Its reason names only what the caller got wrong about
    itself (it claimed an id it did not authenticate as, or it is not a neighbour), so it says
    nothing about who the members are. Only the log keeps the details.
-2. One stream per sender and round: a second stream while the first is still arriving is
-   refused at its header (``ABORTED``, :attr:`~Reason.IN_PROGRESS`: retry later), a state the
-   inbox already holds (``ALREADY_EXISTS``, :attr:`~Reason.DUPLICATE`: nothing to retry). So a
-   node holds at most one receive buffer per neighbour and accepted round, however many
-   streams are opened.
+2. One state per sender and round: a state the inbox already holds is refused
+   (``ALREADY_EXISTS``, :attr:`~Reason.DUPLICATE`: nothing to retry). Up to
+   :data:`MAX_CANDIDATES` (2) streams of the same sender and round may arrive at once, and the
+   first that completes and validates is kept (the others are then cut as duplicates), so a
+   stalled stream in a neighbour's name cannot hold the real one back. A further stream takes
+   the place of the stalest one when that one has sent nothing for ``first_message_timeout``
+   seconds (which is cut: ``RESOURCE_EXHAUSTED``, :attr:`~Reason.PREEMPTED`); otherwise it is
+   refused at its header (``ABORTED``, :attr:`~Reason.IN_PROGRESS`: retry later). So a node
+   holds at most two receive buffers per neighbour and accepted round (briefly one more while
+   a preempted stream lets go of its own), however many streams are opened.
 3. The header (round, degree, names, dtypes, shapes, size) before any allocation, then size,
    checksum and finiteness (``INVALID_ARGUMENT``, :attr:`~Reason.NON_FINITE`) off the event
    loop, then the inbox's guard against absurd states (:mod:`dacflnode.wire.state_guard`).
-4. Deadlines. A push stream that sends no chunk for ``idle_timeout`` seconds
+4. Deadlines. A push stream that sends no header for ``first_message_timeout`` seconds
+   (:data:`FIRST_MESSAGE_TIMEOUT`), no chunk for ``idle_timeout`` seconds
    (:data:`IDLE_TIMEOUT`) or has not ended after ``stream_timeout`` seconds
    (:data:`STREAM_TIMEOUT`) is cut with ``RESOURCE_EXHAUSTED`` and reason
    :attr:`~Reason.IDLE` or :attr:`~Reason.TOO_SLOW`, and its buffer is released. The code is
@@ -52,6 +58,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.transport.base import Identity, Inbox, PeerStats
+from dacflnode.transport.slots import Call
 from dacflnode.wire.codec import (
     BufferPool,
     Chunk,
@@ -79,6 +86,11 @@ IDLE_TIMEOUT = DAEMON_DEFAULTS.stream_idle_timeout
 #: a byte now and then can hold its buffer; generous for a large model on a slow link).
 #: ``run.stream_timeout`` of a peers file.
 STREAM_TIMEOUT = DAEMON_DEFAULTS.stream_timeout
+#: Seconds a push stream may take to send its header (a few hundred bytes): a stream that sends
+#: nothing holds a call slot this long at most. ``run.first_message_timeout`` of a peers file.
+FIRST_MESSAGE_TIMEOUT = DAEMON_DEFAULTS.first_message_timeout
+#: Streams of the same sender and round received at once (see the module docstring).
+MAX_CANDIDATES = 2
 
 
 #: Data chunks of at least this many bytes are written by the receiver's worker thread; smaller
@@ -184,6 +196,7 @@ class Receiver:
         *,
         idle_timeout: float = IDLE_TIMEOUT,
         stream_timeout: float = STREAM_TIMEOUT,
+        first_message_timeout: float = FIRST_MESSAGE_TIMEOUT,
     ) -> None:
         self.identity = identity
         self.inbox = inbox
@@ -191,14 +204,15 @@ class Receiver:
         self.stats = stats
         self.idle_timeout = idle_timeout
         self.stream_timeout = stream_timeout
+        self.first_message_timeout = first_message_timeout
         self.refusals: Counter[Reason] = Counter()
         self.refused_by: Counter[str] = Counter()
         self.late_by: Counter[str] = Counter()
         #: What this node sent per round, for pulls; the header is ``None`` for a message
         #: published by the no-copy in-memory path (made when a stream is first asked for).
         self.outbox: dict[int, tuple[RoundMessage, pb.StateHeader | None]] = {}
-        #: ``(sender, round)`` of the push streams being received now.
-        self._receiving: set[tuple[str, int]] = set()
+        #: The push streams being received now, by ``(sender, round)`` (oldest first).
+        self._receiving: dict[tuple[str, int], list[Call]] = {}
         #: Receive buffers for reuse: one per neighbour and round of the inbox window.
         self.pool = BufferPool(keep=2 * max(1, len(inbox.senders)))
         #: Writes received chunks into their buffers (see :class:`Assembler`); its thread
@@ -219,6 +233,10 @@ class Receiver:
                             f"claims to be {claimed!r} but authenticated as {shown!r}")
         if claimed not in self.inbox.senders:
             raise _stranger(stranger, f"{claimed!r} is not a neighbour")
+
+    def refused(self, call: str, who: str, peer: str, round_: int, exc: WireError) -> None:
+        """Count and log a refusal made outside the receiver's own checks (a call slot)."""
+        self._refused(call, who, peer, round_, exc)
 
     def _refused(self, call: str, who: str, peer: str, round_: int, exc: WireError) -> None:
         self.refusals[exc.reason] += 1
@@ -267,27 +285,57 @@ class Receiver:
         return Expectation(senders=self.inbox.senders, tensors=self.tensors,
                            accept_round=self.inbox.refusal)
 
-    def _reserve(self, sender: str, round_: int) -> tuple[str, int]:
-        """Claim ``(sender, round_)`` for one stream; refuses a duplicate or a concurrent one."""
+    def _reserve(self, sender: str, round_: int, call: Call) -> tuple[str, int]:
+        """Count ``call`` as a stream of ``(sender, round_)``; refuses a duplicate, or one
+        more stream while :data:`MAX_CANDIDATES` are arriving and none of them has stalled
+        (a stalled one is cut to make room)."""
         key = (sender, round_)
         if self.inbox.has(round_, sender):
             raise WireError("ALREADY_EXISTS", f"the state of {sender} for round {round_} was "
                             "received already", Reason.DUPLICATE)
-        if key in self._receiving:
-            raise WireError("ABORTED", f"a state of {sender} for round {round_} is being "
-                            "received on another stream", Reason.IN_PROGRESS)
-        self._receiving.add(key)
+        streams = self._receiving.setdefault(key, [])
+        if len(streams) >= MAX_CANDIDATES:
+            stalest = min(streams, key=lambda c: c.last)
+            stalled = stalest.idle()
+            if stalled < self.first_message_timeout:
+                raise WireError("ABORTED", f"a state of {sender} for round {round_} is being "
+                                "received on two other streams", Reason.IN_PROGRESS)
+            streams.remove(stalest)
+            stalest.cut(WireError(
+                "RESOURCE_EXHAUSTED", f"this stream of the state of {sender} for round "
+                f"{round_} sent nothing for {stalled:.3g}s and a newer one took its place",
+                Reason.PREEMPTED))
+        streams.append(call)
         return key
 
-    async def _chunks(self, stream: AsyncIterator[Chunk]) -> AsyncGenerator[Chunk, None]:
+    def _unreserve(self, key: tuple[str, int], call: Call) -> None:
+        streams = self._receiving.get(key)
+        if streams is None:
+            return
+        if call in streams:
+            streams.remove(call)
+        if not streams:
+            del self._receiving[key]
+
+    def _kept(self, key: tuple[str, int], call: Call) -> None:
+        """The stream ``call`` of ``key`` was accepted: cut the others, duplicates now."""
+        for other in self._receiving.pop(key, []):
+            if other is not call:
+                other.cut(WireError("ALREADY_EXISTS", f"the state of {key[0]} for round "
+                                    f"{key[1]} was received already", Reason.DUPLICATE))
+
+    async def _chunks(self, stream: AsyncIterator[Chunk],
+                      call: Call) -> AsyncGenerator[Chunk, None]:
         """The chunks of ``stream``, cut with ``RESOURCE_EXHAUSTED`` (:attr:`~Reason.IDLE`,
-        :attr:`~Reason.TOO_SLOW`) at the idle or the total deadline."""
+        :attr:`~Reason.TOO_SLOW`) at the first-message, idle or total deadline."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.stream_timeout
         chunks = aiter(stream)
+        first = True
         while True:
             left = end - loop.time()
-            wait = min(self.idle_timeout, left)
+            idle = self.first_message_timeout if first else self.idle_timeout
+            wait = min(idle, left)
             try:
                 async with asyncio.timeout(max(wait, 0.0)):
                     chunk = await anext(chunks)
@@ -297,34 +345,50 @@ class Receiver:
                 if wait >= left:
                     raise WireError("RESOURCE_EXHAUSTED", "the stream did not complete within "
                                     f"{self.stream_timeout:.3g}s", Reason.TOO_SLOW) from None
+                if first:
+                    raise WireError("RESOURCE_EXHAUSTED", "the stream sent no header within "
+                                    f"{idle:.3g}s", Reason.IDLE) from None
                 raise WireError("RESOURCE_EXHAUSTED", "the stream sent nothing for "
-                                f"{self.idle_timeout:.3g}s", Reason.IDLE) from None
+                                f"{idle:.3g}s", Reason.IDLE) from None
+            first = False
+            call.touch()
             yield chunk
 
     async def push(
         self, stream: AsyncIterator[Chunk], peer: str = "?", *,
-        peer_ids: frozenset[str] | None = None,
+        peer_ids: frozenset[str] | None = None, call: Call | None = None,
     ) -> pb.PushReply:
         """Validate and assemble one pushed stream, then put it into the inbox. The chunks
         are messages, or data payloads as :func:`~dacflnode.wire.codec.parse_chunk` returns
-        them."""
+        them. ``call`` is the stream's :class:`~dacflnode.transport.slots.Call` (made here
+        when not given): whoever cuts it ends the stream with the error it was cut with."""
+        if call is None:
+            call = Call()
         decoder = Decoder(self._expectation(), pool=self.pool)
         assembler = Assembler(decoder, self.worker)
         sender = "?"
         round_ = -1
         key: tuple[str, int] | None = None
-        chunks = self._chunks(stream)
+        chunks = self._chunks(stream, call)
         try:
-            async for chunk in chunks:
-                if key is None and isinstance(chunk, pb.StateChunk) and chunk.HasField("header"):
-                    sender, round_ = chunk.header.sender, int(chunk.header.round)
-                    self._admit(sender, peer_ids, Reason.UNKNOWN_SENDER)
-                    key = self._reserve(sender, round_)
-                    decoder.take(chunk)  # validates the header, then allocates
-                    continue
-                await assembler.take(chunk)
-            message = await assembler.finish()  # checksum: off the event loop
-            await self.inbox.put(message)  # guard, duplicate, and the round moving on
+            try:
+                async for chunk in chunks:
+                    if (key is None and isinstance(chunk, pb.StateChunk)
+                            and chunk.HasField("header")):
+                        sender, round_ = chunk.header.sender, int(chunk.header.round)
+                        self._admit(sender, peer_ids, Reason.UNKNOWN_SENDER)
+                        key = self._reserve(sender, round_, call)
+                        decoder.take(chunk)  # validates the header, then allocates
+                        continue
+                    await assembler.take(chunk)
+                call.touch()  # the sender is done; checking is this node's time
+                message = await assembler.finish()  # checksum: off the event loop
+                await self.inbox.put(message)  # guard, duplicate, and the round moving on
+            except asyncio.CancelledError:
+                cut = call.taken()
+                if cut is None:
+                    raise
+                raise cut from None
         except WireError as exc:
             assembler.release()
             self._refused("push", sender, peer, round_, exc)
@@ -335,7 +399,9 @@ class Receiver:
         finally:
             await chunks.aclose()
             if key is not None:
-                self._receiving.discard(key)
+                self._unreserve(key, call)
+        if key is not None:  # (always: a message was assembled, so its header was read)
+            self._kept(key, call)
         self._received(message, decoder.received)
         return pb.PushReply(round=message.round, received_bytes=decoder.received)
 

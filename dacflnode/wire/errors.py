@@ -42,6 +42,8 @@ class Reason(enum.StrEnum):
     IN_PROGRESS = "in-progress"  # a stream of this sender's state for this round is still arriving
     IDLE = "idle"  # the stream sent nothing for longer than the idle deadline
     TOO_SLOW = "too-slow"  # the stream did not complete within the total deadline
+    TOO_MANY_CALLS = "too-many-calls"  # the caller has its quota of calls in flight already
+    PREEMPTED = "preempted"  # a stalled stream, cut to make room for a newer one of its kind
     OTHER = "other"  # anything else, and any reason this version does not know
 
     @classmethod

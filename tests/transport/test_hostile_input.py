@@ -18,7 +18,12 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport import grpc_transport
 from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
-from dacflnode.transport.receiver import IDLE_TIMEOUT, STREAM_TIMEOUT, Receiver
+from dacflnode.transport.receiver import (
+    FIRST_MESSAGE_TIMEOUT,
+    IDLE_TIMEOUT,
+    STREAM_TIMEOUT,
+    Receiver,
+)
 from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
 from dacflnode.wire.errors import Reason
 
@@ -34,10 +39,12 @@ def message(sender: str, round_: int = 0, seed: int = 0) -> RoundMessage:
                                             "x": torch.randn(P, generator=g)})
 
 
-def bob(idle: float = IDLE_TIMEOUT, total: float = STREAM_TIMEOUT) -> Receiver:
+def bob(idle: float = IDLE_TIMEOUT, total: float = STREAM_TIMEOUT,
+        first_message: float = FIRST_MESSAGE_TIMEOUT) -> Receiver:
     inbox = Inbox(senders=frozenset({"alice", "carol"}), current_round=lambda: 0)
     return Receiver(Identity("bob", MODEL, RUN), inbox, TENSORS, {},
-                    idle_timeout=idle, stream_timeout=total)
+                    idle_timeout=idle, stream_timeout=total,
+                    first_message_timeout=first_message)
 
 
 async def stream_of(chunks: Iterable[pb.StateChunk], pause: float = 0.0,
@@ -114,21 +121,99 @@ async def test_a_newline_in_a_claimed_id_cannot_forge_a_log_line(caplog):
     assert all(repr(forged) in line for line in lines)
 
 
-# ---------------------------------------------------------------- one stream per round
-async def test_a_second_stream_while_the_first_arrives_is_refused_in_progress():
+# ---------------------------------------------------------------- one state per sender and round
+async def test_two_streams_of_one_state_may_arrive_at_once_and_the_first_complete_is_kept():
     r = bob()
     first = asyncio.create_task(r.push(stream_of(encode(message("alice"), chunk_bytes=32),
                                                  pause=0.05)))
     await asyncio.sleep(0.08)  # the first stream's header is in, its data is not
-    with pytest.raises(WireError) as err:
-        await r.push(stream_of(encode(message("alice", seed=1))))
-    assert (err.value.code, err.value.reason) == ("ABORTED", Reason.IN_PROGRESS)
-    await first
-    assert torch.equal(r.inbox.get(0)["alice"].tensors["x"], message("alice").tensors["x"])
-    with pytest.raises(WireError) as err:  # done now: a duplicate
-        await r.push(stream_of(encode(message("alice", seed=1))))
+    await r.push(stream_of(encode(message("alice", seed=1))))  # a second one completes first
+    assert torch.equal(r.inbox.get(0)["alice"].tensors["x"], message("alice", seed=1).tensors["x"])
+    with pytest.raises(WireError) as err:  # the first is cut at once, as a duplicate
+        await asyncio.wait_for(first, 1.0)
     assert (err.value.code, err.value.reason) == ("ALREADY_EXISTS", Reason.DUPLICATE)
+    with pytest.raises(WireError) as err:  # done now: a duplicate
+        await r.push(stream_of(encode(message("alice", seed=2))))
+    assert (err.value.code, err.value.reason) == ("ALREADY_EXISTS", Reason.DUPLICATE)
+    assert r.refusals == {Reason.DUPLICATE: 2}
+    assert r._receiving == {}
+
+
+async def test_a_third_stream_while_two_arrive_is_refused_in_progress():
+    r = bob()
+    slow = [asyncio.create_task(r.push(stream_of(encode(message("alice", seed=s),
+                                                        chunk_bytes=32), pause=0.05)))
+            for s in (0, 1)]
+    await asyncio.sleep(0.08)  # both headers are in, and both streams keep sending
+    with pytest.raises(WireError) as err:
+        await r.push(stream_of(encode(message("alice", seed=2))))
+    assert (err.value.code, err.value.reason) == ("ABORTED", Reason.IN_PROGRESS)
+    results = await asyncio.gather(*slow, return_exceptions=True)
+    assert sum(isinstance(x, pb.PushReply) for x in results) == 1
+    assert [x.reason for x in results if isinstance(x, WireError)] == [Reason.DUPLICATE]
     assert r.refusals == {Reason.IN_PROGRESS: 1, Reason.DUPLICATE: 1}
+
+
+async def test_a_stalled_stream_in_a_neighbours_name_does_not_delay_its_real_push():
+    r = bob()  # deadlines of 30 s and more: nothing here waits for them
+    stalled = asyncio.create_task(r.push(stream_of(encode(message("alice", seed=9)),
+                                                   stall_after=1)))
+    await asyncio.sleep(0.05)  # its header is in, then it sends nothing
+    started = time.monotonic()
+    await r.push(stream_of(encode(message("alice"))))
+    assert time.monotonic() - started < 1.0
+    assert torch.equal(r.inbox.get(0)["alice"].tensors["x"], message("alice").tensors["x"])
+    with pytest.raises(WireError) as err:
+        await asyncio.wait_for(stalled, 1.0)
+    assert err.value.reason is Reason.DUPLICATE
+
+
+async def test_stalled_duplicates_give_way_after_the_first_message_deadline():
+    first_message = 0.3
+    r = bob(first_message=first_message)
+    stalled = [asyncio.create_task(r.push(stream_of(encode(message("alice", seed=s)),
+                                                    stall_after=1)))
+               for s in (7, 8)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(WireError) as err:  # both candidates are fresh: retry later
+        await r.push(stream_of(encode(message("alice"))))
+    assert err.value.reason is Reason.IN_PROGRESS
+    await asyncio.sleep(first_message)
+    started = time.monotonic()
+    await r.push(stream_of(encode(message("alice"))))  # takes the stalest one's place
+    assert time.monotonic() - started < 1.0
+    results = await asyncio.wait_for(asyncio.gather(*stalled, return_exceptions=True), 2.0)
+    errors = [x for x in results if isinstance(x, WireError)]
+    assert sorted(x.reason for x in errors) == sorted([Reason.PREEMPTED, Reason.DUPLICATE])
+    assert [x.code for x in errors if x.reason is Reason.PREEMPTED] == ["RESOURCE_EXHAUSTED"]
+    assert torch.equal(r.inbox.get(0)["alice"].tensors["x"], message("alice").tensors["x"])
+    assert r._receiving == {}
+
+
+async def test_a_flood_of_duplicates_holds_at_most_two_buffers_per_state():
+    r = bob(first_message=0.05)
+    opened = []
+    for i in range(30):  # each one stalls after its header; every new one finds stale ones
+        opened.append(asyncio.create_task(r.push(stream_of(encode(message("alice", seed=i)),
+                                                           stall_after=1))))
+        await asyncio.sleep(0.06)
+        assert sum(len(v) for v in r._receiving.values()) <= 2
+    await r.push(stream_of(encode(message("alice"))))
+    results = await asyncio.wait_for(asyncio.gather(*opened, return_exceptions=True), 2.0)
+    errors = [x for x in results if isinstance(x, WireError)]
+    assert len(errors) == len(results)
+    assert {x.reason for x in errors} <= {Reason.PREEMPTED, Reason.DUPLICATE, Reason.IN_PROGRESS}
+    assert r._receiving == {}
+
+
+async def test_a_stream_that_sends_no_header_is_cut_at_the_first_message_deadline():
+    r = bob(first_message=0.2)
+    started = time.monotonic()
+    with pytest.raises(WireError) as err:
+        await r.push(stream_of(encode(message("alice")), stall_after=0))
+    assert 0.2 <= time.monotonic() - started < 2.0
+    assert (err.value.code, err.value.reason) == ("RESOURCE_EXHAUSTED", Reason.IDLE)
+    assert "no header" in err.value.message
 
 
 # ---------------------------------------------------------------- deadlines
@@ -186,7 +271,7 @@ async def test_over_grpc_a_stalled_stream_is_cut_at_once_not_drained():
         await server.stop(grace=0)
 
 
-async def test_over_grpc_stalled_streams_hold_one_buffer_and_are_cut(monkeypatch):
+async def test_over_grpc_stalled_streams_hold_two_buffers_and_are_cut(monkeypatch):
     monkeypatch.setattr(grpc_transport, "DRAIN_SECONDS", 0.5)  # refused stalled streams
     server, channel = await grpc_bob(idle=0.3)
     inbox = server.inbox
@@ -201,12 +286,13 @@ async def test_over_grpc_stalled_streams_hold_one_buffer_and_are_cut(monkeypatch
                 await call
             codes.append((err.value.code(), reason_of(err.value)))
         elapsed = time.monotonic() - started
-        # one stream holds alice's round-0 buffer until it is cut; the others are refused
-        assert codes.count((grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.IDLE)) == 1, codes
-        assert codes.count((grpc.StatusCode.ABORTED, Reason.IN_PROGRESS)) == 4, codes
+        # two streams hold a buffer for alice's round 0 until they are cut; the others are
+        # refused (none of the two had stalled for the first-message deadline, 5 s)
+        assert codes.count((grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.IDLE)) == 2, codes
+        assert codes.count((grpc.StatusCode.ABORTED, Reason.IN_PROGRESS)) == 3, codes
         assert elapsed < 5.0
-        assert inbox.get(0) == {} and server.receiver._receiving == set()
-        assert server.receiver.refusals == {Reason.IDLE: 1, Reason.IN_PROGRESS: 4}
+        assert inbox.get(0) == {} and server.receiver._receiving == {}
+        assert server.receiver.refusals == {Reason.IDLE: 2, Reason.IN_PROGRESS: 3}
         await stub.PushState(stream_of(encode(message("alice"))), timeout=5)
         assert set(inbox.get(0)) == {"alice"}
     finally:
