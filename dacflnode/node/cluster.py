@@ -24,6 +24,7 @@ from dacflnode.algorithms import graphs
 from dacflnode.algorithms.topology import GRAPH_KINDS, MATRIX_KINDS, MixingSchedule, TopologySpec
 from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import LOG_MODE, SECRET_MODE, make_dir, write_text
 from dacflnode.node.addresses import (
     CONTROL_HOST,
     CONTROL_PORT_OFFSET,
@@ -279,7 +280,8 @@ def generate_cluster(
         parse_peers(yaml.safe_load(text), pf.path, check_run=k == 0)
     if certs is not None:
         write_certs(certs, ids)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     for pf, text in zip(files, texts, strict=True):
-        pf.path.write_text(text)
+        # a peers file that holds a Control token is a secret; the others are only addresses
+        write_text(pf.path, text, SECRET_MODE if pf.node.control_token else LOG_MODE)
     return [pf.path for pf in files]

@@ -30,6 +30,7 @@ import concurrent.futures
 import logging
 import math
 import signal
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ import torch
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.config import anchor_delay
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import make_dir, tighten_dir
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, pick_device
@@ -110,7 +112,7 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
                  data.info.test_size, contract_summary(data.contract))
     run_info = {"run_fingerprint": identity.run_fingerprint,
                 "model_fingerprint": identity.model_fingerprint, "node": pf.node.id}
-    pf.node.state_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(pf.node.state_dir)
     checkpoint = load_checkpoint(pf.node.state_dir, run_info, layout.numel)
     if checkpoint is not None:
         state = checkpoint.state
@@ -476,6 +478,23 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, hard
 
 
+def guard_state_dir(state_dir: Path, node: str) -> None:
+    """Take group and other access away from an existing state folder (it holds the node's
+    checkpoints, and ``ca.crt`` may lie beside it: another user must not swap them), with one
+    warning; one it may not change (another user's) is warned about with the fix."""
+    mode = stat.S_IMODE(state_dir.stat().st_mode)
+    try:
+        changed = tighten_dir(state_dir)
+    except OSError as exc:
+        log.warning("%s: the state folder %s is open to other users (mode %03o) and cannot be "
+                    "changed (%s): make it the node user's own with mode 0700 (`chmod 700 %s`)",
+                    node, state_dir, mode, exc.strerror or exc, state_dir)
+        return
+    if changed:
+        log.warning("%s: the state folder %s was open to other users (mode %03o): set to %03o",
+                    node, state_dir, mode, stat.S_IMODE(state_dir.stat().st_mode))
+
+
 def setup_logging(state_dir: Path, level: str = "INFO", log_format: str = "text",
                   node: str | None = None) -> None:
     """The daemon's process setup, before any server exists: logging of the ``dacflnode`` tree to
@@ -486,10 +505,11 @@ def setup_logging(state_dir: Path, level: str = "INFO", log_format: str = "text"
 
     if log_format not in logs.LOG_FORMATS:
         raise ValueError(f"log format {log_format!r} is not one of {', '.join(logs.LOG_FORMATS)}")
-    state_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(state_dir)
     root = logging.getLogger("dacflnode")
     root.setLevel(level)
     logs.install(root, state_dir, log_format="json" if log_format == "json" else "text",
                  node=node)
+    guard_state_dir(state_dir, node or state_dir.name)
     before, after = raise_open_files_limit()
     log.info("open-files limit %d (was %d)", after, before)

@@ -24,6 +24,7 @@ import datetime
 import ipaddress
 import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import make_dir, others_can_write
 from dacflnode.security.tls import TlsFiles
 
 __all__ = [
@@ -123,7 +125,8 @@ def write_certs(
 
 
 def _fill(out_dir: Path, ids: list[str], node_days: int, written: list[Path]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
+    _check_private(out_dir)
     ca = _load_or_create_ca(out_dir, written)
     for node_id in ids:
         files = tls_files(out_dir, node_id)
@@ -299,6 +302,27 @@ def _existing_pair(cert: Path, key: Path) -> bool:
             "tls", f"{present} exists but {missing} does not: restore it or remove {present}"
         )
     return False
+
+
+def _check_private(out_dir: Path) -> None:
+    """Refuse a certs folder, CA key or CA certificate another user could replace (or, for the
+    key, read): whatever it signed next would be theirs to forge. The fix is one ``chmod``."""
+    if others_can_write(out_dir):
+        raise ConfigError(
+            "out", f"{out_dir} can be written by other users (mode "
+            f"{stat.S_IMODE(out_dir.stat().st_mode):03o}), who could swap the CA in it: "
+            f"`chmod 700 {out_dir}`, check its files, then run again")
+    # the key: no access but the owner's; the certificate: others may read it, not write it
+    for name, forbidden, mode in ((CA_KEY, 0o077, _KEY_MODE), (CA_CERT, 0o022, _CERT_MODE)):
+        path = out_dir / name
+        if not path.exists():
+            continue
+        current = stat.S_IMODE(path.stat().st_mode)
+        if current & forbidden:
+            raise ConfigError(
+                "ca", f"{path} can be {'read or written' if name == CA_KEY else 'written'} by "
+                f"other users (mode {current:03o}): `chmod {mode:03o} {path}` (and make a new "
+                "CA if anyone else may have used it), then run again")
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
