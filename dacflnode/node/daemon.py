@@ -60,6 +60,7 @@ from dacflnode.node.peers import PeersFile
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
+from dacflnode.security.certs import check_node_material
 from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport.base import Identity, Inbox
 
@@ -257,11 +258,10 @@ class Daemon:
                 raise ConfigError("node.tls", f"in {self.pf.path}: cannot read {exc.filename}: "
                                   f"{exc.strerror}: fix the path or the file's permissions "
                                   "(the node runs as this user)") from exc
-            for path, data in ((files.ca, material.ca), (files.cert, material.cert),
-                               (files.key, material.key)):
-                if b"-----BEGIN " not in data:
-                    raise ConfigError("node.tls", f"in {self.pf.path}: {path} is not a PEM "
-                                      "file: issue the node's files with `dacflnode certs`")
+            try:  # before anything binds: a bad file is one line naming it, not a gRPC failure
+                check_node_material(files, material, self.pf.node.id)
+            except ConfigError as exc:
+                raise ConfigError("node.tls", f"in {self.pf.path}: {exc.message}") from None
             return material
         log.warning(
             "%s: neighbours are not authenticated (no node.tls): anyone who reaches %s can push"

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import cryptography.exceptions
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -37,7 +38,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import make_dir, others_can_write
-from dacflnode.security.tls import TlsFiles
+from dacflnode.security.tls import TlsFiles, TlsMaterial
 
 __all__ = [
     "CA_CERT",
@@ -47,6 +48,7 @@ __all__ = [
     "NODE_ID_RE",
     "check_node_files",
     "check_node_id",
+    "check_node_material",
     "node_ids_of",
     "tls_files",
     "write_certs",
@@ -146,18 +148,35 @@ def check_node_files(files: TlsFiles, node_id: str) -> None:
     """Check that ``files`` make a usable identity for ``node_id``, or raise ConfigError.
 
     The certificate must chain to the CA in ``files.ca`` for the DNS name ``node_id`` as a
-    server and as a client certificate, and the key must be the certificate's key.
+    server and as a client certificate, and the key must be the certificate's key. Every error
+    is one line naming the file and what is wrong with it.
     """
     try:
-        ca_certs = x509.load_pem_x509_certificates(files.ca.read_bytes())
-        cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
-        key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+        material = files.load()
     except OSError as exc:
         raise ConfigError("tls", f"cannot read {exc.filename}: {exc.strerror}") from None
-    except (ValueError, TypeError) as exc:
-        raise ConfigError("tls", f"not a PEM certificate or unencrypted key: {exc}") from None
+    check_node_material(files, material, node_id)
+
+
+def check_node_material(files: TlsFiles, material: TlsMaterial, node_id: str) -> None:
+    """:func:`check_node_files` of PEM bytes already read from ``files`` (the daemon checks what
+    it will serve, not the files again)."""
+    ca_certs = _certificates(files.ca, material.ca, "the CA certificate(s)")
+    chain = _certificates(files.cert, material.cert, "the node's certificate")
+    cert = chain[0]
+    try:
+        key = serialization.load_pem_private_key(material.key, password=None)
+    except TypeError:  # "Password was not given but private key is encrypted"
+        raise ConfigError(
+            "tls.key", f"{files.key} is encrypted: gRPC cannot ask for a passphrase; store it "
+            "decrypted (`openssl pkey -in KEY -out PLAIN`) with mode 0600") from None
+    except (ValueError, cryptography.exceptions.UnsupportedAlgorithm) as exc:
+        raise ConfigError("tls.key", f"{files.key} is not a PEM private key "
+                          f"({_first_line(exc)}): point node.tls.key at the node's key "
+                          "(`dacflnode certs` makes one)") from None
     if key.public_key() != cert.public_key():
-        raise ConfigError("tls.key", f"{files.key} is not the key of {files.cert}")
+        raise ConfigError("tls.key", f"{files.key} is not the key of {files.cert}: give the "
+                          "key that was issued with this certificate")
     if node_id not in node_ids_of(cert):
         raise ConfigError(
             "tls.cert",
@@ -167,13 +186,30 @@ def check_node_files(files: TlsFiles, node_id: str) -> None:
     now = datetime.datetime.now(datetime.UTC)
     builder = verification.PolicyBuilder().store(store).time(now)
     try:
-        builder.build_server_verifier(x509.DNSName(node_id)).verify(cert, [])
-        builder.build_client_verifier().verify(cert, [])
+        builder.build_server_verifier(x509.DNSName(node_id)).verify(cert, chain[1:])
+        builder.build_client_verifier().verify(cert, chain[1:])
     except verification.VerificationError as exc:
         raise ConfigError(
             "tls.cert",
-            f"{files.cert} is not a valid {node_id!r} certificate under {files.ca}: {exc}",
+            f"{files.cert} is not a valid {node_id!r} certificate under {files.ca}: "
+            f"{_first_line(exc)}",
         ) from None
+
+
+def _certificates(path: Path, pem: bytes, what: str) -> list[x509.Certificate]:
+    """The PEM certificates in ``pem`` (read from ``path``), or a one-line ConfigError."""
+    try:
+        certs = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise ConfigError("tls", f"{path} is not {what} in PEM ({_first_line(exc)}): issue the "
+                          "node's files with `dacflnode certs` or point node.tls at them") from None
+    return certs
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error's text, without cryptography's pointer to its FAQ."""
+    lines = str(exc).strip().splitlines()
+    return lines[0].split(". See https://", 1)[0] if lines else type(exc).__name__
 
 
 def node_ids_of(cert: x509.Certificate) -> list[str]:
