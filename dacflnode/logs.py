@@ -213,6 +213,11 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: status not refreshed within %.0fs: serving the last one":
         ("status_stale", {"node": 0}),
     "open-files limit %d (was %d)": ("open_files_limit", {}),
+    "%s: GRPC_VERBOSITY=%s hides failed TLS handshakes: they are neither counted nor logged; "
+    "unset it to see them": ("tls_handshakes_hidden", {"node": 0}),
+    "%s: TLS handshake failed (%s): %s": ("tls_handshake_failed", {"node": 0, "reason": 1}),
+    "%s: failed TLS handshakes are not counted: cannot start the relay of stderr: %s":
+        ("tls_handshakes_hidden", {"node": 0}),
     "%s: the state folder %s is open to other users (mode %03o) and cannot be changed (%s): "
     "make it the node user's own with mode 0700 (`chmod 700 %s`)":
         ("state_dir_open", {"node": 0}),

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from dacflnode.transport.grpc_control import TokenInterceptor
     from dacflnode.transport.grpc_transport import GrpcTransport
     from dacflnode.transport.receiver import Receiver
+    from dacflnode.transport.tls_failures import HandshakeWatch
 
 log = logging.getLogger("dacflnode.daemon")
 
@@ -140,9 +141,12 @@ METRICS_REFRESH_TIMEOUT = 2.0
 class Daemon:
     """One node process: servers, runner, signals."""
 
-    def __init__(self, pf: PeersFile, faults: FaultPlan | None = None) -> None:
+    def __init__(self, pf: PeersFile, faults: FaultPlan | None = None,
+                 handshakes: HandshakeWatch | None = None) -> None:
         self.pf = pf
         self.faults = faults
+        #: the failed TLS handshakes counted off gRPC's stderr (see :func:`watch_handshakes`)
+        self.handshakes = handshakes
         self.runner: NodeRunner | None = None
         #: the transport's receiver, whose per-neighbour refusal counts the status shows
         self.receiver: Receiver | None = None
@@ -193,6 +197,7 @@ class Daemon:
             reanchored=runner.reanchored if runner else 0,
             leaving=runner.leaving if runner else self._leave_early,
             alone_rounds=runner.alone_rounds if runner else 0,
+            tls_handshake_failures=self.handshakes.counts() if self.handshakes else {},
         )
         info = self.data_info
         if info is not None:
@@ -493,6 +498,34 @@ def guard_state_dir(state_dir: Path, node: str) -> None:
     if changed:
         log.warning("%s: the state folder %s was open to other users (mode %03o): set to %03o",
                     node, state_dir, mode, stat.S_IMODE(state_dir.stat().st_mode))
+
+
+def watch_handshakes(node: str) -> HandshakeWatch | None:
+    """Count and log the node's failed TLS handshakes (which gRPC reports only on stderr) by
+    sending its stderr through the relay of :mod:`dacflnode.transport.tls_failures`; call it
+    after :func:`setup_logging`. ``None``, after one warning, when they cannot be seen."""
+    import os
+
+    from dacflnode.transport.tls_failures import HandshakeWatch, verbosity_hides_failures
+
+    if verbosity_hides_failures():
+        log.warning("%s: GRPC_VERBOSITY=%s hides failed TLS handshakes: they are neither "
+                    "counted nor logged; unset it to see them", node,
+                    os.environ.get("GRPC_VERBOSITY"))
+        return None
+
+    def failed(reason: str, detail: str) -> None:
+        log.warning("%s: TLS handshake failed (%s): %s", node, reason, detail,
+                    extra={"event": "tls_handshake_failed", "reason": reason})
+
+    watch = HandshakeWatch(failed)
+    try:
+        watch.start()
+    except OSError as exc:
+        log.warning("%s: failed TLS handshakes are not counted: cannot start the relay of "
+                    "stderr: %s", node, exc)
+        return None
+    return watch
 
 
 def setup_logging(state_dir: Path, level: str = "INFO", log_format: str = "text",
