@@ -119,6 +119,7 @@ def relay(source: int = 0, out: int = 2, report: int = 1) -> None:
     except OSError:
         reporting = False
     pending = b""
+    in_long_line = False  # the start of the line being read was passed on already
     while True:
         try:
             chunk = os.read(source, 65536)
@@ -128,14 +129,13 @@ def relay(source: int = 0, out: int = 2, report: int = 1) -> None:
             break
         pending += chunk
         *lines, pending = pending.split(b"\n")
-        if len(pending) > MAX_LINE:  # no newline in sight: pass it on as it is
-            lines.append(pending)
-            pending = b""
         passed = []
         for raw in lines:
-            found = classify(raw.decode("utf-8", "replace")) if MARKER.encode() in raw else None
+            found = (classify(raw.decode("utf-8", "replace"))
+                     if MARKER.encode() in raw and not in_long_line else None)
+            in_long_line = False
             if found is None:
-                passed.append(raw)
+                passed.append(raw + b"\n")
                 continue
             reason, detail = found
             totals[reason] += 1
@@ -147,9 +147,12 @@ def relay(source: int = 0, out: int = 2, report: int = 1) -> None:
                     pass  # the next record carries the total
                 except OSError:  # the daemon is gone: keep relaying its stderr
                     reporting = False
+        if len(pending) > MAX_LINE:  # no newline in sight: pass it on as it is, never counted
+            passed.append(pending)
+            pending, in_long_line = b"", True
         if passed and out >= 0:
             try:
-                _write_all(out, b"".join(line + b"\n" for line in passed))
+                _write_all(out, b"".join(passed))
             except OSError:  # nobody reads the real stderr any more: drain, never block
                 out = -1
     if pending and out >= 0:
