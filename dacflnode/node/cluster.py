@@ -126,6 +126,12 @@ def _node_run(run: RunConfig, node: str) -> RunConfig:
     return mine
 
 
+def peers_file_mode(pf: PeersFile) -> int:
+    """The mode a peers file is written with: a file that holds a Control token is a secret
+    (0600); the others hold addresses and settings (0640)."""
+    return SECRET_MODE if pf.node.control_token else LOG_MODE
+
+
 def generate_cluster(
     kind: str,
     nodes: int,
@@ -282,6 +288,5 @@ def generate_cluster(
         write_certs(certs, ids)
     make_dir(out)
     for pf, text in zip(files, texts, strict=True):
-        # a peers file that holds a Control token is a secret; the others are only addresses
-        write_text(pf.path, text, SECRET_MODE if pf.node.control_token else LOG_MODE)
+        write_text(pf.path, text, peers_file_mode(pf))
     return [pf.path for pf in files]

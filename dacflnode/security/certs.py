@@ -65,7 +65,7 @@ CA_DAYS = 3650
 NODE_DAYS = 825
 
 _KEY_MODE = 0o600
-_CERT_MODE = 0o644
+_CERT_MODE = 0o640
 # a certificate is valid from a little before it is made, so that a neighbour whose clock runs
 # a few minutes behind accepts it
 _BACKDATE = datetime.timedelta(hours=1)
