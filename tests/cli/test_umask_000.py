@@ -18,9 +18,9 @@ from tests.node.cluster_helpers import ENV
 
 
 def dacflnode(*args: str, timeout: float = 300) -> None:
-    run = subprocess.run([sys.executable, "-m", "dacflnode", *args], capture_output=True,
-                         text=True, timeout=timeout, env=ENV,
-                         preexec_fn=lambda: os.umask(0))  # noqa: PLW1509 (no threads here)
+    command = ["sh", "-c", 'umask 000 && exec "$0" "$@"', sys.executable, "-m", "dacflnode",
+               *args]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=ENV)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
