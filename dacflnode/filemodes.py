@@ -16,7 +16,7 @@ secrets                0600    ``*.key``, checkpoints, ``final.safetensors``, pe
                                hold a ``control_token``, the decoded-images cache
 logs and data          0640    ``daemon.log`` (and its rotated files), ``metrics.jsonl``,
                                ``summary.json``, ``daemon.out``, peers files without a token
-public certificates    0644    ``ca.crt``, ``<id>.crt``
+certificates           0640    ``ca.crt``, ``<id>.crt`` (public, but nobody else needs them)
 =====================  ======  ===================================================================
 
 A folder that already exists keeps its mode, except a node's state folder: the daemon takes
@@ -33,7 +33,6 @@ from typing import IO
 __all__ = [
     "DIR_MODE",
     "LOG_MODE",
-    "PUBLIC_MODE",
     "SECRET_MODE",
     "make_dir",
     "open_text",
@@ -50,8 +49,6 @@ DIR_MODE = 0o700
 SECRET_MODE = 0o600
 #: Logs, metrics and summaries: the owner writes, the owner's group reads.
 LOG_MODE = 0o640
-#: Certificates: anyone may read them.
-PUBLIC_MODE = 0o644
 
 
 def make_dir(path: Path | str, mode: int = DIR_MODE) -> Path:

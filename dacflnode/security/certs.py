@@ -12,10 +12,13 @@ Files in the output folder::
     <id>.crt  <id>.key      one pair per node
 
 Keys are EC P-256, PEM (PKCS#8, unencrypted), created with mode 0600 — their protection is the
-file mode, so a folder that already holds a CA reuses it to add nodes, and a node whose files
-exist keeps them (they are checked against the CA, never overwritten). Everything is built with
-the ``cryptography`` library; nothing shells out to openssl. A run that already has a PKI needs
-none of this: see ``docs/security.md`` for what its certificates must contain.
+file mode — and certificates 0640, in a folder made 0700, whatever the umask
+(:mod:`dacflnode.filemodes`). A folder other users can write, a CA key they can read or a CA
+certificate they can write is refused: they could have replaced the CA. A folder that already
+holds a CA reuses it to add nodes, and a node whose files exist keeps them (they are checked
+against the CA, never overwritten). Everything is built with the ``cryptography`` library;
+nothing shells out to openssl. A run that already has a PKI needs none of this: see
+``docs/security.md`` for what its certificates must contain.
 """
 
 from __future__ import annotations
