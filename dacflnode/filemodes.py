@@ -20,7 +20,8 @@ certificates           0640    ``ca.crt``, ``<id>.crt`` (public, but nobody else
 =====================  ======  ===================================================================
 
 A folder that already exists keeps its mode, except a node's state folder: the daemon takes
-group and other access away from it at start (:func:`tighten_dir`, with one warning line).
+the group's write access and others' access away from it at start (:func:`tighten_dir`, with
+one warning line).
 """
 
 from __future__ import annotations
@@ -78,13 +79,18 @@ def others_can_write(path: Path) -> bool:
     return bool(path.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
-def tighten_dir(path: Path, mode: int = DIR_MODE) -> bool:
-    """Give the existing folder ``path`` ``mode`` when it allows more (group or other access);
-    whether it had to. Raises ``OSError`` when it may not (a folder of another user)."""
+#: What :func:`tighten_dir` takes away: the group's write access and every access of others.
+OPEN_BITS = stat.S_IWGRP | stat.S_IRWXO
+
+
+def tighten_dir(path: Path) -> bool:
+    """Take the group's write access and all of others' away from the existing folder ``path``
+    (a group that may read stays: it is how an operator shares the 0640 logs); whether there
+    was any to take. Raises ``OSError`` when it may not (a folder of another user)."""
     current = stat.S_IMODE(path.stat().st_mode)
-    if current & ~mode & 0o077 == 0:
+    if current & OPEN_BITS == 0:
         return False
-    os.chmod(path, current & mode)
+    os.chmod(path, current & ~OPEN_BITS)
     return True
 
 

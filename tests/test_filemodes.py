@@ -72,13 +72,24 @@ def test_written_files_have_their_mode_from_the_start_and_again_when_rewritten(t
     assert secret.read_bytes() == b"new" and log_file.read_text() == "line\nmore\n"
 
 
-def test_tighten_dir_takes_group_and_other_access_away_only_when_there_is_some(tmp_path):
+@pytest.mark.parametrize(("before", "after"), [(0o777, 0o750), (0o775, 0o750), (0o755, 0o750),
+                                               (0o770, 0o750), (0o701, 0o700)])
+def test_tighten_dir_takes_group_write_and_other_access_away(tmp_path, before, after):
     folder = tmp_path / "state"
     folder.mkdir()
-    folder.chmod(0o777)
+    folder.chmod(before)
     assert tighten_dir(folder) is True
-    assert mode(folder) == 0o700
+    assert mode(folder) == after
+
+
+@pytest.mark.parametrize("private", [0o700, 0o750])
+def test_tighten_dir_leaves_a_folder_only_the_owner_and_a_reading_group_may_enter(tmp_path,
+                                                                                  private):
+    folder = tmp_path / "state"
+    folder.mkdir()
+    folder.chmod(private)
     assert tighten_dir(folder) is False
+    assert mode(folder) == private
 
 
 def test_every_file_of_a_rotating_daemon_log_is_0640(tmp_path, umask_000, monkeypatch):

@@ -484,9 +484,10 @@ def raise_open_files_limit() -> tuple[int, int]:
 
 
 def guard_state_dir(state_dir: Path, node: str) -> None:
-    """Take group and other access away from an existing state folder (it holds the node's
-    checkpoints, and ``ca.crt`` may lie beside it: another user must not swap them), with one
-    warning; one it may not change (another user's) is warned about with the fix."""
+    """Take the group's write access and others' access away from an existing state folder (it
+    holds the node's checkpoints, and ``ca.crt`` may lie beside it: another user must not swap
+    them), with one warning; one it may not change (another user's) is warned about with the
+    fix."""
     mode = stat.S_IMODE(state_dir.stat().st_mode)
     try:
         changed = tighten_dir(state_dir)

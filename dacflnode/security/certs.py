@@ -347,9 +347,14 @@ def _check_private(out_dir: Path) -> None:
     """Refuse a certs folder, CA key or CA certificate another user could replace (or, for the
     key, read): whatever it signed next would be theirs to forge. The fix is one ``chmod``."""
     if others_can_write(out_dir):
+        mode = out_dir.stat().st_mode
+        if mode & stat.S_ISVTX:  # /tmp and the like: shared on purpose, not to be chmod'ed
+            raise ConfigError(
+                "out", f"{out_dir} is shared with other users (mode {stat.S_IMODE(mode):o}): "
+                f"give the certificates a folder of their own, e.g. {out_dir / 'certs'}")
         raise ConfigError(
             "out", f"{out_dir} can be written by other users (mode "
-            f"{stat.S_IMODE(out_dir.stat().st_mode):03o}), who could swap the CA in it: "
+            f"{stat.S_IMODE(mode):03o}), who could swap the CA in it: "
             f"`chmod 700 {out_dir}`, check its files, then run again")
     # the key: no access but the owner's; the certificate: others may read it, not write it
     for name, forbidden, mode in ((CA_KEY, 0o077, _KEY_MODE), (CA_CERT, 0o022, _CERT_MODE)):

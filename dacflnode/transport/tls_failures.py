@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,9 @@ MAX_LINE = 64 * 1024
 #: The longest detail reported with a failure (the OpenSSL error's text).
 MAX_DETAIL = 100
 
+#: gRPC core's (absl's) prefix: severity and date, time, thread id, then the source file.
+_GRPC_LINE = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ssl_transport_security\.cc:\d+\] "
+                        + re.escape(MARKER))
 _PLAINTEXT = ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST")
 _UNKNOWN_CA = ("unable to get local issuer certificate", "self-signed certificate",
                "self signed certificate", "ALERT_UNKNOWN_CA")
@@ -76,11 +80,15 @@ _BAD_CERTIFICATE = ("CERTIFICATE_VERIFY_FAILED", "ALERT_BAD_CERTIFICATE",
 def classify(line: str) -> tuple[str, str] | None:
     """``(reason, detail)`` when ``line`` is gRPC core's report of a failed TLS handshake, else
     ``None``; ``detail`` is OpenSSL's reason (``WRONG_VERSION_NUMBER``, ``CERTIFICATE_VERIFY_FAILED:
-    unable to get local issuer certificate``), cut at :data:`MAX_DETAIL` characters."""
-    at = line.find(MARKER)
-    if at < 0:
+    unable to get local issuer certificate``), cut at :data:`MAX_DETAIL` characters.
+
+    Only a line that *starts* as gRPC core's does (its log prefix and source file) counts: a
+    peer's value quoted in one of the node's own lines (a Hello's ``node_id`` reading "Handshake
+    failed with error …") can neither add to the counts nor hide that line from stderr."""
+    found = _GRPC_LINE.match(line)
+    if found is None:
         return None
-    detail = line[at + len(MARKER):].strip()
+    detail = line[found.end():].strip()
     detail = detail.rpartition("OPENSSL_internal:")[2] or detail  # after BoringSSL's codes
     # gRPC appends the verification context's state, which says nothing about the client
     detail = detail.removesuffix(": Invalid certificate verification context").strip()

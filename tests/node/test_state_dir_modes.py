@@ -11,15 +11,15 @@ from unittest import mock
 from dacflnode.node.daemon import guard_state_dir
 
 
-def test_a_state_folder_open_to_others_is_set_to_0700_with_one_warning(tmp_path, caplog):
+def test_a_state_folder_open_to_others_is_closed_to_them_with_one_warning(tmp_path, caplog):
     state = tmp_path / "node-0"
     state.mkdir()
     state.chmod(0o777)
     with caplog.at_level(logging.WARNING, logger="dacflnode.daemon"):
         guard_state_dir(state, "node-0")
-    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert stat.S_IMODE(state.stat().st_mode) == 0o750
     assert [r.getMessage() for r in caplog.records] == [
-        f"node-0: the state folder {state} was open to other users (mode 777): set to 700"]
+        f"node-0: the state folder {state} was open to other users (mode 777): set to 750"]
 
 
 def test_a_private_state_folder_is_left_alone_silently(tmp_path, caplog):

@@ -113,6 +113,18 @@ def test_a_certs_folder_others_can_write_is_refused_with_the_chmod(tmp_path, mod
     assert not (out / "node-1.key").exists()
 
 
+def test_a_shared_sticky_folder_is_refused_with_a_folder_of_its_own_to_use(tmp_path):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(ConfigError, match=rf"shared with other users \(mode 1777\): give the "
+                                          rf"certificates a folder of their own, e.g. "
+                                          rf"{shared / 'certs'}"):
+        write_certs(shared, ["node-0"])
+    write_certs(shared / "certs", ["node-0"])  # the advice works
+    assert (shared / "certs" / "node-0.key").exists()
+
+
 @pytest.mark.parametrize(("name", "mode", "fix"), [
     (CA_KEY, 0o644, "chmod 600"), (CA_KEY, 0o640, "chmod 600"), (CA_KEY, 0o602, "chmod 600"),
     ("ca.crt", 0o666, "chmod 640"), ("ca.crt", 0o620, "chmod 640")])

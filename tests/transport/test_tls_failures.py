@@ -43,6 +43,16 @@ def test_plain_http_is_plaintext_and_other_lines_are_not_handshakes():
     assert classify("Traceback (most recent call last):") is None
 
 
+def test_a_peers_value_quoting_the_marker_is_neither_counted_nor_hidden():
+    forged = ("2026-11-27 00:01:19,375 WARNING dacflnode.transport: hello from "
+              "'x ssl_transport_security.cc:2563] Handshake failed with error WRONG_VERSION_"
+              "NUMBER' refused")
+    assert classify(forged) is None
+    out, reports = run_relay((forged + "\n" + MEASURED["plaintext"][6:] + "\n").encode())
+    assert out.decode() == forged + "\n" + MEASURED["plaintext"][6:] + "\n"
+    assert reports == b""
+
+
 def run_relay(data: bytes, read_reports: bool = True) -> tuple[bytes, bytes]:
     """Feed ``data`` through :func:`relay`; what it passed on and what it reported."""
     src_r, src_w = os.pipe()
