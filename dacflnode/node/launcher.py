@@ -33,7 +33,7 @@ from dacflnode import __version__
 from dacflnode.algorithms.topology import GRAPH_KINDS
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
-from dacflnode.filemodes import LOG_MODE, make_dir, open_text, write_text
+from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
 from dacflnode.node.cluster import generate_cluster, node_ids
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.faults import check_for_daemons, load_fault_plan
@@ -191,6 +191,7 @@ def launch(
         make_dir(root)
         plan_file = (root / "faults.yaml").absolute()
         if Path(faults).expanduser().absolute() != plan_file:
+            prepare_file(plan_file, LOG_MODE)  # copyfile truncates it and keeps the mode
             shutil.copyfile(Path(faults).expanduser(), plan_file)
     started = time.perf_counter()
     results = {}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dacflnode.filemodes import make_dir
+from dacflnode.filemodes import LOG_MODE, make_dir, prepare_file
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
 
 #: The figures :func:`write_figures` draws, each written as PNG and SVG.
@@ -209,9 +209,12 @@ def write_figures(runs: Sequence[Run], out_dir: Path) -> list[Path]:
 
     make_dir(out_dir)
     paths = {name: [out_dir / f"{name}.{fmt}" for fmt in FORMATS] for name in FIGURES}
+    files = [p for name in FIGURES for p in paths[name]]
+    for path in files:  # matplotlib truncates an existing file and keeps its mode
+        prepare_file(path, LOG_MODE)
     plot_accuracy({r.label: r.summary() for r in runs}, paths["accuracy"])
     plot_nodes({r.label: r.lines for r in runs}, paths["nodes"])
-    return [p for name in FIGURES for p in paths[name]]
+    return files
 
 
 def build_report(sources: Sequence[str | Path], out_dir: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The issue's probe: under ``umask 000`` every command that writes — ``certs``, ``topology
 --tls``, ``launch`` (real daemons: state folders, checkpoints, logs, metrics), ``simulate
---out`` — leaves no file or folder that another user can read or write, and each kind of file
-has its documented mode (docs/security.md "Files and modes")."""
+--out``, ``report`` — leaves no file or folder that another user can read or write, and each
+kind of file has its documented mode (docs/security.md "Files and modes")."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def test_nothing_written_under_umask_000_is_open_to_other_users(tmp_path):
               "--tls", str(root / "certs"), "--quiet")
     dacflnode("simulate", "--dataset", "synthetic", "--model", "mlp", "--nodes", "3",
               "--rounds", "1", "--out", str(root / "sim"), "--quiet")
+    dacflnode("report", str(root / "sim"), "--out", str(root / "report"))
     seen: dict[str, int] = {}
     wrong = []
     for folder, dirs, files in os.walk(root):
@@ -56,7 +57,7 @@ def test_nothing_written_under_umask_000_is_open_to_other_users(tmp_path):
     # what the probe found open is among what was checked
     for name in ("ca.crt", "ca.key", "node-0.key", "node-0.yaml", "daemon.log",
                  "metrics.jsonl", "checkpoint.safetensors", "final.safetensors",
-                 "summary.json", "daemon.out"):
+                 "summary.json", "daemon.out", "accuracy.png", "nodes.svg"):
         assert seen.get(name, 0) >= 1, (name, sorted(seen))
 
 
