@@ -79,6 +79,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from dacflnode.filemodes import LOG_MODE, open_text
+
 #: Longest string value written as it is; longer ones are cut (``%r``-escaped) with a marker.
 MAX_VALUE_CHARS = 100
 #: Longest ``str()`` of any other argument (an exception's text), cut the same way.
@@ -211,6 +213,16 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: status not refreshed within %.0fs: serving the last one":
         ("status_stale", {"node": 0}),
     "open-files limit %d (was %d)": ("open_files_limit", {}),
+    "%s: GRPC_VERBOSITY=%s hides failed TLS handshakes: they are neither counted nor logged; "
+    "unset it to see them": ("tls_handshakes_hidden", {"node": 0}),
+    "%s: TLS handshake failed (%s): %s": ("tls_handshake_failed", {"node": 0, "reason": 1}),
+    "%s: failed TLS handshakes are not counted: cannot start the relay of stderr: %s":
+        ("tls_handshakes_hidden", {"node": 0}),
+    "%s: the state folder %s is open to other users (mode %03o) and cannot be changed (%s): "
+    "make it the node user's own with mode 0700 (`chmod 700 %s`)":
+        ("state_dir_open", {"node": 0}),
+    "%s: the state folder %s was open to other users (mode %03o): set to %03o":
+        ("state_dir_tightened", {"node": 0}),
     "%s: %d training samples (%s), %d test samples; data contract: %s":
         ("data_loaded", {"node": 0}),
     "%s: %d undecodable files skipped (bad_files: skip)": ("data_files_skipped", {}),
@@ -475,6 +487,14 @@ def make_formatter(log_format: LogFormat, node: str | None = None) -> logging.Fo
     raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
 
 
+class _ModeRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log whose every file, the first and each one a rollover starts, is created
+    with :data:`~dacflnode.filemodes.LOG_MODE` whatever the umask."""
+
+    def _open(self) -> Any:
+        return open_text(self.baseFilename, LOG_MODE, append="a" in self.mode)
+
+
 def install(logger: logging.Logger, state_dir: Path, *, console: bool = True,
             guard: LogGuard | None = None, log_format: LogFormat = "text",
             node: str | None = None) -> LogGuard:
@@ -483,7 +503,7 @@ def install(logger: logging.Logger, state_dir: Path, *, console: bool = True,
     JSON line names when its record names none); returns the guard."""
     guard = guard or LogGuard()
     fmt = make_formatter(log_format, node)
-    handlers: list[logging.Handler] = [logging.handlers.RotatingFileHandler(
+    handlers: list[logging.Handler] = [_ModeRotatingFileHandler(
         state_dir / "daemon.log", maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS,
         encoding="utf-8")]
     if console:

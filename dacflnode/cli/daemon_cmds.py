@@ -73,7 +73,7 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
       dacflnode start --peers cluster/node-0.yaml
       dacflnode start --peers cluster/node-1.yaml --log-format json
     """
-    from dacflnode.node.daemon import Daemon, setup_logging
+    from dacflnode.node.daemon import Daemon, setup_logging, watch_handshakes
 
     pf = load_for_start(peers_file, insecure)
     plan = None
@@ -88,7 +88,8 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
         raise ConfigError("node.state_dir", f"in {peers_file}: cannot write "
                           f"{exc.filename or pf.node.state_dir}: {exc.strerror or exc}: make it "
                           "a writable directory for the user the node runs as") from exc
-    code = asyncio.run(Daemon(pf, faults=plan).run())
+    watch = watch_handshakes(pf.node.id) if pf.node.tls is not None else None
+    code = asyncio.run(Daemon(pf, faults=plan, handshakes=watch).run())
     sys.exit(code)
 
 
@@ -268,6 +269,10 @@ def _status_table(data: dict[str, Any]) -> Table:
                              else ""))
     if data.get("alone_rounds"):
         table.caption += f"\nmixed with no neighbour in {data['alone_rounds']} round(s)"
+    failures = {k: v for k, v in (data.get("tls_handshake_failures") or {}).items() if v}
+    if failures:
+        table.caption += "\nTLS handshakes failed: " + ", ".join(
+            f"{reason} {count}" for reason, count in sorted(failures.items()))
     refusals = data.get("refusals") or {}
     if refusals:
         table.caption += "\nrefused: " + ", ".join(

@@ -23,6 +23,7 @@ import xxhash
 from safetensors import SafetensorError, deserialize
 from safetensors.torch import save_file
 
+from dacflnode.filemodes import SECRET_MODE, prepare_file
 from dacflnode.learning.layout import StateLayout
 
 #: The metadata key of the checksum, and the prefix of its value (names the hash).
@@ -77,6 +78,7 @@ def atomic_save(tensors: Mapping[str, torch.Tensor], path: Path, meta: Mapping[s
     at every moment (:func:`read_verified` of either)."""
     contiguous = {k: v.contiguous() for k, v in tensors.items()}
     tmp = path.with_name(path.name + ".tmp")
+    prepare_file(tmp, SECRET_MODE)  # save_file truncates it and keeps the mode
     save_file(contiguous, str(tmp), metadata={**meta, CHECKSUM_KEY: checksum(contiguous, meta)})
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from dacflnode.algorithms.rounds import NodeState
+from dacflnode.filemodes import SECRET_MODE, prepare_file
 from dacflnode.learning.files import CorruptFile, atomic_save, read_verified
 from dacflnode.node.membership import PeerTrack
 from dacflnode.wire.codec import UsedLog
@@ -211,6 +212,7 @@ def load_checkpoint(state_dir: Path, run_info: Mapping[str, str], numel: int) ->
         # the previous one is the newest again (a node that writes no checkpoint before it is
         # restarted, one that had finished, finds it there)
         tmp = path.with_name(path.name + ".tmp")
+        prepare_file(tmp, SECRET_MODE)  # copyfile truncates it and keeps the mode
         shutil.copyfile(prev, tmp)
         os.replace(tmp, path)
         log.warning("%s %s; resuming from the previous checkpoint %s (round %d) instead%s",

@@ -14,7 +14,6 @@ needs.
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from dacflnode.algorithms import graphs
 from dacflnode.algorithms.topology import GRAPH_KINDS, MATRIX_KINDS, MixingSchedule, TopologySpec
 from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import LOG_MODE, SECRET_MODE, make_dir, write_text
 from dacflnode.node.addresses import (
     CONTROL_HOST,
     CONTROL_PORT_OFFSET,
@@ -125,6 +125,12 @@ def _node_run(run: RunConfig, node: str) -> RunConfig:
             f" {run.data_root}/<node-id>/",
         )
     return mine
+
+
+def peers_file_mode(pf: PeersFile) -> int:
+    """The mode a peers file is written with: a file that holds a Control token is a secret
+    (0600); the others hold addresses and settings (0640)."""
+    return SECRET_MODE if pf.node.control_token else LOG_MODE
 
 
 def generate_cluster(
@@ -287,11 +293,11 @@ def generate_cluster(
         parse_peers(yaml.safe_load(text), pf.path, check_run=k == 0)
     if certs is not None:
         write_certs(certs, ids)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     if metrics_token is not None:
         write_metrics_token(out / METRICS_TOKEN_FILE, metrics_token)
     for pf, text in zip(files, texts, strict=True):
-        pf.path.write_text(text)
+        write_text(pf.path, text, peers_file_mode(pf))
     return [pf.path for pf in files]
 
 
@@ -302,8 +308,4 @@ METRICS_TOKEN_FILE = "metrics.token"
 def write_metrics_token(path: Path, token: str) -> None:
     """``token`` and a newline to ``path``, readable by this user only (mode 0600 whatever the
     umask; an existing file is replaced)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(token + "\n")
+    write_text(path, token + "\n", SECRET_MODE)

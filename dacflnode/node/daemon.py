@@ -30,6 +30,7 @@ import logging
 import math
 import signal
 import ssl
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ import torch
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.config import anchor_delay
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import make_dir, tighten_dir
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, pick_device
@@ -58,6 +60,7 @@ from dacflnode.node.peers import PeersFile, read_metrics_token
 from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
+from dacflnode.security.certs import check_node_material
 from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport.base import Identity, Inbox
 
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
     from dacflnode.transport.grpc_control import TokenInterceptor
     from dacflnode.transport.grpc_transport import GrpcTransport
     from dacflnode.transport.receiver import Receiver
+    from dacflnode.transport.tls_failures import HandshakeWatch
 
 log = logging.getLogger("dacflnode.daemon")
 
@@ -110,7 +114,7 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
                  data.info.test_size, contract_summary(data.contract))
     run_info = {"run_fingerprint": identity.run_fingerprint,
                 "model_fingerprint": identity.model_fingerprint, "node": pf.node.id}
-    pf.node.state_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(pf.node.state_dir)
     checkpoint = load_checkpoint(pf.node.state_dir, run_info, layout.numel)
     if checkpoint is not None:
         state = checkpoint.state
@@ -135,9 +139,12 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
 class Daemon:
     """One node process: servers, runner, signals."""
 
-    def __init__(self, pf: PeersFile, faults: FaultPlan | None = None) -> None:
+    def __init__(self, pf: PeersFile, faults: FaultPlan | None = None,
+                 handshakes: HandshakeWatch | None = None) -> None:
         self.pf = pf
         self.faults = faults
+        #: the failed TLS handshakes counted off gRPC's stderr (see :func:`watch_handshakes`)
+        self.handshakes = handshakes
         self.runner: NodeRunner | None = None
         #: the transport's receiver, whose per-neighbour refusal counts the status shows
         self.receiver: Receiver | None = None
@@ -190,6 +197,7 @@ class Daemon:
             reanchored=runner.reanchored if runner else 0,
             leaving=runner.leaving if runner else self._leave_early,
             alone_rounds=runner.alone_rounds if runner else 0,
+            tls_handshake_failures=self.handshakes.counts() if self.handshakes else {},
         )
         info = self.data_info
         if info is not None:
@@ -263,11 +271,10 @@ class Daemon:
                 raise ConfigError("node.tls", f"in {self.pf.path}: cannot read {exc.filename}: "
                                   f"{exc.strerror}: fix the path or the file's permissions "
                                   "(the node runs as this user)") from exc
-            for path, data in ((files.ca, material.ca), (files.cert, material.cert),
-                               (files.key, material.key)):
-                if b"-----BEGIN " not in data:
-                    raise ConfigError("node.tls", f"in {self.pf.path}: {path} is not a PEM "
-                                      "file: issue the node's files with `dacflnode certs`")
+            try:  # before anything binds: a bad file is one line naming it, not a gRPC failure
+                check_node_material(files, material, self.pf.node.id)
+            except ConfigError as exc:
+                raise ConfigError("node.tls", f"in {self.pf.path}: {exc.message}") from None
             return material
         log.warning(
             "%s: neighbours are not authenticated (no node.tls): anyone who reaches %s can push"
@@ -487,6 +494,52 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, hard
 
 
+def guard_state_dir(state_dir: Path, node: str) -> None:
+    """Take the group's write access and others' access away from an existing state folder (it
+    holds the node's checkpoints, and ``ca.crt`` may lie beside it: another user must not swap
+    them), with one warning; one it may not change (another user's) is warned about with the
+    fix."""
+    mode = stat.S_IMODE(state_dir.stat().st_mode)
+    try:
+        changed = tighten_dir(state_dir)
+    except OSError as exc:
+        log.warning("%s: the state folder %s is open to other users (mode %03o) and cannot be "
+                    "changed (%s): make it the node user's own with mode 0700 (`chmod 700 %s`)",
+                    node, state_dir, mode, exc.strerror or exc, state_dir)
+        return
+    if changed:
+        log.warning("%s: the state folder %s was open to other users (mode %03o): set to %03o",
+                    node, state_dir, mode, stat.S_IMODE(state_dir.stat().st_mode))
+
+
+def watch_handshakes(node: str) -> HandshakeWatch | None:
+    """Count and log the node's failed TLS handshakes (which gRPC reports only on stderr) by
+    sending its stderr through the relay of :mod:`dacflnode.transport.tls_failures`; call it
+    after :func:`setup_logging`. ``None``, after one warning, when they cannot be seen."""
+    import os
+
+    from dacflnode.transport.tls_failures import HandshakeWatch, verbosity_hides_failures
+
+    if verbosity_hides_failures():
+        log.warning("%s: GRPC_VERBOSITY=%s hides failed TLS handshakes: they are neither "
+                    "counted nor logged; unset it to see them", node,
+                    os.environ.get("GRPC_VERBOSITY"))
+        return None
+
+    def failed(reason: str, detail: str) -> None:
+        log.warning("%s: TLS handshake failed (%s): %s", node, reason, detail,
+                    extra={"event": "tls_handshake_failed", "reason": reason})
+
+    watch = HandshakeWatch(failed)
+    try:
+        watch.start()
+    except OSError as exc:
+        log.warning("%s: failed TLS handshakes are not counted: cannot start the relay of "
+                    "stderr: %s", node, exc)
+        return None
+    return watch
+
+
 def setup_logging(state_dir: Path, level: str = "INFO", log_format: str = "text",
                   node: str | None = None) -> None:
     """The daemon's process setup, before any server exists: logging of the ``dacflnode`` tree to
@@ -497,10 +550,11 @@ def setup_logging(state_dir: Path, level: str = "INFO", log_format: str = "text"
 
     if log_format not in logs.LOG_FORMATS:
         raise ValueError(f"log format {log_format!r} is not one of {', '.join(logs.LOG_FORMATS)}")
-    state_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(state_dir)
     root = logging.getLogger("dacflnode")
     root.setLevel(level)
     logs.install(root, state_dir, log_format="json" if log_format == "json" else "text",
                  node=node)
+    guard_state_dir(state_dir, node or state_dir.name)
     before, after = raise_open_files_limit()
     log.info("open-files limit %d (was %d)", after, before)

@@ -33,6 +33,7 @@ from dacflnode import __version__
 from dacflnode.algorithms.topology import GRAPH_KINDS
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
 from dacflnode.node.cluster import generate_cluster, node_ids
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.faults import check_for_daemons, load_fault_plan
@@ -122,7 +123,7 @@ async def run_cluster(
     )
     node_dirs = [out_dir / p.stem for p in paths]
     for d in node_dirs:
-        d.mkdir(parents=True, exist_ok=True)
+        make_dir(d)
         for stale in (METRICS_FILE, "checkpoint.safetensors", "final.safetensors"):
             (d / stale).unlink(missing_ok=True)
     env = dict(os.environ)
@@ -132,7 +133,7 @@ async def run_cluster(
     procs = []
     plan = ["--faults", str(faults)] if faults is not None else []
     for path, d in zip(paths, node_dirs, strict=True):
-        log = (d / "daemon.out").open("w")
+        log = open_text(d / "daemon.out", LOG_MODE)
         procs.append(await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dacflnode", "start", "--peers", str(path), *plan,
             stdout=log, stderr=asyncio.subprocess.STDOUT, env=env,
@@ -187,9 +188,10 @@ def launch(
     if faults is not None:
         check_for_daemons(load_fault_plan(faults, node_ids(run.nodes), run.rounds),
                           "`dacflnode launch`")
-        root.mkdir(parents=True, exist_ok=True)
+        make_dir(root)
         plan_file = (root / "faults.yaml").absolute()
         if Path(faults).expanduser().absolute() != plan_file:
+            prepare_file(plan_file, LOG_MODE)  # copyfile truncates it and keeps the mode
             shutil.copyfile(Path(faults).expanduser(), plan_file)
     started = time.perf_counter()
     results = {}
@@ -204,6 +206,6 @@ def launch(
                                "wall_s": round(time.perf_counter() - started, 3)}
     if plan_file is not None:
         summary["faults"] = str(plan_file)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    make_dir(root)
+    write_text(root / "summary.json", json.dumps(summary, indent=2) + "\n", LOG_MODE)
     return summary

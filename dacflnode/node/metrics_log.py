@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from dacflnode.filemodes import LOG_MODE, open_text
+
 METRICS_FILE = "metrics.jsonl"
 
 #: The keys of every metrics line, in the order they are written.
@@ -32,7 +34,7 @@ def append_line(path: Path, line: dict[str, Any]) -> None:
     """Append one round's line; its keys must be exactly :data:`LINE_KEYS` (one format for all)."""
     if tuple(line) != LINE_KEYS:
         raise ValueError(f"a metrics line has the keys {LINE_KEYS}, got {tuple(line)}")
-    with path.open("a") as out:
+    with open_text(path, LOG_MODE, append=True) as out:
         out.write(json.dumps(line) + "\n")
 
 

@@ -100,6 +100,12 @@ class _StatusCollector(Collector):
         for reason, count in sorted((status.refusals if status else {}).items()):
             refusals.add_metric([n, reason], count)
         yield refusals
+        handshakes = CounterMetricFamily(
+            "dacfl_tls_handshake_failures", "TLS handshakes that failed, by reason (plaintext, "
+            "unknown-ca, bad-certificate, no-certificate, other)", labels=["node", "reason"])
+        for reason, count in sorted((status.tls_handshake_failures if status else {}).items()):
+            handshakes.add_metric([n, reason], count)
+        yield handshakes
         neighbours = status.neighbours if status is not None else []
         for name, help_text, attr in PEER_COUNTERS:
             counter = CounterMetricFamily(name, help_text, labels=["node", "peer"])

@@ -12,10 +12,13 @@ Files in the output folder::
     <id>.crt  <id>.key      one pair per node
 
 Keys are EC P-256, PEM (PKCS#8, unencrypted), created with mode 0600 — their protection is the
-file mode, so a folder that already holds a CA reuses it to add nodes, and a node whose files
-exist keeps them (they are checked against the CA, never overwritten). Everything is built with
-the ``cryptography`` library; nothing shells out to openssl. A run that already has a PKI needs
-none of this: see ``docs/security.md`` for what its certificates must contain.
+file mode — and certificates 0640, in a folder made 0700, whatever the umask
+(:mod:`dacflnode.filemodes`). A folder other users can write, a CA key they can read or a CA
+certificate they can write is refused: they could have replaced the CA. A folder that already
+holds a CA reuses it to add nodes, and a node whose files exist keeps them (they are checked
+against the CA, never overwritten). Everything is built with the ``cryptography`` library;
+nothing shells out to openssl. A run that already has a PKI needs none of this: see
+``docs/security.md`` for what its certificates must contain.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import datetime
 import ipaddress
 import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import cryptography.exceptions
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -35,7 +40,8 @@ from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dacflnode.errors import ConfigError
-from dacflnode.security.tls import TlsFiles
+from dacflnode.filemodes import make_dir, others_can_write
+from dacflnode.security.tls import TlsFiles, TlsMaterial
 
 __all__ = [
     "CA_CERT",
@@ -45,6 +51,7 @@ __all__ = [
     "NODE_ID_RE",
     "check_node_files",
     "check_node_id",
+    "check_node_material",
     "node_ids_of",
     "tls_files",
     "write_certs",
@@ -61,7 +68,7 @@ CA_DAYS = 3650
 NODE_DAYS = 825
 
 _KEY_MODE = 0o600
-_CERT_MODE = 0o644
+_CERT_MODE = 0o640
 # a certificate is valid from a little before it is made, so that a neighbour whose clock runs
 # a few minutes behind accepts it
 _BACKDATE = datetime.timedelta(hours=1)
@@ -123,7 +130,8 @@ def write_certs(
 
 
 def _fill(out_dir: Path, ids: list[str], node_days: int, written: list[Path]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
+    _check_private(out_dir)
     ca = _load_or_create_ca(out_dir, written)
     for node_id in ids:
         files = tls_files(out_dir, node_id)
@@ -143,18 +151,35 @@ def check_node_files(files: TlsFiles, node_id: str) -> None:
     """Check that ``files`` make a usable identity for ``node_id``, or raise ConfigError.
 
     The certificate must chain to the CA in ``files.ca`` for the DNS name ``node_id`` as a
-    server and as a client certificate, and the key must be the certificate's key.
+    server and as a client certificate, and the key must be the certificate's key. Every error
+    is one line naming the file and what is wrong with it.
     """
     try:
-        ca_certs = x509.load_pem_x509_certificates(files.ca.read_bytes())
-        cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
-        key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+        material = files.load()
     except OSError as exc:
         raise ConfigError("tls", f"cannot read {exc.filename}: {exc.strerror}") from None
-    except (ValueError, TypeError) as exc:
-        raise ConfigError("tls", f"not a PEM certificate or unencrypted key: {exc}") from None
+    check_node_material(files, material, node_id)
+
+
+def check_node_material(files: TlsFiles, material: TlsMaterial, node_id: str) -> None:
+    """:func:`check_node_files` of PEM bytes already read from ``files`` (the daemon checks what
+    it will serve, not the files again)."""
+    ca_certs = _certificates(files.ca, material.ca, "the CA certificate(s)")
+    chain = _certificates(files.cert, material.cert, "the node's certificate")
+    cert = chain[0]
+    try:
+        key = serialization.load_pem_private_key(material.key, password=None)
+    except TypeError:  # "Password was not given but private key is encrypted"
+        raise ConfigError(
+            "tls.key", f"{files.key} is encrypted: gRPC cannot ask for a passphrase; store it "
+            "decrypted (`openssl pkey -in KEY -out PLAIN`) with mode 0600") from None
+    except (ValueError, cryptography.exceptions.UnsupportedAlgorithm) as exc:
+        raise ConfigError("tls.key", f"{files.key} is not a PEM private key "
+                          f"({_first_line(exc)}): point node.tls.key at the node's key "
+                          "(`dacflnode certs` makes one)") from None
     if key.public_key() != cert.public_key():
-        raise ConfigError("tls.key", f"{files.key} is not the key of {files.cert}")
+        raise ConfigError("tls.key", f"{files.key} is not the key of {files.cert}: give the "
+                          "key that was issued with this certificate")
     if node_id not in node_ids_of(cert):
         raise ConfigError(
             "tls.cert",
@@ -164,13 +189,30 @@ def check_node_files(files: TlsFiles, node_id: str) -> None:
     now = datetime.datetime.now(datetime.UTC)
     builder = verification.PolicyBuilder().store(store).time(now)
     try:
-        builder.build_server_verifier(x509.DNSName(node_id)).verify(cert, [])
-        builder.build_client_verifier().verify(cert, [])
+        builder.build_server_verifier(x509.DNSName(node_id)).verify(cert, chain[1:])
+        builder.build_client_verifier().verify(cert, chain[1:])
     except verification.VerificationError as exc:
         raise ConfigError(
             "tls.cert",
-            f"{files.cert} is not a valid {node_id!r} certificate under {files.ca}: {exc}",
+            f"{files.cert} is not a valid {node_id!r} certificate under {files.ca}: "
+            f"{_first_line(exc)}",
         ) from None
+
+
+def _certificates(path: Path, pem: bytes, what: str) -> list[x509.Certificate]:
+    """The PEM certificates in ``pem`` (read from ``path``), or a one-line ConfigError."""
+    try:
+        certs = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise ConfigError("tls", f"{path} is not {what} in PEM ({_first_line(exc)}): issue the "
+                          "node's files with `dacflnode certs` or point node.tls at them") from None
+    return certs
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error's text, without cryptography's pointer to its FAQ."""
+    lines = str(exc).strip().splitlines()
+    return lines[0].split(". See https://", 1)[0] if lines else type(exc).__name__
 
 
 def node_ids_of(cert: x509.Certificate) -> list[str]:
@@ -299,6 +341,32 @@ def _existing_pair(cert: Path, key: Path) -> bool:
             "tls", f"{present} exists but {missing} does not: restore it or remove {present}"
         )
     return False
+
+
+def _check_private(out_dir: Path) -> None:
+    """Refuse a certs folder, CA key or CA certificate another user could replace (or, for the
+    key, read): whatever it signed next would be theirs to forge. The fix is one ``chmod``."""
+    if others_can_write(out_dir):
+        mode = out_dir.stat().st_mode
+        if mode & stat.S_ISVTX:  # /tmp and the like: shared on purpose, not to be chmod'ed
+            raise ConfigError(
+                "out", f"{out_dir} is shared with other users (mode {stat.S_IMODE(mode):o}): "
+                f"give the certificates a folder of their own, e.g. {out_dir / 'certs'}")
+        raise ConfigError(
+            "out", f"{out_dir} can be written by other users (mode "
+            f"{stat.S_IMODE(mode):03o}), who could swap the CA in it: "
+            f"`chmod 700 {out_dir}`, check its files, then run again")
+    # the key: no access but the owner's; the certificate: others may read it, not write it
+    for name, forbidden, mode in ((CA_KEY, 0o077, _KEY_MODE), (CA_CERT, 0o022, _CERT_MODE)):
+        path = out_dir / name
+        if not path.exists():
+            continue
+        current = stat.S_IMODE(path.stat().st_mode)
+        if current & forbidden:
+            raise ConfigError(
+                "ca", f"{path} can be {'read or written' if name == CA_KEY else 'written'} by "
+                f"other users (mode {current:03o}): `chmod {mode:03o} {path}` (and make a new "
+                "CA if anyone else may have used it), then run again")
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -18,6 +18,7 @@ from typing import Any
 
 from dacflnode import __version__
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
+from dacflnode.filemodes import LOG_MODE, make_dir, write_text
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
 from dacflnode.node.data import cache_dir_in, own_node_data
@@ -133,6 +134,6 @@ def _run_all(
         summary["invariant"] = invariant
     if out_dir is not None:
         root = Path(out_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        make_dir(root)
+        write_text(root / "summary.json", json.dumps(summary, indent=2) + "\n", LOG_MODE)
     return summary

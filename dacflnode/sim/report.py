@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dacflnode.filemodes import LOG_MODE, make_dir, prepare_file
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
 
 #: The figures :func:`write_figures` draws, each written as PNG and SVG.
@@ -206,11 +207,14 @@ def write_figures(runs: Sequence[Run], out_dir: Path) -> list[Path]:
     (each run's residual and round time per node) into ``out_dir`` as PNG and SVG."""
     from dacflnode.sim.plots import plot_accuracy, plot_nodes
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
     paths = {name: [out_dir / f"{name}.{fmt}" for fmt in FORMATS] for name in FIGURES}
+    files = [p for name in FIGURES for p in paths[name]]
+    for path in files:  # matplotlib truncates an existing file and keeps its mode
+        prepare_file(path, LOG_MODE)
     plot_accuracy({r.label: r.summary() for r in runs}, paths["accuracy"])
     plot_nodes({r.label: r.lines for r in runs}, paths["nodes"])
-    return [p for name in FIGURES for p in paths[name]]
+    return files
 
 
 def build_report(sources: Sequence[str | Path], out_dir: Path) -> dict[str, Any]:

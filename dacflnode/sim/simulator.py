@@ -46,6 +46,7 @@ from dacflnode.algorithms.rounds import Algorithm, NodeState, make_algorithm
 from dacflnode.algorithms.topology import GRAPH_KINDS, MixingSchedule
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig, anchor_delay
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import make_dir
 from dacflnode.learning.datasets import Dataset, eval_subset
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
@@ -254,7 +255,7 @@ class Simulation:
         if self.out_dir is None:
             return None
         folder = self.out_dir / node
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dir(folder)
         for stale in (METRICS_FILE, "final.safetensors"):
             (folder / stale).unlink(missing_ok=True)
         return folder

@@ -78,6 +78,10 @@ class NodeStatus:
     #: Rounds since the node started in which it mixed no neighbour although the topology had
     #: some (0 for a healthy node, also next to a stalled one: docs/faults.md).
     alone_rounds: int = 0
+    #: Failed TLS handshakes on this node's connections since it started, by reason
+    #: (``plaintext``, ``unknown-ca``, ``bad-certificate``, ``no-certificate``, ``other``;
+    #: empty without TLS or when they cannot be seen: docs/security.md "Failed handshakes").
+    tls_handshake_failures: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""

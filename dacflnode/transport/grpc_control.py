@@ -192,6 +192,7 @@ def status_to_proto(s: NodeStatus) -> pb.StatusReply:
         data_size=s.data_size, test_size=s.test_size, class_counts=s.class_counts,
         skipped_files=s.skipped_files,
         alone_rounds=s.alone_rounds,
+        tls_handshake_failures=s.tls_handshake_failures,
     )
 
 
@@ -212,6 +213,7 @@ def status_from_proto(r: pb.StatusReply) -> NodeStatus:
         data_size=r.data_size, test_size=r.test_size, class_counts=dict(r.class_counts),
         skipped_files=r.skipped_files,
         alone_rounds=r.alone_rounds,
+        tls_handshake_failures=dict(r.tls_handshake_failures),
     )
 
 

@@ -44,6 +44,17 @@ def test_a_bad_node_id_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+def test_a_certs_folder_others_can_write_is_one_line_saying_the_chmod_exit_2(tmp_path):
+    out = tmp_path / "certs"
+    assert run(["certs", "--out", str(out), "node-0"]).exit_code == 0
+    out.chmod(0o777)
+    result = run(["certs", "--out", str(out), "node-1"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.startswith(f"error: out: {out} can be written by other users")
+    assert f"`chmod 700 {out}`" in result.stderr
+
+
 def test_node_ids_are_required_and_the_help_shows_an_example():
     assert run(["certs", "--out", "x"]).exit_code == 2
     help_text = run(["certs", "--help"]).stdout

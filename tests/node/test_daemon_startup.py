@@ -130,3 +130,49 @@ def test_a_state_directory_that_cannot_be_made_is_one_line_naming_node_state_dir
     assert run.stderr.strip().splitlines() == [
         f"error: node.state_dir: in {path}: cannot write {blocker / 'node-0'}: Not a directory: "
         "make it a writable directory for the user the node runs as"]
+
+
+def _bad_tls_file(tmp_path: Path, case: str) -> tuple[dict[str, str], Path, str]:
+    """node-0's TLS files with one of them broken as ``case`` says: the node.tls section, the
+    file at fault and what the one line must say about it."""
+    from cryptography.hazmat.primitives import serialization
+
+    from dacflnode.security.certs import tls_files, write_certs
+
+    write_certs(tmp_path / "certs", ["node-0", "node-1"])
+    write_certs(tmp_path / "other", ["node-0"])
+    files = tls_files(tmp_path / "certs", "node-0")
+    tls = {"ca": str(files.ca), "cert": str(files.cert), "key": str(files.key)}
+    bad = tmp_path / "bad.pem"
+    if case == "key-not-pem":
+        bad.write_text("not a key\n")
+        tls["key"], said = str(bad), "not a PEM private key"
+    elif case == "key-encrypted":
+        key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+        bad.write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret")))
+        tls["key"], said = str(bad), "is encrypted"
+    elif case == "key-of-another-cert":
+        bad = tls_files(tmp_path / "certs", "node-1").key
+        tls["key"], said = str(bad), f"is not the key of {files.cert}"
+    elif case == "cert-not-pem":
+        bad.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+        tls["cert"], said = str(bad), "is not the node's certificate in PEM"
+    elif case == "cert-of-another-ca":
+        other = tls_files(tmp_path / "other", "node-0")
+        tls["cert"], tls["key"], bad = str(other.cert), str(other.key), other.cert
+        said = f"is not a valid 'node-0' certificate under {files.ca}"
+    else:
+        raise AssertionError(case)
+    return tls, bad, said
+
+
+@pytest.mark.parametrize("case", ["key-not-pem", "key-encrypted", "key-of-another-cert",
+                                  "cert-not-pem", "cert-of-another-ca"])
+def test_a_bad_key_or_certificate_is_one_line_naming_the_file_not_a_port(tmp_path, case):
+    tls, bad, said = _bad_tls_file(tmp_path, case)
+    path = peers(tmp_path, tls=tls)
+    run, _ = start(path)
+    assert_one_line_failure(run, path, "node.tls", str(path), str(bad), said)
+    assert "cannot listen" not in run.stderr and "port taken" not in run.stderr

@@ -59,3 +59,32 @@ def test_a_status_shows_the_devices_data_size_and_classes():
     caption = str(_status_table(status.to_json()).caption)
     assert "40 training samples, 8 test; per class: cat 30, dog 10" in caption
     assert "2 undecodable files skipped" in caption
+
+
+def test_failed_tls_handshakes_survive_the_control_service_and_show_by_reason():
+    from dacflnode.cli.daemon_cmds import _status_table
+    from dacflnode.transport.grpc_control import status_from_proto, status_to_proto
+
+    counts = {"plaintext": 3, "unknown-ca": 1, "bad-certificate": 0, "no-certificate": 2,
+              "other": 0}
+    status = NodeStatus("n0", "dacfl", 1, 10, "training", tls=True,
+                        tls_handshake_failures=counts)
+    back = status_from_proto(status_to_proto(status))
+    assert back.tls_handshake_failures == counts
+    assert back.to_json()["tls_handshake_failures"] == counts
+    metrics = NodeMetrics("n0")
+    metrics.update(back)
+    got = samples(metrics.prometheus())
+    for reason, count in counts.items():
+        key = ("dacfl_tls_handshake_failures_total", (("node", "n0"), ("reason", reason)))
+        assert got[key] == count
+    caption = str(_status_table(back.to_json()).caption)
+    assert "TLS handshakes failed: no-certificate 2, plaintext 3, unknown-ca 1" in caption
+
+
+def test_a_node_without_failed_handshakes_shows_none():
+    from dacflnode.cli.daemon_cmds import _status_table
+
+    status = NodeStatus("n0", "dacfl", 1, 10, "training", tls=True,
+                        tls_handshake_failures=dict.fromkeys(("plaintext", "other"), 0))
+    assert "TLS handshakes" not in str(_status_table(status.to_json()).caption)

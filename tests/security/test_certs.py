@@ -90,12 +90,60 @@ def test_a_certificate_from_another_ca_does_not_verify(tmp_path):
 def test_keys_are_mode_0600_whatever_the_umask(tmp_path):
     old = os.umask(0)
     try:
-        write_certs(tmp_path, ["node-0"])
+        write_certs(tmp_path / "a" / "certs", ["node-0"])
     finally:
         os.umask(old)
+    out = tmp_path / "a" / "certs"
     for name in (CA_KEY, "node-0.key"):
-        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
-    assert stat.S_IMODE((tmp_path / "node-0.crt").stat().st_mode) == 0o644
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
+    assert stat.S_IMODE((out / "node-0.crt").stat().st_mode) == 0o640
+    for folder in (out, tmp_path / "a"):  # made here: the owner's only
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_a_certs_folder_others_can_write_is_refused_with_the_chmod(tmp_path, mode):
+    out = tmp_path / "certs"
+    write_certs(out, ["node-0"])
+    out.chmod(mode)
+    with pytest.raises(ConfigError, match=rf"can be written by other users \(mode {mode:03o}\)"
+                                          rf".*`chmod 700 {out}`") as caught:
+        write_certs(out, ["node-1"])
+    assert caught.value.field == "out"
+    assert not (out / "node-1.key").exists()
+
+
+def test_a_shared_sticky_folder_is_refused_with_a_folder_of_its_own_to_use(tmp_path):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(ConfigError, match=rf"shared with other users \(mode 1777\): give the "
+                                          rf"certificates a folder of their own, e.g. "
+                                          rf"{shared / 'certs'}"):
+        write_certs(shared, ["node-0"])
+    write_certs(shared / "certs", ["node-0"])  # the advice works
+    assert (shared / "certs" / "node-0.key").exists()
+
+
+@pytest.mark.parametrize(("name", "mode", "fix"), [
+    (CA_KEY, 0o644, "chmod 600"), (CA_KEY, 0o640, "chmod 600"), (CA_KEY, 0o602, "chmod 600"),
+    ("ca.crt", 0o666, "chmod 640"), ("ca.crt", 0o620, "chmod 640")])
+def test_a_ca_key_others_can_read_or_a_ca_others_can_write_is_refused(tmp_path, name, mode,
+                                                                       fix):
+    write_certs(tmp_path, ["node-0"])
+    (tmp_path / name).chmod(mode)
+    with pytest.raises(ConfigError, match=rf"{name} can be .* by other users \(mode "
+                                          rf"{mode:03o}\): `{fix} {tmp_path / name}`"):
+        write_certs(tmp_path, ["node-1"])
+    assert not (tmp_path / "node-1.key").exists()
+
+
+def test_a_ca_certificate_others_may_only_read_is_reused(tmp_path):
+    write_certs(tmp_path, ["node-0"])
+    (tmp_path / "ca.crt").chmod(0o644)
+    tmp_path.chmod(0o755)
+    assert write_certs(tmp_path, ["node-1"]) == [tmp_path / "node-1.key",
+                                                 tmp_path / "node-1.crt"]
 
 
 def test_an_existing_ca_is_reused_and_existing_nodes_are_kept(tmp_path):

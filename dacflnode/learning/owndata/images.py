@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import SECRET_MODE, make_dir, prepare_file, write_text
 from dacflnode.learning import imagedecode
 
 logger = logging.getLogger(__name__)
@@ -181,15 +182,17 @@ def _read_cache(cache_dir: Path, root: Path, key: str, files: int) -> DecodedFol
 def _write_cache(cache_dir: Path, root: Path, key: str, decoded: DecodedFolder) -> None:
     meta_path, x_path, y_path = _cache_paths(cache_dir, root)
     try:
-        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(meta_path.parent)
         meta_path.unlink(missing_ok=True)  # the key goes last: a torn write is never a hit
         for path, arr in ((x_path, decoded.images), (y_path, decoded.labels)):
             tmp = path.with_name(path.name + ".tmp")
+            prepare_file(tmp, SECRET_MODE)  # the node's data: the owner only
             with open(tmp, "wb") as fh:
                 np.save(fh, arr, allow_pickle=False)
             os.replace(tmp, path)
         tmp = meta_path.with_name(meta_path.name + ".tmp")
-        tmp.write_text(json.dumps({"key": key, "bad": [list(b) for b in decoded.bad]}))
+        write_text(tmp, json.dumps({"key": key, "bad": [list(b) for b in decoded.bad]}),
+                   SECRET_MODE)
         os.replace(tmp, meta_path)
     except OSError as err:
         logger.warning("could not cache the decoded images in %s: %s", meta_path.parent, err)

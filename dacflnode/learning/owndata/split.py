@@ -25,6 +25,7 @@ import yaml
 from PIL import Image
 
 from dacflnode.errors import ConfigError
+from dacflnode.filemodes import LOG_MODE, make_dir, write_text
 from dacflnode.learning.datasets import DATASETS, NORMALIZATION, load_dataset
 from dacflnode.learning.owndata import images, tables
 from dacflnode.learning.partition import partition
@@ -175,7 +176,7 @@ def write_png_folder(folder: Path, classes: Sequence[str], x: np.ndarray, labels
     done = [0] if done is None else done
     total = total or len(index)
     for name in {classes[int(lbl)] for lbl in labels[index]}:
-        (folder / name).mkdir(parents=True, exist_ok=True)
+        make_dir(folder / name)
     for i in index:
         img = x[int(i)]
         arr = img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0)
@@ -187,7 +188,7 @@ def write_png_folder(folder: Path, classes: Sequence[str], x: np.ndarray, labels
 
 def _write_table(path: Path, columns: Sequence[str], x: np.ndarray, label_column: str,
                  label_values: list[str], file_format: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     flat = x.reshape(x.shape[0], -1)
     arrays = [pa.array(flat[:, j]) for j in range(flat.shape[1])]
     table = pa.table([*arrays, pa.array(label_values, pa.string())],
@@ -224,7 +225,7 @@ def split_data(
     parts = partition(src.labels, nodes, scheme, seed=seed, alpha=alpha,
                       shards_per_node=shards_per_node)
     ids = node_ids(nodes)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     total = sum(len(p) for p in parts) + (0 if src.test_labels is None else len(src.test_labels))
     done = [0]
     ext = "csv" if table_format == "csv" else "parquet"
@@ -245,7 +246,7 @@ def split_data(
             for i in index:
                 rel = src.files[int(i)]
                 target = out / node / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
+                make_dir(target.parent)
                 shutil.copyfile(src.root / rel, target)
             done[0] += len(index)
         elif fmt == "folder":
@@ -280,5 +281,5 @@ def split_data(
     elif src.x is not None and src.x.ndim == 4:
         settings["channels"] = int(src.x.shape[1])
         settings["image_size"] = int(src.x.shape[2])
-    (out / RUN_FILE).write_text(yaml.safe_dump(settings, sort_keys=False))
+    write_text(out / RUN_FILE, yaml.safe_dump(settings, sort_keys=False), LOG_MODE)
     return SplitResult(out, ids, src.classes, counts, test_count, fmt, settings)

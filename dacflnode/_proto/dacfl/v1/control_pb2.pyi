@@ -143,6 +143,26 @@ class StatusReply(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class TlsHandshakeFailuresEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NODE_ID_FIELD_NUMBER: _builtins.int
     ALGORITHM_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
@@ -165,6 +185,7 @@ class StatusReply(_message.Message):
     CLASS_COUNTS_FIELD_NUMBER: _builtins.int
     SKIPPED_FILES_FIELD_NUMBER: _builtins.int
     ALONE_ROUNDS_FIELD_NUMBER: _builtins.int
+    TLS_HANDSHAKE_FAILURES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     algorithm: _builtins.str
     round: _builtins.int
@@ -210,6 +231,12 @@ class StatusReply(_message.Message):
     def class_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """training samples per class (run.classes names)"""
 
+    @_builtins.property
+    def tls_handshake_failures(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """failed TLS handshakes since start, by reason (plaintext, unknown-ca, bad-certificate,
+        no-certificate, other; docs/security.md "Failed handshakes")
+        """
+
     def __init__(
         self,
         *,
@@ -235,10 +262,11 @@ class StatusReply(_message.Message):
         class_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         skipped_files: _builtins.int = ...,
         alone_rounds: _builtins.int = ...,
+        tls_handshake_failures: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "tls_handshake_failures", b"tls_handshake_failures", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
