@@ -16,7 +16,8 @@
       tls:                           # mutual TLS with the neighbours (see: dacflnode certs)
         {ca: certs/ca.crt, cert: certs/node-0.crt, key: certs/node-0.key}
       insecure: false                # true: allow plaintext on a non-loopback node.listen
-      control_token: ...             # required with a non-loopback node.control
+      control_token: ...             # required with a non-loopback node.control; default: a
+                                     # new token in STATE_DIR/control.token at every start
     neighbours:                      # required, non-empty
       - {id: node-1, address: 127.0.0.1:7001}
     run:                             # optional: every RunConfig and DaemonSettings key
