@@ -194,6 +194,11 @@ def test_a_default_node_refuses_control_calls_without_its_token_and_answers_with
     assert table.returncode == 0, table.stderr
     assert json.loads(table.stdout)["node_id"] == "node-0"
     assert proc.poll() is None  # the refused stop stopped nothing
+    # a second start of the running node fails on its port and leaves the running one's token
+    again = cli("start", "--peers", str(path))
+    assert again.returncode == 2 and "node.control" in again.stderr
+    assert read_token_file(node.state_dir) == token
+    assert cli("status", "--peers", str(path)).returncode == 0
     stopped = cli("stop", "--peers", str(path))
     assert stopped.returncode == 0, stopped.stderr
     assert proc.wait(timeout=60) == 0
