@@ -313,22 +313,14 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
       dacflnode status --peers cluster/node-0.yaml --watch
       dacflnode status --target 127.0.0.1:8000 --token "$(cat cluster/node-0/control.token)"
     """
-    from dacflnode.transport.grpc_control import ControlUnauthenticated, fetch_status
+    from dacflnode.transport.grpc_control import fetch_status
 
     addr, auth = control_endpoint(target, peers_file, token, ca, server_name)
     console = Console()
 
     async def show() -> None:
-        nonlocal auth
         while True:
-            try:
-                data = (await fetch_status(addr, auth=auth)).to_json()
-            except ControlUnauthenticated:
-                if not (watch and peers_file):
-                    raise
-                # the node restarted under --watch: it drew a new token; read it again, once
-                auth = control_endpoint(target, peers_file, token, ca, server_name)[1]
-                data = (await fetch_status(addr, auth=auth)).to_json()
+            data = (await fetch_status(addr, auth=auth)).to_json()
             if as_json:
                 click.echo(json.dumps(data))
             else:
