@@ -150,6 +150,7 @@ class Target:
     listen: str = ""
     control: str = ""
     metrics: str = ""
+    peers: Path | None = None
     tensors: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -178,6 +179,7 @@ class Target:
                                  round_deadline=self.round_deadline)
         self.listen, self.control = f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[2]}"
         self.metrics = f"127.0.0.1:{ports[4]}" if self.metrics_port else ""
+        self.peers = paths[0]
         os.environ["ATTACK_STATE_MIB"] = str(self.state_mib)
         numel = StateLayout.from_module(Wide((1, 8, 8), 10)).numel
         self.tensors = {"omega": numel, "x": numel}
@@ -225,9 +227,10 @@ class Target:
         return self.proc is not None and self.proc.poll() is None
 
     def status_answers(self) -> bool:
-        """Whether ``dacflnode status --target CONTROL --json`` answers with this node."""
-        cli = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--target",
-                              self.control, "--json"], capture_output=True, text=True,
+        """Whether ``dacflnode status --peers PEERS --json`` (its control address and token)
+        answers with this node."""
+        cli = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--peers",
+                              str(self.peers), "--json"], capture_output=True, text=True,
                              timeout=60, cwd=ROOT, check=False)
         return cli.returncode == 0 and json.loads(cli.stdout).get("node_id") == "node-0"
 

@@ -1,8 +1,10 @@
 """``dacflnode start|status|metrics|stop``: run a node and query it.
 
-The query commands reach the node's Control service. Its token comes from ``--token``, else the
-environment variable ``DACFLNODE_CONTROL_TOKEN``, else ``node.control_token`` of ``--peers``;
-a control address that is not loopback is reached over TLS, verified against the CA of the
+The query commands reach the node's Control service, which always wants a token. It comes from
+``--token``, else the environment variable ``DACFLNODE_CONTROL_TOKEN``, else ``node.control_token``
+of ``--peers``, else the token file the node writes at every start, ``STATE_DIR/control.token``
+of ``--peers`` (readable by the node's user only; :mod:`dacflnode.node.control_token`); a
+control address that is not loopback is reached over TLS, verified against the CA of the
 peers file's ``node.tls`` and the node id (or ``--ca`` and ``--server-name``).
 """
 
@@ -129,11 +131,19 @@ def control_endpoint(target: str | None, peers_file: str | None, token: str | No
     token = token or os.environ.get(TOKEN_ENV) or None
     ca_bytes: bytes | None = None
     if peers_file:
+        from dacflnode.node.control_token import client_token, token_file
         from dacflnode.node.peers import load_peers
 
         node = load_peers(peers_file).node
         address = target or node.control
-        token = token or node.control_token
+        if token is None:
+            try:
+                token = client_token(node)
+            except OSError as exc:
+                click.echo(f"error: cannot read the control token {token_file(node.state_dir)} "
+                           f"of {peers_file}: {exc.strerror or exc}: run as the node's user "
+                           "(the file is readable by it only), or pass --token", err=True)
+                sys.exit(1)
         if node.tls is not None and not _is_loopback(address) and ca is None:
             ca_bytes = _read(node.tls.ca, "node.tls.ca")
             server_name = server_name or node.id
@@ -175,17 +185,21 @@ def _call(address: str, auth: ControlAuth,
     except ControlUnauthenticated as exc:
         if exc.token_sent:
             click.echo(f"error: {exc}: check --token, {TOKEN_ENV} or node.control_token of "
-                       "the peers file", err=True)
+                       "the peers file; a token read from STATE_DIR/control.token is only good "
+                       "until the node restarts: run the command again", err=True)
         else:
-            click.echo(f"error: {exc}: pass --token or set {TOKEN_ENV} (or --peers FILE with "
-                       "node.control_token)", err=True)
+            click.echo(f"error: {exc}: pass --peers FILE (the node's peers file: run as the "
+                       "node's user, the token is read from its STATE_DIR/control.token), or "
+                       f"--token TOKEN or {TOKEN_ENV}", err=True)
         sys.exit(1)
 
 
 target_option = click.option("--target", help=f"Control address of the node [default: "
                              f"{DEFAULT_CONTROL}, or node.control of --peers].")
 peers_option = click.option("--peers", "peers_file", type=click.Path(dir_okay=False),
-                            help="Read the control address, token and CA from this peers.yaml.")
+                            help="Read the control address, token and CA from this peers.yaml "
+                                 "(the token: node.control_token, else the node's "
+                                 "STATE_DIR/control.token).")
 
 
 def auth_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -193,7 +207,7 @@ def auth_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed((
         click.option("--token", default=None,
                      help=f"Control token [default: ${TOKEN_ENV}, or node.control_token of "
-                          "--peers]."),
+                          "--peers, or the node's STATE_DIR/control.token of --peers]."),
         click.option("--ca", type=click.Path(dir_okay=False), default=None,
                      help="CA certificate (PEM): reach the control address over TLS and verify "
                           "the node's certificate against it."),
@@ -295,11 +309,14 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
     Per neighbour: its state (active, absent, gone, left), rounds it missed, its states that
     came too late, its calls refused, and one-sided uses of the edge that were undone.
 
+    The node's user needs nothing but --peers: the token is read from the node's
+    STATE_DIR/control.token (or node.control_token). Other users get nothing.
+
     \b
     Examples:
-      dacflnode status --target 127.0.0.1:8000
+      dacflnode status --peers cluster/node-0.yaml
       dacflnode status --peers cluster/node-0.yaml --watch
-      dacflnode status --json
+      dacflnode status --target 127.0.0.1:8000 --token "$(cat cluster/node-0/control.token)"
     """
     from dacflnode.transport.grpc_control import fetch_status
 
@@ -340,7 +357,7 @@ def metrics(target: str | None, peers_file: str | None, fmt: str, token: str | N
 
     \b
     Examples:
-      dacflnode metrics --target 127.0.0.1:8000
+      dacflnode metrics --peers cluster/node-0.yaml
       dacflnode metrics --peers cluster/node-0.yaml --format prometheus
       curl -s http://127.0.0.1:9000/metrics
     """

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
                    "control service (needs peers files), instead of reading its state directory.")
 @click.option("--token", default=None,
               help=f"Control token for --live [default: ${TOKEN_ENV}, or node.control_token of "
-                   "each peers file].")
+                   "each peers file, or the node's STATE_DIR/control.token].")
 @click.option("--tolerance", type=click.FloatRange(min=0.0), default=2e-6, show_default=True,
               help="The invariant holds when the resolved residual is at most this.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

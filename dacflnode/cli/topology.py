@@ -206,3 +206,6 @@ def topology_cmd(
     )
     if tls_dir:
         click.echo(f"TLS certificates in {Path(tls_dir).absolute()} (CA: ca.crt)", err=True)
+    click.echo("control ports on 127.0.0.1: each node writes a new control token to its "
+               "STATE_DIR/control.token (mode 0600) at every start; `dacflnode status --peers "
+               "FILE`, run as the node's user, reads it", err=True)

@@ -13,9 +13,10 @@ tells them it left, and exits 0 (docs/faults.md).
 
 Security (docs/security.md): with ``node.tls`` the Neighbor service speaks mutual TLS only and
 every call is checked against the id in the caller's certificate; without it the daemon logs one
-warning at start and ``status`` shows ``tls: false``. The Control service requires
-``node.control_token`` when one is set, and is served over TLS (the node's certificate, no client
-certificate) when its address is not loopback.
+warning at start and ``status`` shows ``tls: false``. The Control service always requires a
+token: ``node.control_token`` when one is set, else a random one drawn at every start and written
+to ``STATE_DIR/control.token`` (mode 0600, :mod:`dacflnode.node.control_token`); it is served over
+TLS (the node's certificate, no client certificate) when its address is not loopback.
 
 Shutdown order: the runner stops or leaves (a signal or the Control service's Stop) → the
 transport stops:
@@ -48,6 +49,12 @@ from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.node.addresses import format_address, is_loopback, parse_address
 from dacflnode.node.checkpoint import CHECKPOINT, Checkpoint, CheckpointError, load_checkpoint
+from dacflnode.node.control_token import (
+    new_token,
+    remove_token_file,
+    token_file,
+    write_token_file,
+)
 from dacflnode.node.data import (
     DataInfo,
     builtin_node_data,
@@ -355,6 +362,20 @@ class Daemon:
                 self.runner.phase = "failed"
             return 2
 
+    def _publish_token(self, token: str) -> str:
+        """Where the node's user finds the Control token (said in the start-up line): the peers
+        file's ``node.control_token``, else ``STATE_DIR/control.token``, written now (0600)."""
+        node = self.pf.node
+        try:
+            if node.control_token:
+                remove_token_file(node.state_dir)
+                return "node.control_token"
+            return str(write_token_file(node.state_dir, token))
+        except OSError as exc:
+            raise ConfigError("node.state_dir", f"in {self.pf.path}: cannot write the control "
+                              f"token {token_file(node.state_dir)}: {exc.strerror or exc}: make "
+                              "the state folder writable by the user the node runs as") from exc
+
     def _bind_error(self, exc: OSError, setting: str, address: str) -> ConfigError:
         """An address of the peers file that cannot be bound, as a :class:`ConfigError`."""
         port = address.rpartition(":")[2]
@@ -370,7 +391,8 @@ class Daemon:
 
         pf = self.pf
         control_tls = tls if tls is not None and self.control_exposed() else None
-        interceptors = control_interceptors(pf.node.control_token)
+        token = pf.node.control_token or new_token()
+        interceptors = control_interceptors(token)
         control = channels.create_server(interceptors=interceptors)
         transport: GrpcTransport | None = None
         try:
@@ -379,10 +401,12 @@ class Daemon:
                 channels.bind(control, pf.node.control, control_tls, require_client_auth=False)
             except channels.BindError as exc:
                 raise self._bind_error(exc, "node.control", pf.node.control) from exc
+            # only once the port is ours: a second start of a running node must not replace
+            # the running one's token
+            where = self._publish_token(token)
             await control.start()
-            log.info("%s: control service on %s (%s, %s)", pf.node.id, pf.node.control,
-                     "TLS" if control_tls else "plaintext",
-                     "token required" if pf.node.control_token else "no token")
+            log.info("%s: control service on %s (%s, token required: %s)", pf.node.id,
+                     pf.node.control, "TLS" if control_tls else "plaintext", where)
 
             built = await asyncio.to_thread(build_node, pf, self.faults)
             self.device = built.device

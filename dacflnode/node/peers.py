@@ -16,7 +16,8 @@
       tls:                           # mutual TLS with the neighbours (see: dacflnode certs)
         {ca: certs/ca.crt, cert: certs/node-0.crt, key: certs/node-0.key}
       insecure: false                # true: allow plaintext on a non-loopback node.listen
-      control_token: ...             # required with a non-loopback node.control
+      control_token: ...             # required with a non-loopback node.control; default: a
+                                     # new token in STATE_DIR/control.token at every start
       metrics_token: ...             # required with a non-loopback node.metrics (or:)
       metrics_token_file: token.txt  # a file holding it (not readable by others)
     neighbours:                      # required, non-empty

@@ -121,6 +121,19 @@ def test_tls_creates_the_certificates_and_names_them_in_every_file(tmp_path):
         assert f"cert: {certs / node}.crt" in text  # absolute in the file
 
 
+def test_a_tls_cluster_keeps_control_on_loopback_and_says_where_each_token_will_be(tmp_path):
+    # no token in the files: each node writes its own at every start (the daemon's refusal of a
+    # call without it: tests/node/test_control_token.py, on a --tls cluster)
+    args = ["topology", "ring", "--nodes", "3", "--listen-host", "0.0.0.0",
+            "--tls", str(tmp_path / "certs"), "--out", str(tmp_path / "peers")]
+    result = run(args)
+    assert result.exit_code == 0, result.output
+    files, _ = neighbour_sets(tmp_path / "peers")
+    for pf in files.values():
+        assert pf.node.control.startswith("127.0.0.1:") and pf.node.control_token is None
+    assert "STATE_DIR/control.token (mode 0600)" in " ".join(result.stderr.split())
+
+
 def test_tls_with_an_existing_folder_keeps_its_ca_and_adds_the_missing_nodes(tmp_path):
     certs = tmp_path / "certs"
     assert run(["certs", "--out", str(certs), "node-0"]).exit_code == 0

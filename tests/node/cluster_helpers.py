@@ -10,13 +10,22 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from dacflnode.config import RunConfig
+from dacflnode.node.control_token import client_token
 from dacflnode.node.peers import load_peers
+from dacflnode.transport.control_types import ControlAuth
 
 #: A run that takes seconds: synthetic data, the tiny CNN, on the CPU.
 TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
                  synthetic_test=200, device="cpu")
 #: One thread per daemon, so that several daemons share the cores fairly.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def control_of(path: Path) -> tuple[str, ControlAuth]:
+    """The control address of the node of peers file ``path`` and its token (read now: a node
+    draws a new one at every start), as ``dacflnode status --peers`` finds them."""
+    node = load_peers(path).node
+    return node.control, ControlAuth(token=client_token(node))
 
 
 def max_diff(a: Path, b: Path) -> float:

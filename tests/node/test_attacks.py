@@ -80,14 +80,14 @@ def dacflnode(*args: str) -> str:
 
 
 def test_refused_calls_are_counted_by_reason_in_status_and_metrics(target):
-    before = json.loads(dacflnode("status", "--target", target.control, "--json"))
+    before = json.loads(dacflnode("status", "--peers", str(target.peers), "--json"))
     result = asyncio.run(attacks.big_hellos(target, 25, 1))
     refused = result["codes"].get("PERMISSION_DENIED", 0)
     assert refused >= 25 and set(result["codes"]) == {"PERMISSION_DENIED"}
-    after = json.loads(dacflnode("status", "--target", target.control, "--json"))
+    after = json.loads(dacflnode("status", "--peers", str(target.peers), "--json"))
     counted = after["refusals"].get("not-neighbour", 0)
     assert counted - before["refusals"].get("not-neighbour", 0) == refused
-    exposition = dacflnode("metrics", "--target", target.control, "--format", "prometheus")
+    exposition = dacflnode("metrics", "--peers", str(target.peers), "--format", "prometheus")
     assert (f'dacfl_refusals_total{{node="node-0",reason="not-neighbour"}} {float(counted)}'
             in exposition)
 

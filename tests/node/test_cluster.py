@@ -22,7 +22,7 @@ from dacflnode.node.launcher import free_ports, launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
-from tests.node.cluster_helpers import ENV, TINY, max_diff
+from tests.node.cluster_helpers import ENV, TINY, control_of, max_diff
 
 
 @pytest.mark.parametrize("algorithm", ["dacfl", "cdsgd"])
@@ -78,33 +78,28 @@ def wait_for_rounds(state_dir: Path, rounds: int, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def control_address(path: Path) -> str:
-    from dacflnode.node.peers import load_peers
-
-    return load_peers(path).node.control
-
-
 def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_path):
     paths, procs = start_cluster(tmp_path, 3, rounds=100_000, eval_every=5)
     try:
         wait_for_rounds(tmp_path / "node-0", 1)
-        addr = control_address(paths[0])
-        cli = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--target", addr,
-                              "--json"], capture_output=True, text=True, timeout=60, env=ENV)
+        addr, auth = control_of(paths[0])
+        cli = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--peers",
+                              str(paths[0]), "--json"], capture_output=True, text=True,
+                             timeout=60, env=ENV)
         assert cli.returncode == 0, cli.stderr
         assert json.loads(cli.stdout)["node_id"] == "node-0"
-        status = asyncio.run(fetch_status(addr))
+        status = asyncio.run(fetch_status(addr, auth=auth))
         assert status.node_id == "node-0" and status.algorithm == "dacfl"
         assert status.rounds_total == 100_000 and status.round >= 1
         assert {n.node_id for n in status.neighbours} == {"node-1", "node-2"}
         assert all(n.connected and n.bytes_received > 0 for n in status.neighbours)
-        prom = asyncio.run(fetch_metrics(addr, "prometheus"))
+        prom = asyncio.run(fetch_metrics(addr, "prometheus", auth=auth))
         assert 'dacfl_round{node="node-0"}' in prom
         assert 'dacfl_peer_received_bytes_total{node="node-0",peer="node-1"}' in prom
         assert 'dacfl_peer_missed_rounds_total{node="node-0",peer="node-1"}' in prom
         assert 'dacfl_reanchored_total{node="node-0"} 0.0' in prom
         assert {n.state for n in status.neighbours} == {"active"}
-        data = json.loads(asyncio.run(fetch_metrics(addr, "json")))
+        data = json.loads(asyncio.run(fetch_metrics(addr, "json", auth=auth)))
         assert data["node_id"] == "node-0" and "last_round" in data
         assert data["neighbours"][0]["missed_rounds"] == 0 and data["reanchored"] == 0
     finally:

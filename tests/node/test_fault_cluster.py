@@ -41,7 +41,9 @@ from dacflnode.node.invariant import compute_invariant, read_snapshot
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers
+from dacflnode.transport.control_types import ControlAuth
 from dacflnode.transport.grpc_control import request_stop
+from tests.node.cluster_helpers import control_of
 from tests.node.netns_lab import hosts, sh
 
 pytestmark = pytest.mark.timeout(120)
@@ -146,6 +148,10 @@ class Cluster:
 
     def control_address(self, i: int) -> str:
         return load_peers(self.paths[i]).node.control
+
+    def control_auth(self, i: int) -> ControlAuth:
+        """Node ``i``'s control token, from its token file (a new one at every start)."""
+        return control_of(self.paths[i])[1]
 
     def wait(self, nodes: Sequence[int] | None = None, timeout: float = WAIT_S) -> list[int]:
         """The exit codes of ``nodes`` (default: all started); fails, with their logs, if one
@@ -267,7 +273,8 @@ def test_a_drained_node_leaves_and_its_neighbours_go_on_without_waiting(tmp_path
         c.wait_for_round(2, 5)
         # what `dacflnode stop --drain` sends (the command: test_cluster.py, test_stop_drain_*),
         # sent from here to land within a round or two, whatever the command's start-up costs
-        assert asyncio.run(request_stop(c.control_address(2), drain=True))
+        assert asyncio.run(request_stop(c.control_address(2), drain=True,
+                                        auth=c.control_auth(2)))
         assert c.wait([2], timeout=30) == [0]
         last = c.done(2)
         assert 5 <= last < c.rounds - 10, last

@@ -32,10 +32,12 @@ from dacflnode.node.peers import load_peers, parse_peers, read_metrics_token
 from dacflnode.node.peers_yaml import dump_peers
 from dacflnode.node.status import PHASES, MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.transport.base import Identity, Inbox, Transport
+from dacflnode.transport.control_types import ControlAuth
 from dacflnode.transport.grpc_control import fetch_metrics
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.codec import RoundMessage
+from tests.node.cluster_helpers import control_of
 
 TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
                  synthetic_test=200, device="cpu")
@@ -342,6 +344,10 @@ class MetricsCluster:
         self.controls = [load_peers(p).node.control for p in self.paths]
         self.procs: list[subprocess.Popen[bytes]] = []
 
+    def auth(self, i: int) -> ControlAuth:
+        """Node ``i``'s control token (its token file: read after the start)."""
+        return control_of(self.paths[i])[1]
+
     def start(self) -> MetricsCluster:
         env = {**os.environ, **ENV_THREADS}
         self.procs = [subprocess.Popen(
@@ -404,7 +410,7 @@ def test_promtool_finds_nothing_to_say_about_a_live_daemons_exposition(live, tmp
 
 def test_http_and_the_control_service_serve_the_same_exposition(live):
     over_http = live.scrape(0)
-    over_control = asyncio.run(fetch_metrics(live.controls[0], "prometheus"))
+    over_control = asyncio.run(fetch_metrics(live.controls[0], "prometheus", auth=live.auth(0)))
     assert families(over_http) == families(over_control)
     assert samples(over_http).keys() == samples(over_control).keys()
 

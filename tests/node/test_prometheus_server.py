@@ -110,7 +110,7 @@ def test_a_real_prometheus_scrapes_the_round_of_every_node_of_a_cluster(tmp_path
         scraped = {r["metric"]["node"]: float(r["value"][1])
                    for r in prometheus.query("dacfl_round")}
         for i, control in enumerate(cluster.controls):
-            now = asyncio.run(fetch_status(control)).round
+            now = asyncio.run(fetch_status(control, auth=cluster.auth(i))).round
             assert 1 <= scraped[f"node-{i}"] <= now
     finally:
         prometheus.stop()

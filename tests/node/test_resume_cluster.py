@@ -40,7 +40,8 @@ def node_warnings(c: Cluster, i: int, after: str) -> list[str]:
 
 def neighbour_state(c: Cluster, observer: int, peer: int) -> str:
     """How ``dacflnode status`` of node ``observer`` shows node ``peer``."""
-    status = asyncio.run(fetch_status(c.control_address(observer)))
+    status = asyncio.run(fetch_status(c.control_address(observer),
+                                      auth=c.control_auth(observer)))
     return next(nb.state for nb in status.neighbours if nb.node_id == f"node-{peer}")
 
 
@@ -62,7 +63,7 @@ def test_a_stopped_node_restarted_costs_its_neighbours_no_deadline(tmp_path):
     with cluster(tmp_path, 3, rounds=24, deadline=deadline) as c:
         c.start(0, 1, 2)
         c.wait_for_round(2, 6)
-        assert asyncio.run(request_stop(c.control_address(2)))
+        assert asyncio.run(request_stop(c.control_address(2), auth=c.control_auth(2)))
         assert c.wait([2], timeout=30) == [0]
         stopped = c.done(2)
         down = time.monotonic()
