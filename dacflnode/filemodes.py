@@ -26,6 +26,7 @@ one warning line).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -58,7 +59,7 @@ def make_dir(path: Path | str, mode: int = DIR_MODE) -> Path:
     path = Path(path)
     missing: list[Path] = []
     probe = path
-    while not probe.is_dir():
+    while not os.path.lexists(probe):
         missing.append(probe)
         if probe.parent == probe:
             break
@@ -71,6 +72,8 @@ def make_dir(path: Path | str, mode: int = DIR_MODE) -> Path:
                 raise
             continue  # made meanwhile by someone else: not ours to change
         os.chmod(folder, mode)
+    if not path.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
     return path
 
 

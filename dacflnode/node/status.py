@@ -105,7 +105,8 @@ class _StatusCollector(Collector):
             "unknown-ca, bad-certificate, no-certificate, other)", labels=["node", "reason"])
         for reason, count in sorted((status.tls_handshake_failures if status else {}).items()):
             handshakes.add_metric([n, reason], count)
-        yield handshakes
+        if handshakes.samples:  # a node without TLS (or not counting) has none
+            yield handshakes
         neighbours = status.neighbours if status is not None else []
         for name, help_text, attr in PEER_COUNTERS:
             counter = CounterMetricFamily(name, help_text, labels=["node", "peer"])

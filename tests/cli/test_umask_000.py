@@ -27,7 +27,7 @@ def dacflnode(*args: str, timeout: float = 300) -> None:
 def expected_mode(path: Path) -> int:
     if path.is_dir():
         return 0o700
-    if path.suffix in (".key", ".safetensors"):
+    if path.suffix in (".key", ".safetensors") or path.name == "control.token":
         return 0o600
     return 0o640  # certificates, logs, metrics, summaries, peers files without a token
 

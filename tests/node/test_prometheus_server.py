@@ -140,7 +140,8 @@ def test_a_real_prometheus_scrapes_with_the_bearer_token_and_is_refused_without_
         counted = prometheus.wait_for(
             'dacfl_refusals_total{job="dacfl",reason="metrics-token"} > 0', 2)
         assert len(counted) == 2
-        statuses = [asyncio.run(fetch_status(c)) for c in cluster.controls]
+        statuses = [asyncio.run(fetch_status(c, auth=cluster.auth(i)))
+                    for i, c in enumerate(cluster.controls)]
         assert all(s.refusals.get("metrics-token", 0) >= 1 for s in statuses)
     finally:
         prometheus.stop()

@@ -27,7 +27,7 @@ from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport import channels
 from dacflnode.transport.control_types import NodeStatus
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status, request_stop
-from tests.node.cluster_helpers import ENV, TINY
+from tests.node.cluster_helpers import ENV, TINY, control_of
 
 DEADLINE_S = 60.0
 
@@ -65,12 +65,13 @@ async def handshake(address: str, channel: grpc.aio.Channel) -> None:
         await channel.close()
 
 
-async def wait_for(control: str, check: object, what: str) -> NodeStatus:
+async def wait_for(peers: Path, check: object, what: str) -> NodeStatus:
     deadline = time.monotonic() + DEADLINE_S
     last: NodeStatus | None = None
     while time.monotonic() < deadline:
-        try:
-            last = await fetch_status(control, timeout=2.0)
+        try:  # the token is read anew: the node writes it as it starts
+            control, auth = control_of(peers)
+            last = await fetch_status(control, timeout=2.0, auth=auth)
         except Exception:  # not serving yet
             last = None
         if last is not None and check(last):  # type: ignore[operator]
@@ -88,7 +89,7 @@ def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tmp_path
                             tls_dir=certs)[0]
     write_certs(other, ["node-1"])
     pf = load_peers(path)
-    address, control = pf.node.listen, pf.node.control
+    address = pf.node.listen
     member = tls_files(certs, "node-1").load()
     stranger = tls_files(other, "node-1").load()
     exp_cert, exp_key = expired_certificate(certs, "node-1")
@@ -107,18 +108,19 @@ def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tmp_path
                                  str(path)], stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
 
     async def probe() -> tuple[NodeStatus, str]:
-        await wait_for(control, lambda s: s.phase == "waiting-for-peers", "serving")
+        await wait_for(path, lambda s: s.phase == "waiting-for-peers", "serving")
         for reason, make in attacks.items():
             await handshake(address, make())
-            await wait_for(control, lambda s, r=reason: s.tls_handshake_failures.get(r, 0) > 0,
+            await wait_for(path, lambda s, r=reason: s.tls_handshake_failures.get(r, 0) > 0,
                            f"a {reason} failure counted")
         # a member's own certificate still gets through, and is not counted
         good = channels.create_channel(address, member, "node-0")
         await asyncio.wait_for(good.channel_ready(), 10.0)
         await good.close()
-        status = await fetch_status(control)
-        text = await fetch_metrics(control, "prometheus")
-        assert await request_stop(control)
+        control, auth = control_of(path)
+        status = await fetch_status(control, auth=auth)
+        text = await fetch_metrics(control, "prometheus", auth=auth)
+        assert await request_stop(control, auth=auth)
         return status, text
 
     try:
