@@ -24,8 +24,8 @@ node with at least two neighbours, one of them honest, counts its own state as w
   outgoing state: a sign flip keeps the norm but lands ``≈ 2 R`` away; honest neighbours stay
   within a fraction of ``R``).
 
-Both tolerances are relative, so no value depends on the model; ``R`` is floored at 1 (a model
-whose norm is near zero must not refuse everything). The honest margin is measured by
+Both tolerances are relative, so no value depends on the model; the limits are taken of
+``max(R, 1)`` (a model whose norm is near zero must not refuse everything). The honest margin is measured by
 ``benchmarks/guard_margin.py``: on a non-i.i.d. 4-ring at a high learning rate honest states
 come within about 0.1 of the norm limit and a quarter of the distance limit (docs/security.md);
 a sign-flipped state is refused by a factor of about 2, a 5× state by a factor of 8.
@@ -160,10 +160,10 @@ class RobustGuard:
         self._replay_memory = max(1, replay_memory)
 
     def yardstick(self) -> float:
-        """``R``: the median of the trusted norms of the last rounds (floored at 1)."""
+        """``R``: the median of the trusted norms of the last rounds (0 before any)."""
         with self._lock:
             pool = [n for norms in self._norms.values() for n in norms]
-        return max(statistics.median(pool), FLOOR) if pool else FLOOR
+        return statistics.median(pool) if pool else 0.0
 
     def _note(self, round_: int, value: float) -> None:
         with self._lock:
@@ -192,8 +192,8 @@ class RobustGuard:
         dist, _ = distance(ours, theirs)
         their_norm = norm(theirs)
         scale = self.yardstick()
-        norm_limit = self.norm_tolerance * scale
-        dist_limit = self.distance_tolerance * scale
+        norm_limit = self.norm_tolerance * max(scale, FLOOR)
+        dist_limit = self.distance_tolerance * max(scale, FLOOR)
         if math.isnan(their_norm) or abs(their_norm - scale) > norm_limit:
             return Refusal(
                 Reason.ABSURD_STATE,
