@@ -211,7 +211,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 #: The per-neighbour fault counters of a status, and their column titles.
 FAULT_COLUMNS = (("missed_rounds", "missed rounds"), ("late_states", "late states"),
-                 ("refused", "refused calls"), ("corrections", "one-sided uses undone"))
+                 ("refused", "refused calls"), ("corrections", "one-sided uses undone"),
+                 ("refused_states", "absurd or stale states"))
 
 
 def _status_view(data: dict[str, Any]) -> Group:
@@ -266,6 +267,11 @@ def _status_table(data: dict[str, Any]) -> Table:
         table.caption += (f"\nre-anchored {data.get('reanchored', 0)} time(s)"
                           + (f"; next at round {', '.join(map(str, anchors))}" if anchors
                              else ""))
+    if data.get("quarantines"):
+        quarantined = [nb["node_id"] for nb in data["neighbours"]
+                       if nb.get("state") == "quarantined"]
+        table.caption += (f"\nquarantined {', '.join(quarantined)} after repeated absurd or "
+                          "stale states (not mixed again in this run)")
     if data.get("alone_rounds"):
         table.caption += f"\nmixed with no neighbour in {data['alone_rounds']} round(s)"
     refusals = data.get("refusals") or {}

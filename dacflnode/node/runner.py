@@ -214,8 +214,8 @@ class NodeRunner:
         self._refused: set[tuple[int, str]] = set()
         #: quarantines of edges by this node in this run
         self.quarantines = 0
-        if setup.faults is not None and any(p.node == setup.node_id
-                                            for p in setup.faults.poisons):
+        if setup.faults is not None and any(p.node == setup.node_id for p in
+                                            getattr(setup.faults, "poisons", ())):
             self._poisoned: dict[tuple[int, int, float], RoundMessage] = {}
             transport.inbox.outgoing = self._poison
 
@@ -969,6 +969,7 @@ class NodeRunner:
             "neighbours_used": list(report.used),
             "neighbours_missing": list(report.missing),
             "alone_rounds": self.alone_rounds,
+            "refused_states": sum(t.refused_states for t in self.peers.values()),
             "exchange_s": round(report.exchange_s, 4),
             "train_s": round(report.train_s, 4),
             "seconds": round(report.seconds, 4),
