@@ -51,8 +51,9 @@ T = TypeVar("T")
               help="Allow a non-loopback node.listen without node.tls (the same as "
                    "node.insecure: true): neighbours are then not authenticated.")
 @click.option("--faults", "faults_file", type=click.Path(dir_okay=False),
-              help="Inject the drop and cut events of a fault plan (tests and demonstrations; "
-                   "give every node the same FILE, see examples/faults/README.md).")
+              help="Inject the drop, cut and poison events of a fault plan (tests and "
+                   "demonstrations; give every node the same FILE, see "
+                   "examples/faults/README.md and docs/faults.md).")
 @config_errors
 def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
           faults_file: str | None) -> None:
