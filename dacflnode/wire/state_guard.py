@@ -25,14 +25,15 @@ node with at least two neighbours, one of them honest, counts its own state as w
   within a fraction of ``R``).
 
 Both tolerances are relative, so no value depends on the model; the limits are taken of
-``max(R, 1)`` (a model whose norm is near zero must not refuse everything). The honest margin is measured by
-``benchmarks/guard_margin.py``: on a non-i.i.d. 4-ring at a high learning rate honest states
-come within about 0.1 of the norm limit and a quarter of the distance limit (docs/security.md);
-a sign-flipped state is refused by a factor of about 2, a 5× state by a factor of 8.
+``max(R, 1)`` (a model whose norm is near zero must not refuse everything). The honest margin
+is measured by ``benchmarks/guard_margin.py``: on a non-i.i.d. 4-ring at a high learning rate
+honest states come within about 0.12 of the norm limit and a quarter of the distance limit
+(docs/security.md); a sign-flipped state is refused by a factor of about 2, a 5× state by a
+factor of 8.
 
 **Freshness.** A state that is bit for bit one the same sender sent for another round (a stale
-state relabelled for the next round) is refused as :attr:`~dacflnode.wire.errors.Reason.STALE_STATE`:
-the guard keeps the XXH3-128 digests of each sender's last :data:`REPLAY_MEMORY` states.
+state relabelled for the next round) is refused as
+:attr:`~dacflnode.wire.errors.Reason.STALE_STATE`: the guard keeps the XXH3-128 digests of each sender's last :data:`REPLAY_MEMORY` states.
 Honest round states never repeat (training and mixing change them every round); the closing
 exchanges (``FINAL``), a leaving node's last state and a handover carry an unchanged state on
 purpose and are exempt; a state sent again for the *same* round (a retried push, a pull after a
@@ -152,9 +153,8 @@ class RobustGuard:
         self._lock = threading.Lock()
         #: trusted norms by round: the node's own and the accepted neighbours'
         self._norms: dict[int, list[float]] = {}
-        #: the reference whose norm is in the pool, and its norm
+        #: the reference whose norm is in the pool
         self._own: tuple[int, Mapping[str, torch.Tensor]] | None = None
-        self._own_norm = 0.0
         #: per sender: the digests of its last states, with their rounds
         self._seen: dict[str, deque[tuple[int, bytes]]] = {}
         self._replay_memory = max(1, replay_memory)
@@ -171,21 +171,22 @@ class RobustGuard:
             for r in sorted(self._norms)[:-self.history_rounds]:
                 del self._norms[r]
 
-    def _own_state(self, round_: int) -> tuple[Mapping[str, torch.Tensor] | None, float]:
+    def _own_state(self, round_: int) -> Mapping[str, torch.Tensor] | None:
+        """The node's own state; its norm joins the pool once per state."""
         ours = self.reference()
         if ours is None:
-            return None, 0.0
+            return None
         with self._lock:
             known = self._own is not None and self._own[1] is ours
         if not known:
             value = norm(ours)
             with self._lock:
-                self._own, self._own_norm = (round_, ours), value
+                self._own = (round_, ours)
             self._note(round_, value)
-        return ours, self._own_norm
+        return ours
 
     def __call__(self, message: RoundMessage) -> Refusal | None:
-        ours, own_norm = self._own_state(message.round)
+        ours = self._own_state(message.round)
         if ours is None:
             return None
         theirs = message.tensors

@@ -6,6 +6,7 @@ round waits for a refused state (the simulator has no deadline: a wait would han
 from __future__ import annotations
 
 from dataclasses import replace
+
 import pytest
 
 from dacflnode.config import RunConfig

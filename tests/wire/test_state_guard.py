@@ -18,7 +18,8 @@ def own() -> dict[str, torch.Tensor]:
     return {"omega": torch.randn(P, generator=g) * 0.3, "x": torch.randn(P, generator=g) * 0.3}
 
 
-def honest(ours: dict[str, torch.Tensor], seed: int, spread: float = 0.05) -> dict[str, torch.Tensor]:
+def honest(ours: dict[str, torch.Tensor], seed: int,
+           spread: float = 0.05) -> dict[str, torch.Tensor]:
     """A neighbour's state after honest training: a few per cent of the norm away."""
     g = torch.Generator().manual_seed(seed)
     return {n: t + torch.randn(P, generator=g) * spread * float(t.abs().mean())
