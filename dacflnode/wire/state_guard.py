@@ -33,8 +33,8 @@ factor of 8.
 
 **Freshness.** A state that is bit for bit one the same sender sent for another round (a stale
 state relabelled for the next round) is refused as
-:attr:`~dacflnode.wire.errors.Reason.STALE_STATE`: the guard keeps the XXH3-128 digests of each sender's last :data:`REPLAY_MEMORY` states.
-Honest round states never repeat (training and mixing change them every round); the closing
+:attr:`~dacflnode.wire.errors.Reason.STALE_STATE`: the guard keeps the XXH3-128 digests of
+each sender's last :data:`REPLAY_MEMORY` states. Honest round states never repeat (training and mixing change them every round); the closing
 exchanges (``FINAL``), a leaving node's last state and a handover carry an unchanged state on
 purpose and are exempt; a state sent again for the *same* round (a retried push, a pull after a
 restart) is not relabelled and is not a replay (the inbox takes one state per sender and round).
