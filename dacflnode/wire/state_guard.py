@@ -31,13 +31,13 @@ honest states come within about 0.12 of the norm limit and a quarter of the dist
 (docs/security.md); a sign-flipped state is refused by a factor of about 2, a 5× state by a
 factor of 8.
 
-**Freshness.** A state that is bit for bit one the same sender sent for another round (a stale
-state relabelled for the next round) is refused as
-:attr:`~dacflnode.wire.errors.Reason.STALE_STATE`: the guard keeps the XXH3-128 digests of
-each sender's last :data:`REPLAY_MEMORY` states. Honest round states never repeat (training and mixing change them every round); the closing
-exchanges (``FINAL``), a leaving node's last state and a handover carry an unchanged state on
-purpose and are exempt; a state sent again for the *same* round (a retried push, a pull after a
-restart) is not relabelled and is not a replay (the inbox takes one state per sender and round).
+**Freshness.** A state that is bit for bit one the same sender sent for another round (a stale state
+relabelled for the next round) is refused as :attr:`~dacflnode.wire.errors.Reason.STALE_STATE`: the
+guard keeps the XXH3-128 digests of each sender's last :data:`REPLAY_MEMORY` states. Honest round
+states never repeat (training and mixing change them every round); the closing exchanges
+(``FINAL``), a leaving node's last state and a handover carry an unchanged state on purpose and are
+exempt; a state sent again for the *same* round (a retried push, a pull after a restart) is not
+relabelled and is not a replay (the inbox takes one state per sender and round).
 
 Both refusals are ``INVALID_ARGUMENT``: the pusher stops retrying the round at once, and the
 receiver goes on without that neighbour's state (docs/faults.md: a refusal is a one-sided use
