@@ -46,7 +46,8 @@ MEMBER = "node-2"
 def config_for(args: argparse.Namespace, topology: dict[str, Any]) -> RunConfig:
     base = RunConfig(dataset="synthetic", model="tiny-cnn", lr=args.lr, batch_size=20,
                      rounds=args.rounds, synthetic_train=args.samples * topology["nodes"],
-                     synthetic_test=400, engine="sequential", device="cpu", seed=args.seed)
+                     synthetic_test=400, engine="sequential", device="cpu", seed=args.seed,
+                     eval_every=args.rounds)  # the final accuracy is the one compared
     return replace(base, **topology)
 
 
