@@ -212,8 +212,6 @@ class NodeRunner:
         transport.inbox.barred |= set(self.book.quarantined)
         #: the ``(round, peer)`` states refused as absurd or stale, by this node or the peer
         self._refused: set[tuple[int, str]] = set()
-        #: quarantines of edges by this node in this run
-        self.quarantines = 0
         if setup.faults is not None and any(p.node == setup.node_id for p in
                                             getattr(setup.faults, "poisons", ())):
             self._poisoned: dict[tuple[int, int, float], RoundMessage] = {}
@@ -249,8 +247,12 @@ class NodeRunner:
         if self.book.quarantine(peer, self.round) is not None:
             self._quarantined(peer)
 
+    @property
+    def quarantines(self) -> int:
+        """Edges quarantined in this run (kept across restarts, in the checkpoint)."""
+        return len(self.book.quarantined)
+
     def _quarantined(self, peer: str) -> None:
-        self.quarantines += 1
         self.transport.inbox.barred.add(peer)
         for r in (self.round, self.round + 1):
             self.transport.inbox.forgo_nowait(r, peer)
