@@ -65,9 +65,23 @@ def test_the_yardstick_cannot_be_moved_by_growing_pushes_of_one_neighbour():
     assert guard(msg(honest(ours, 99), 0, sender="c")) is None
     before = guard.yardstick()
     assert before == pytest.approx(norm(ours), rel=0.05)
-    for r, scale in enumerate([1.6, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0]):
+    for r, scale in enumerate([3.5, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0]):
         assert guard(msg({n: t * scale for n, t in honest(ours, r).items()}, r)) is not None
     assert guard.yardstick() == pytest.approx(before)
+
+
+def test_a_member_inside_the_limits_cannot_drag_the_yardstick_along():
+    # a member sends 2.5x every round (accepted: within 3x), its norm joining the pool; the
+    # median of the node's own state and its two honest neighbours' stays where they are
+    ours = own()
+    guard = RobustGuard(lambda: ours)
+    for r in range(20):
+        for k, sender in enumerate(("c", "d")):
+            assert guard(msg(honest(ours, 10 * r + k), r, sender)) is None
+        assert guard(msg({n: t * 2.5 for n, t in honest(ours, 10 * r + 5).items()}, r)) is None
+    assert guard.yardstick() == pytest.approx(norm(ours), rel=0.05)
+    refused = guard(msg({n: t * 3.5 for n, t in honest(ours, 999).items()}, 20))
+    assert refused is not None and refused.reason is Reason.ABSURD_STATE
 
 
 def test_honest_neighbours_are_never_refused_across_rounds():
@@ -104,12 +118,14 @@ def test_a_state_beyond_float32_squares_is_refused_not_overflowed():
     assert refused is not None and refused.reason is Reason.ABSURD_STATE
 
 
-def test_the_limits_have_a_floor_of_one_and_nothing_to_compare_with_accepts():
-    zero = {"x": torch.zeros(4)}
+def test_norms_are_floored_at_one_and_nothing_to_compare_with_accepts():
+    zero = {"x": torch.zeros(4)}  # a model that starts at zero: its neighbours' first steps pass
     guard = RobustGuard(lambda: zero)
-    assert guard(msg({"x": torch.tensor([0.4, 0.0, 0.0, 0.0])})) is None  # 0.4 <= 0.5 * 1
-    assert guard.yardstick() == pytest.approx(0.2)  # the median of 0 and 0.4
-    assert guard(msg({"x": torch.tensor([0.0, 0.8, 0.0, 0.0])}, 4)) is not None
+    assert guard(msg({"x": torch.tensor([0.4, 0.0, 0.0, 0.0])})) is None
+    assert guard(msg({"x": torch.tensor([0.0, 0.9, 0.0, 0.0])}, 4, sender="c")) is None
+    assert guard(msg({"x": torch.tensor([3.5, 0.0, 0.0, 0.0])}, 4, sender="d")) is not None
     assert RobustGuard(lambda: None)(msg({"x": torch.full((P,), 1e6)})) is None
     with pytest.raises(ValueError):
-        RobustGuard(own, norm_tolerance=0.0)
+        RobustGuard(own, norm_ratio=1.0)
+    with pytest.raises(ValueError):
+        RobustGuard(own, direction_tolerance=1.0)
