@@ -21,8 +21,9 @@ from tests.node.test_fault_cluster import ENV, TOLERANCE, Cluster
 
 pytestmark = pytest.mark.timeout(180)
 
-#: Long enough that one round waiting for a refused state would show in the round's timings.
-DEADLINE = 6.0
+#: Long enough that one round waiting for a refused state would show in the round's timings,
+#: and that no honest exchange on a loaded machine comes near it (they take well under 1 s).
+DEADLINE = 10.0
 
 
 class PoisonedCluster(Cluster):
@@ -75,10 +76,13 @@ def test_a_member_poisoning_every_round_is_quarantined_and_nobody_waits(tmp_path
         honest = [0, 1, 3]
         assert c.wait(timeout=120) == [0] * 4, c.logs(range(4))
         c.assert_finished(honest)
+        longest = 0.0
         for i in honest:  # no honest round waited for a refused state (or anything else)
             slow = [(m["round"], m["exchange_s"]) for m in c.metrics(i)
-                    if m["exchange_s"] >= DEADLINE / 3]
+                    if m["exchange_s"] >= 0.9 * DEADLINE]
             assert slow == [], (f"node-{i}", slow, c.logs([i]))
+            longest = max([longest, *(m["exchange_s"] for m in c.metrics(i))])
+        print(f"longest honest exchange {longest:.3f} s (deadline {DEADLINE:g} s)")
         for i in (1, 3):  # node-2's neighbours refused its states and say so per round
             assert c.metrics(i)[-1]["refused_states"] >= 2
         assert c.metrics(0)[-1]["refused_states"] == 0
