@@ -53,8 +53,9 @@ T = TypeVar("T")
               help="Allow a non-loopback node.listen without node.tls (the same as "
                    "node.insecure: true): neighbours are then not authenticated.")
 @click.option("--faults", "faults_file", type=click.Path(dir_okay=False),
-              help="Inject the drop and cut events of a fault plan (tests and demonstrations; "
-                   "give every node the same FILE, see examples/faults/README.md).")
+              help="Inject the drop, cut and poison events of a fault plan (tests and "
+                   "demonstrations; give every node the same FILE, see "
+                   "examples/faults/README.md and docs/faults.md).")
 @config_errors
 def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
           faults_file: str | None) -> None:
@@ -226,7 +227,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 #: The per-neighbour fault counters of a status, and their column titles.
 FAULT_COLUMNS = (("missed_rounds", "missed rounds"), ("late_states", "late states"),
-                 ("refused", "refused calls"), ("corrections", "one-sided uses undone"))
+                 ("refused", "refused calls"), ("corrections", "one-sided uses undone"),
+                 ("refused_states", "absurd or stale states"))
 
 
 def _status_view(data: dict[str, Any]) -> Group:
@@ -281,6 +283,11 @@ def _status_table(data: dict[str, Any]) -> Table:
         table.caption += (f"\nre-anchored {data.get('reanchored', 0)} time(s)"
                           + (f"; next at round {', '.join(map(str, anchors))}" if anchors
                              else ""))
+    if data.get("quarantines"):
+        quarantined = [nb["node_id"] for nb in data["neighbours"]
+                       if nb.get("state") == "quarantined"]
+        table.caption += (f"\nquarantined {', '.join(quarantined)} after repeated absurd or "
+                          "stale states (not mixed again in this run)")
     if data.get("alone_rounds"):
         table.caption += f"\nmixed with no neighbour in {data['alone_rounds']} round(s)"
     failures = {k: v for k, v in (data.get("tls_handshake_failures") or {}).items() if v}

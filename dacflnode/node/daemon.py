@@ -188,6 +188,7 @@ class Daemon:
                 late_states=receiver.late_by[nb.id] if receiver else 0,
                 refused=receiver.refused_by[nb.id] if receiver else 0,
                 corrections=track.corrections if track else 0,
+                refused_states=track.refused_states if track else 0,
                 messages_received=s.messages_received if s else 0,
                 messages_sent=s.messages_sent if s else 0))
         status = NodeStatus(
@@ -205,6 +206,8 @@ class Daemon:
             leaving=runner.leaving if runner else self._leave_early,
             alone_rounds=runner.alone_rounds if runner else 0,
             tls_handshake_failures=self.handshakes.counts() if self.handshakes else {},
+            quarantines=runner.quarantines if runner else 0,
+            refused_states=sum(t.refused_states for t in tracks.values()),
         )
         info = self.data_info
         if info is not None:

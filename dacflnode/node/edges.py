@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dacflnode.node.ledger import Entry, Ledger
-from dacflnode.node.membership import PeerState, PeerTrack
+from dacflnode.node.membership import QUARANTINE_OFFENCES, PeerState, PeerTrack
 from dacflnode.wire.codec import MAX_ANCHORS, MAX_USED_LOG, Kind, RoundMessage, UsedLog
 
 log = logging.getLogger("dacflnode.node")
@@ -238,6 +238,40 @@ class EdgeBook:
                             self.node, j, anchor)
         return gone
 
+    # ------------------------------------------------------------------ offences
+    def offence(self, peer: str, round_: int, current: int) -> bool:
+        """``peer``'s state of ``round_`` was refused as absurd or stale (by this node, or this
+        node's by ``peer``: both ends count the same refusals); the node is in round
+        ``current``. Returns True when this quarantines the edge (:meth:`quarantine`):
+        :data:`~dacflnode.node.membership.QUARANTINE_OFFENCES` refusals in distinct rounds
+        within :attr:`window` rounds."""
+        track = self.peers.get(peer)
+        if track is None or round_ in track.offence_rounds:
+            return False
+        track.refused_states += 1
+        recent = tuple(r for r in (*track.offence_rounds, round_) if r > round_ - self.window)
+        track.offence_rounds = recent[-QUARANTINE_OFFENCES:]
+        if len(recent) >= QUARANTINE_OFFENCES and track.state is not PeerState.QUARANTINED:
+            self.quarantine(peer, current)
+            return True
+        return False
+
+    def quarantine(self, peer: str, current: int) -> int | None:
+        """Declare the edge to ``peer`` gone for the rest of the run: its pending one-sided
+        uses are given up and a re-anchor is proposed (the anchor round, ``None`` when it was
+        quarantined already)."""
+        track = self.peers[peer]
+        if track.state is PeerState.QUARANTINED:
+            return None
+        track.state = PeerState.QUARANTINED
+        track.consecutive = 0
+        self.ledger.forget(self.ledger.of_peer(peer))
+        return self.propose_anchor(current)
+
+    @property
+    def quarantined(self) -> list[str]:
+        return sorted(j for j, p in self.peers.items() if p.state is PeerState.QUARANTINED)
+
     # ------------------------------------------------------------------ anchors
     def propose_anchor(self, round_: int) -> int:
         anchor = round_ + 1 + self.anchor_delay
@@ -262,8 +296,8 @@ class EdgeBook:
         0 when the edge is mixed as always; otherwise the round from which this node mixes
         it. Only a proposal (``proposed > 0``) changes anything."""
         track = self.peers.get(peer)
-        if track is None:
-            return 0
+        if track is None or track.state is PeerState.QUARANTINED:
+            return 0  # never mixed again: its calls are refused (see quarantine)
         if proposed == 0:
             if track.state is PeerState.ACTIVE:
                 return track.active_from if track.active_from > current else 0
@@ -277,6 +311,8 @@ class EdgeBook:
     def joined_with(self, peer: str, agreed: int) -> None:
         """This node's proposal to ``peer`` was answered with ``agreed``."""
         track = self.peers[peer]
+        if track.state is PeerState.QUARANTINED:
+            return
         if track.state is PeerState.ACTIVE and track.active_from > agreed:
             agreed = track.active_from  # a concurrent proposal of the peer's was later
         self._activate(peer, agreed)

@@ -13,6 +13,7 @@ each node), so a run with an injected fault is deterministic and the same on bot
       - {crash: node-3, round: 6, restart: 10}     # simulator only
       - {leave: node-1, round: 12}                 # simulator only
       - {join: node-4, round: 3}                   # simulator only
+      - {poison: node-2, rounds: [10, 12], scale: 5.0, to: [node-1]}  # a misbehaving member
 
 The file is either that mapping or the bare list. Rounds are the runner's round numbers, the
 ones states carry on the wire: round ``t`` is the exchange that follows ``t`` completed rounds
@@ -35,6 +36,12 @@ ones states carry on the wire: round ``t`` is the exchange that follows ``t`` co
 ``join: NODE`` with ``round: a``
     NODE is not started with the others; it starts, as a joining node, when they reach
     round ``a``.
+``poison: NODE`` with ``rounds: [a, b]`` (or one round), ``scale: S`` and optionally ``to: [..]``
+    In rounds ``a..b`` NODE multiplies every tensor it sends (pushes and pulls it serves) by
+    ``S`` (``-1``: a sign flip), to every neighbour or only to those listed in ``to``. Its own
+    state stays honest and the checksum is correct: a member that misbehaves, not a corrupted
+    link. A run whose plan has a poison entry turns the receivers' state guard on in the
+    simulator too (docs/security.md).
 
 :meth:`FaultPlan.drops` answers, for one edge-round, whether the sender's state is lost: a
 dropped edge-round is neither pushed by the sender nor waited for by the receiver. A node that
@@ -50,6 +57,7 @@ Every problem is a :class:`~dacflnode.errors.ConfigError` whose ``field`` is the
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +77,7 @@ __all__ = [
     "FaultPlan",
     "Join",
     "Leave",
+    "Poison",
     "Stall",
     "check_for_daemons",
     "load_fault_plan",
@@ -132,7 +141,19 @@ class Join:
     round: int
 
 
-Event = Stall | Drop | Cut | Crash | Leave | Join
+@dataclass(frozen=True)
+class Poison:
+    """``node`` multiplies what it sends in rounds ``first..last`` (both included) by ``scale``,
+    to ``to`` only (empty: to every neighbour)."""
+
+    node: str
+    first: int
+    last: int
+    scale: float
+    to: tuple[str, ...] = ()
+
+
+Event = Stall | Drop | Cut | Crash | Leave | Join | Poison
 
 #: What each kind of event is spelled as in YAML, with the keys it takes besides its own.
 _KEYS: dict[str, tuple[str, ...]] = {
@@ -141,6 +162,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "crash": ("round", "restart"),
     "leave": ("round",),
     "join": ("round",),
+    "poison": ("rounds", "scale", "to"),
 }
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "drop": ("rounds",),
@@ -148,6 +170,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "crash": ("round",),
     "leave": ("round",),
     "join": ("round",),
+    "poison": ("rounds", "scale"),
 }
 
 
@@ -203,6 +226,21 @@ class FaultPlan:
         """Whether ``node`` is cut off from everyone in round ``round_``: stalled, crashed and
         not yet restarted, or not yet joined."""
         return any(_within(round_, s, e) for s, e in self._off.get(node, ()))
+
+    def poison(self, sender: str, receiver: str, round_: int) -> float | None:
+        """The factor ``sender`` multiplies its round-``round_`` state to ``receiver`` by
+        (several entries that overlap multiply), or ``None``."""
+        factor: float | None = None
+        for event in self.events:
+            if (isinstance(event, Poison) and event.node == sender
+                    and event.first <= round_ <= event.last
+                    and (not event.to or receiver in event.to)):
+                factor = event.scale * (1.0 if factor is None else factor)
+        return factor
+
+    @property
+    def poisons(self) -> tuple[Poison, ...]:
+        return tuple(e for e in self.events if isinstance(e, Poison))
 
     # ------------------------------------------------------------------ node events
     @property
@@ -307,6 +345,8 @@ def _check_event(
         nodes = [(event.sender, "drop[0]"), (event.receiver, "drop[1]")]
     elif isinstance(event, Cut):
         nodes = [(event.a, "cut[0]"), (event.b, "cut[1]")]
+    elif isinstance(event, Poison):
+        nodes = [(event.node, "poison"), *((n, f"to[{k}]") for k, n in enumerate(event.to))]
     else:
         nodes = [(event.node, kind)]
     for node, key in nodes:
@@ -316,6 +356,16 @@ def _check_event(
             close = difflib.get_close_matches(node, list(ids), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise where.err(f"{field}.{key}", f"no node {node!r} in this run{hint}")
+    if isinstance(event, Poison):
+        if not 0 <= event.first <= event.last:
+            raise where.err(f"{field}.rounds", f"expected 0 <= first <= last, got "
+                            f"[{event.first}, {event.last}]")
+        if not math.isfinite(event.scale) or event.scale == 1.0:
+            raise where.err(f"{field}.scale", f"expected a finite factor other than 1 (-1 flips "
+                            f"the sign), got {event.scale}")
+        if event.node in event.to:
+            raise where.err(f"{field}.to", f"{event.node} does not send to itself")
+        return
     if len(nodes) == 2 and nodes[0][0] == nodes[1][0]:
         raise where.err(f"{field}.{nodes[0][1][:-3]}", f"an edge joins two nodes, got "
                         f"{nodes[0][0]} twice")
@@ -403,6 +453,16 @@ def _parse_event(item: Any, field: str, where: _Where) -> Event:
             sender, receiver = _pair(target, f"{field}.drop", where)
             return Drop(sender, receiver, first, last)
         return Stall(_node(target, f"{field}.drop", where), first, last)
+    if kind == "poison":
+        first, last = _rounds(keys["rounds"], f"{field}.rounds", where)
+        to = keys.get("to", [])
+        if isinstance(to, str | int) and not isinstance(to, bool):
+            to = [to]
+        if not isinstance(to, list):
+            raise where.err(f"{field}.to", f"expected a list of node ids, got {_kind(to)}")
+        return Poison(_node(target, f"{field}.poison", where), first, last,
+                      _scale(keys["scale"], f"{field}.scale", where),
+                      tuple(_node(n, f"{field}.to[{k}]", where) for k, n in enumerate(to)))
     if kind == "cut":
         a, b = _pair(target, f"{field}.cut", where)
         heal = keys.get("heal")
@@ -440,6 +500,12 @@ def _round(value: Any, field: str, where: _Where) -> int:
     return value
 
 
+def _scale(value: Any, field: str, where: _Where) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise where.err(field, f"expected a number such as 5.0 or -1, got {_kind(value)}")
+    return float(value)
+
+
 def _rounds(value: Any, field: str, where: _Where) -> tuple[int, int]:
     """``[a, b]`` (rounds a..b) or one round ``a``."""
     if isinstance(value, list):
@@ -466,7 +532,7 @@ def _kind(value: Any) -> str:
 
 # ---------------------------------------------------------------------------------------- daemons
 def check_for_daemons(plan: FaultPlan, what: str = "a daemon") -> FaultPlan:
-    """``plan`` if it only drops and cuts edge-rounds, else a ConfigError naming the first
+    """``plan`` if it only drops, cuts and poisons edge-rounds, else a ConfigError naming the first
     crash, leave or join, which only the simulator can play."""
     how = {Crash: "kill -9 the daemon and start it again",
            Leave: "`dacflnode stop --drain` it",
@@ -476,7 +542,7 @@ def check_for_daemons(plan: FaultPlan, what: str = "a daemon") -> FaultPlan:
             kind = type(event).__name__.lower()
             raise _Where(plan.source).err(
                 f"faults[{i}].{kind}",
-                f"{what} plays only drop and cut events; a {kind} is played by "
+                f"{what} plays only drop, cut and poison events; a {kind} is played by "
                 f"`dacflnode simulate --faults` (on real daemons, {how[type(event)]})")
     return plan
 

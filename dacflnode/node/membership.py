@@ -8,7 +8,10 @@ An edge is mixed in round ``t`` when the neighbour is :attr:`PeerState.ACTIVE` a
 * ``absent``: it did not answer the handshake at start; it joins when it comes up;
 * ``gone``: it missed ``gone_after`` rounds in a row; the node re-anchors, and tries every
   round to agree on a round from which the edge comes back (a restart, a healed partition);
-* ``left``: it drained out of the network, after handing over its share of the FODAC mass.
+* ``left``: it drained out of the network, after handing over its share of the FODAC mass;
+* ``quarantined``: its states were refused as absurd or stale (:mod:`dacflnode.wire.state_guard`)
+  :data:`QUARANTINE_OFFENCES` times within ``gone_after + 2`` rounds: declared gone for the
+  rest of the run (never greeted, its calls refused), the node re-anchors.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ class PeerState(enum.StrEnum):
     ABSENT = "absent"
     GONE = "gone"
     LEFT = "left"
+    QUARANTINED = "quarantined"
+
+
+#: Refused states (in distinct rounds, within ``gone_after + 2`` rounds) that quarantine an edge.
+QUARANTINE_OFFENCES = 2
 
 
 @dataclass
@@ -44,6 +52,10 @@ class PeerTrack:
     corrections: int = 0
     #: the round of the HANDOVER it announced (``left`` only), until it is applied
     handover_round: int | None = None
+    #: its states refused as absurd or stale (by this node, or this node's by it), and the
+    #: rounds of the recent ones
+    refused_states: int = 0
+    offence_rounds: tuple[int, ...] = ()
 
     def mixes_in(self, round_: int) -> bool:
         return self.state is PeerState.ACTIVE and round_ >= self.active_from
@@ -57,4 +69,5 @@ class PeerTrack:
     def from_json(cls, data: Mapping[str, Any]) -> PeerTrack:
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         fields["state"] = PeerState(fields.get("state", "active"))
+        fields["offence_rounds"] = tuple(fields.get("offence_rounds", ()))
         return cls(**fields)

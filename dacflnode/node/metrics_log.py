@@ -25,8 +25,8 @@ METRICS_FILE = "metrics.jsonl"
 #: The keys of every metrics line, in the order they are written.
 LINE_KEYS = (
     "round", "node", "algorithm", "lr", "train_loss", "samples", "accuracy", "test_loss",
-    "consensus_residual", "neighbours_used", "neighbours_missing", "alone_rounds", "exchange_s",
-    "train_s", "seconds", "data_size", "class_counts",
+    "consensus_residual", "neighbours_used", "neighbours_missing", "alone_rounds",
+    "refused_states", "exchange_s", "train_s", "seconds", "data_size", "class_counts",
 )
 
 

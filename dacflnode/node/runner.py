@@ -62,8 +62,8 @@ from dacflnode.transport.base import (
     TransportClosed,
 )
 from dacflnode.wire.codec import Kind, RoundMessage
-from dacflnode.wire.errors import Reason, WireError
-from dacflnode.wire.state_guard import ABSURD_RATIO, DistanceGuard
+from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.state_guard import ABSURD_RATIO, RobustGuard
 
 if TYPE_CHECKING:
     from dacflnode.node.data import DataInfo
@@ -122,8 +122,8 @@ class NodeSetup:
     checkpoints: bool = True
     executor: Executor | None = None
     run_info: dict[str, str] = field(default_factory=dict)
-    #: Refuse a neighbour's state farther than this many norms of the node's own (see
-    #: :mod:`dacflnode.wire.state_guard`); ``None`` turns the guard off.
+    #: Guard the inbox against absurd and stale states (:mod:`dacflnode.wire.state_guard`;
+    #: any number turns the guard on, its tolerances are the module's); ``None`` turns it off.
     absurd_ratio: float | None = ABSURD_RATIO
     #: Consecutive missed rounds after which a neighbour is declared gone (docs/faults.md).
     gone_after: int = DAEMON_DEFAULTS.gone_after
@@ -206,13 +206,78 @@ class NodeRunner:
         #: The node's latest outgoing state: what the guard measures neighbours' states against.
         self._reference: Mapping[str, torch.Tensor] = alg.outgoing(state)
         if setup.absurd_ratio is not None:
-            transport.inbox.guard = DistanceGuard(lambda: self._reference, setup.absurd_ratio)
+            transport.inbox.guard = RobustGuard(lambda: self._reference)
         transport.inbox.on_join = self._on_join
+        transport.inbox.on_refused = self._on_refused
+        transport.inbox.barred |= set(self.book.quarantined)
+        #: the ``(round, peer)`` states refused as absurd or stale, by this node or the peer
+        self._refused: set[tuple[int, str]] = set()
+        if setup.faults is not None and any(p.node == setup.node_id for p in
+                                            getattr(setup.faults, "poisons", ())):
+            self._poisoned: dict[tuple[int, int, float], RoundMessage] = {}
+            transport.inbox.outgoing = self._poison
 
     def _on_join(self, peer: str, proposed: int) -> int:
         agreed = self.book.on_join(peer, proposed, self.round)
         self._not_before(peer)
         return agreed
+
+    # ------------------------------------------------------------------ misbehaving members
+    def _on_refused(self, message: RoundMessage, refusal: Refusal) -> None:
+        """The inbox's guard refused ``message`` (it no longer waits for it)."""
+        if refusal.reason in (Reason.ABSURD_STATE, Reason.STALE_STATE):
+            self._offence(message.sender, message.round, refusal.reason, mine=False)
+
+    def _offence(self, peer: str, round_: int, reason: Reason, mine: bool) -> None:
+        """A state of the edge to ``peer`` was refused as absurd or stale (``mine``: this node's
+        state, by ``peer``); both ends count the same refusals, so both quarantine alike."""
+        self._refused.add((round_, peer))
+        if mine:
+            log.warning("%s: %s refused this node's round-%d state (%s); not retried",
+                        self.setup.node_id, peer, round_, reason)
+        else:
+            log.warning("%s: refused the round-%d state of %s (%s); the round goes on without "
+                        "it", self.setup.node_id, round_, peer, reason)
+        if self.book.offence(peer, round_, self.round):
+            self._quarantined(peer)
+
+    def _quarantine(self, peer: str) -> None:
+        """``peer`` refused this node's state because it quarantined the edge: so does this
+        node (a quarantine is for both ends)."""
+        if self.book.quarantine(peer, self.round) is not None:
+            self._quarantined(peer)
+
+    @property
+    def quarantines(self) -> int:
+        """Edges quarantined in this run (kept across restarts, in the checkpoint)."""
+        return len(self.book.quarantined)
+
+    def _quarantined(self, peer: str) -> None:
+        self.transport.inbox.barred.add(peer)
+        for r in (self.round, self.round + 1):
+            self.transport.inbox.forgo_nowait(r, peer)
+        track = self.peers[peer]
+        log.warning("%s: edge to %s quarantined in round %d after %d refused states; it is not "
+                    "mixed again in this run; re-anchor at round %d", self.setup.node_id, peer,
+                    self.round, track.refused_states, max(self.book.anchors, default=-1))
+
+    def _poison(self, peer: str, message: RoundMessage) -> RoundMessage:
+        """What the fault plan makes this node send ``peer`` instead of ``message``."""
+        faults = self.setup.faults
+        scale = None if faults is None else faults.poison(self.setup.node_id, peer,
+                                                           message.round)
+        if scale is None:
+            return message
+        key = (message.round, id(message), scale)
+        poisoned = self._poisoned.get(key)
+        if poisoned is None or poisoned.round != message.round:
+            tensors = {name: t * scale for name, t in message.tensors.items()}
+            poisoned = RoundMessage(message.sender, message.round, message.degree, tensors,
+                                    message.used_log, message.kind, message.anchors)
+            for old in [k for k in self._poisoned if k[0] < message.round - 1]:
+                del self._poisoned[old]
+            self._poisoned[key] = poisoned
+        return poisoned
 
     def _not_before(self, peer: str) -> None:
         """The edge to ``peer`` is mixed only from a later round now: stop waiting for its
@@ -365,7 +430,7 @@ class NodeRunner:
         """
         self.phase = "waiting-for-peers"
         deadline = time.monotonic() + self.setup.hello_timeout
-        pending = set(self.setup.neighbours)
+        pending = set(self.setup.neighbours) - set(self.book.quarantined)
         faults = self.setup.faults
         if faults is not None:  # an injected crash or a later join: do not wait for it
             for peer in sorted(pending):
@@ -591,9 +656,11 @@ class NodeRunner:
                              [j for j in handovers if j not in received], alive)
         if not mixed and self.active(t):
             self.alone_rounds += 1
-        if missing:
+        late = [j for j in missing if (t, j) not in self._refused]
+        if late:
             log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
-                        setup.node_id, t, ", ".join(missing))
+                        setup.node_id, t, ", ".join(late))
+        self._refused = {(r, j) for r, j in self._refused if r > t}
         weights = setup.mixing.weights(setup.node_id, t, len(active),
                                        {j: mixed[j].degree for j in mixed})
         inbox = {j: mixed[j].tensors for j in mixed}
@@ -783,7 +850,8 @@ class NodeRunner:
         while True:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             for peer in active:
-                if inbox.has(t, peer) or (faults is not None and faults.drops(peer, me, t)):
+                if inbox.has(t, peer) or inbox.forgone(t, peer) or (
+                        faults is not None and faults.drops(peer, me, t)):
                     continue
                 try:
                     ident = await asyncio.wait_for(self.transport.hello(peer), PROBE_TIMEOUT)
@@ -828,6 +896,14 @@ class NodeRunner:
                     return
                 if exc.reason is Reason.DUPLICATE:
                     return  # it already has this state (it pulled it)
+                if exc.reason in (Reason.ABSURD_STATE, Reason.STALE_STATE):
+                    # never retried: the neighbour goes on without it, and so does this node
+                    if message.kind is Kind.STATE or message.kind is Kind.FINAL:
+                        self._offence(peer, message.round, exc.reason, mine=True)
+                    return
+                if exc.reason is Reason.QUARANTINED:
+                    self._quarantine(peer)
+                    return
                 if exc.reason is not Reason.ROUND_AHEAD:
                     log.warning("%s: %s refused round %d: %s (%s): %s", self.setup.node_id,
                                 peer, message.round, exc.code, exc.reason, exc.message)
@@ -847,7 +923,7 @@ class NodeRunner:
         key = (t, peer)
         # here already, dropped, or on its way: a restarted node pulls a state and its push of
         # the round, refused ROUND_PASSED, asks for the same one
-        if inbox.has(t, peer) or key in self._pulling or (
+        if inbox.has(t, peer) or key in self._pulling or inbox.forgone(t, peer) or (
                 faults is not None and faults.drops(peer, self.setup.node_id, t)):
             return
         self._pulling.add(key)
@@ -895,6 +971,7 @@ class NodeRunner:
             "neighbours_used": list(report.used),
             "neighbours_missing": list(report.missing),
             "alone_rounds": self.alone_rounds,
+            "refused_states": sum(t.refused_states for t in self.peers.values()),
             "exchange_s": round(report.exchange_s, 4),
             "train_s": round(report.train_s, 4),
             "seconds": round(report.seconds, 4),

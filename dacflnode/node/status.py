@@ -57,6 +57,8 @@ PEER_COUNTERS = (
      "late_states"),
     ("dacfl_peer_refused", "Calls of the neighbour refused, any reason", "refused"),
     ("dacfl_peer_corrections", "One-sided uses of the edge undone", "corrections"),
+    ("dacfl_peer_refused_states", "States of the edge refused as absurd or stale (either end)",
+     "refused_states"),
 )
 
 #: Bucket bounds (seconds) of the duration histograms: a round of a small model on one core
@@ -123,6 +125,12 @@ class _StatusCollector(Collector):
                                     "some", labels=["node"])
         alone.add_metric([n], status.alone_rounds if status else 0)
         yield alone
+        quarantined = CounterMetricFamily(
+            "dacfl_peer_quarantines", "Quarantines of the edge to the neighbour (at most 1: a "
+            "quarantined edge is not mixed again in the run)", labels=["node", "peer"])
+        for nb in neighbours:
+            quarantined.add_metric([n, nb.node_id], 1 if nb.state == "quarantined" else 0)
+        yield quarantined
         yield from self._data_gauges(status)
 
     def _data_gauges(self, status: NodeStatus | None) -> Iterator[Metric]:

@@ -14,7 +14,8 @@ chosen engine (:mod:`dacflnode.sim.engine`):
 
 No round has a deadline, no checkpoint is written per round, and the absurd-state guard is off
 (every node is this process's own; the guard protects a daemon from the network, see
-docs/security.md).
+docs/security.md), unless the fault plan has a ``poison`` entry: then every node guards its inbox
+as a daemon does, so the simulator plays a misbehaving member as a cluster would.
 
 Faults (``simulate --faults FILE``, :mod:`dacflnode.node.faults`): every node's setup carries the
 plan, and the runners themselves neither push nor wait for a dropped edge-round, so no deadline
@@ -61,6 +62,7 @@ from dacflnode.sim.engine import Engine, NodeData, OnLoopThread, RayTarget, make
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
+from dacflnode.wire.state_guard import ABSURD_RATIO
 
 #: The run fingerprint every simulated node announces (they all share one configuration).
 SIMULATION_RUN = "simulation"
@@ -439,7 +441,8 @@ class _Nodes:
             eval_every=cfg.eval_every, round_deadline=float("inf"),
             active_neighbours=None if self.active is None else self.active(node),
             mixing=self.mixing, view=sim._view(node), state_dir=self._state_dirs[node],
-            checkpoints=False, executor=OnLoopThread(), absurd_ratio=None,
+            checkpoints=False, executor=OnLoopThread(),
+            absurd_ratio=ABSURD_RATIO if self.plan is not None and self.plan.poisons else None,
             gone_after=sim.gone_after,
             anchor_delay=anchor_delay(0, len(sim.ids)),  # a launched daemon's default
             faults=self.plan, join=join, data=sim.data_info[sim.ids.index(node)],

@@ -148,8 +148,9 @@ class Inbox:
     Each sender has at most one message per round: a second one is refused
     (``ALREADY_EXISTS``, :attr:`~Reason.DUPLICATE`) and the first is kept, so a replayed or
     forged second push cannot replace a state. ``guard``, when set (the node runner sets a
-    :class:`~dacflnode.wire.state_guard.DistanceGuard`), judges every message in a worker
-    thread before it is buffered; its refusal is raised as a :class:`WireError`.
+    :class:`~dacflnode.wire.state_guard.RobustGuard`), judges every message in a worker
+    thread before it is buffered; its refusal is raised as a :class:`WireError`, and the inbox
+    no longer waits for that sender's state of that round (:meth:`forgo`).
     """
 
     senders: Collection[str]
@@ -163,6 +164,15 @@ class Inbox:
     #: When (``time.monotonic()``) each neighbour last called this node: a Hello, a pull, or
     #: a push, accepted or refused for its round. A neighbour heard from is alive, if late.
     heard: dict[str, float] = field(default_factory=dict)
+    #: Told of every state the :attr:`guard` refused, with the refusal (on the event loop, after
+    #: the inbox stopped waiting for that state). Set by the node runner (quarantine).
+    on_refused: Callable[[RoundMessage, Refusal], None] | None = None
+    #: Senders whose edge this node quarantined: everything they push is refused
+    #: (``PERMISSION_DENIED``, :attr:`~Reason.QUARANTINED`).
+    barred: set[str] = field(default_factory=set)
+    #: What this node sends a neighbour instead of ``message`` (pushed and pulled): a fault
+    #: plan's poison (docs/faults.md); ``None``: the message itself.
+    outgoing: Callable[[str, RoundMessage], RoundMessage] | None = None
     _messages: dict[int, dict[str, RoundMessage]] = field(default_factory=dict)
     _changed: asyncio.Condition | None = None
     _forgone: dict[int, set[str]] = field(default_factory=dict)
@@ -196,7 +206,19 @@ class Inbox:
         """Whether ``sender``'s message for ``round_`` is buffered."""
         return sender in self._messages.get(round_, {})
 
+    def sent_to(self, peer: str, message: RoundMessage) -> RoundMessage:
+        """What this node sends ``peer`` for ``message`` (see :attr:`outgoing`)."""
+        return message if self.outgoing is None else self.outgoing(peer, message)
+
+    def forgone(self, round_: int, sender: str) -> bool:
+        """Whether the node stopped waiting for ``sender``'s state of ``round_``."""
+        return sender in self._forgone.get(round_, ())
+
     def _admissible(self, message: RoundMessage) -> None:
+        if message.sender in self.barred:
+            raise WireError("PERMISSION_DENIED", "this node quarantined the edge after repeated "
+                            "absurd or stale states; it is not mixed again in this run",
+                            Reason.QUARANTINED)
         refused = self.refusal(message.round)
         if refused is not None:
             raise WireError(refused.code,
@@ -215,6 +237,10 @@ class Inbox:
         if self.guard is not None:
             refused = await asyncio.to_thread(self.guard, message)
             if refused is not None:
+                # the round goes on without this state at once (never waits for it)
+                await self.forgo(message.round, message.sender)
+                if self.on_refused is not None:
+                    self.on_refused(message, refused)
                 raise WireError(refused.code, refused.detail, refused.reason)
         async with self._condition():
             self._admissible(message)  # the round, or a concurrent push, may have moved on

@@ -24,7 +24,8 @@ class NeighbourInfo:
     bytes_sent: int = 0
     latency_ms: float = math.nan
     #: ``active``, ``absent`` (not up at start, or not joined yet), ``gone`` (declared after
-    #: ``run.gone_after`` missed rounds) or ``left`` (it drained out); empty: not known yet.
+    #: ``run.gone_after`` missed rounds), ``left`` (it drained out) or ``quarantined`` (its
+    #: states were refused as absurd or stale repeatedly); empty: not known yet.
     state: str = ""
     #: Rounds whose deadline passed without its state.
     missed_rounds: int = 0
@@ -34,6 +35,8 @@ class NeighbourInfo:
     refused: int = 0
     #: One-sided uses of the edge by this node that were undone (docs/faults.md).
     corrections: int = 0
+    #: States of the edge refused as absurd or stale, by this node or this node's by it.
+    refused_states: int = 0
     #: Round states accepted from it (pushed or pulled), and pushes of this node it accepted.
     messages_received: int = 0
     messages_sent: int = 0
@@ -82,6 +85,10 @@ class NodeStatus:
     #: (``plaintext``, ``unknown-ca``, ``bad-certificate``, ``no-certificate``, ``other``;
     #: empty without TLS or when they cannot be seen: docs/security.md "Failed handshakes").
     tls_handshake_failures: dict[str, int] = field(default_factory=dict)
+    #: Edges this node quarantined since it started, and the states it refused (or had refused)
+    #: as absurd or stale, all edges together (docs/faults.md, docs/security.md).
+    quarantines: int = 0
+    refused_states: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""

@@ -185,15 +185,16 @@ def status_to_proto(s: NodeStatus) -> pb.StatusReply:
             last_round_received=n.last_round_received, bytes_received=n.bytes_received,
             bytes_sent=n.bytes_sent, latency_ms=n.latency_ms, state=n.state,
             missed_rounds=n.missed_rounds, late_states=n.late_states, refused=n.refused,
-            corrections=n.corrections) for n in s.neighbours],
+            corrections=n.corrections, refused_states=n.refused_states)
+            for n in s.neighbours],
         last_accuracy=s.last_accuracy, last_loss=s.last_loss,
         consensus_residual=s.consensus_residual, device=s.device, uptime_s=s.uptime_s,
         listen_address=s.listen_address, tls=s.tls, refusals=s.refusals,
         anchors=s.anchors, reanchored=s.reanchored, leaving=s.leaving,
         data_size=s.data_size, test_size=s.test_size, class_counts=s.class_counts,
         skipped_files=s.skipped_files,
-        alone_rounds=s.alone_rounds,
         tls_handshake_failures=s.tls_handshake_failures,
+        alone_rounds=s.alone_rounds, quarantines=s.quarantines, refused_states=s.refused_states,
     )
 
 
@@ -206,15 +207,16 @@ def status_from_proto(r: pb.StatusReply) -> NodeStatus:
             last_round_received=n.last_round_received, bytes_received=n.bytes_received,
             bytes_sent=n.bytes_sent, latency_ms=n.latency_ms, state=n.state,
             missed_rounds=n.missed_rounds, late_states=n.late_states, refused=n.refused,
-            corrections=n.corrections) for n in r.neighbours],
+            corrections=n.corrections, refused_states=n.refused_states)
+            for n in r.neighbours],
         last_accuracy=r.last_accuracy, last_loss=r.last_loss,
         consensus_residual=r.consensus_residual, device=r.device, uptime_s=r.uptime_s,
         listen_address=r.listen_address, tls=r.tls, refusals=dict(r.refusals),
         anchors=list(r.anchors), reanchored=r.reanchored, leaving=r.leaving,
         data_size=r.data_size, test_size=r.test_size, class_counts=dict(r.class_counts),
         skipped_files=r.skipped_files,
-        alone_rounds=r.alone_rounds,
         tls_handshake_failures=dict(r.tls_handshake_failures),
+        alone_rounds=r.alone_rounds, quarantines=r.quarantines, refused_states=r.refused_states,
     )
 
 

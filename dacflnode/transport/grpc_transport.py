@@ -619,7 +619,10 @@ class GrpcTransport(Transport):
         stub = self._stub(peer)
         started = time.perf_counter()
         what = f"push of round {message.round} to"
-        out = await self._outgoing.get(message)
+        sent = self.inbox.sent_to(peer, message)
+        if sent is not message:  # neighbours pull the published state, not this one
+            self.receiver.publish(message, None)
+        out = await self._outgoing.get(sent, publish=sent is message)
         if self._state == "stopped":
             raise self._closed()
         stats = self._stats(peer)

@@ -174,13 +174,16 @@ class MemoryTransport(Transport):
         target = self._reach(peer)
         stats = self.stats[peer]
         started = time.perf_counter()
+        sent = self.inbox.sent_to(peer, message)
         try:
             async with asyncio.timeout(timeout):
                 if self.network.copy:
-                    await self._push_stream(target, message, stats)
+                    if sent is not message:
+                        self.receiver.publish(message, None)
+                    await self._push_stream(target, sent, stats, publish=sent is message)
                 else:
                     self.receiver.publish(message, None)
-                    stats.bytes_sent += await target.receiver.accept(message, self.address,
+                    stats.bytes_sent += await target.receiver.accept(sent, self.address,
                                                                      peer_ids=self._me)
         except TimeoutError as exc:
             stats.connected = False
@@ -191,9 +194,10 @@ class MemoryTransport(Transport):
         stats.messages_sent += 1
 
     async def _push_stream(
-        self, target: MemoryTransport, message: RoundMessage, stats: PeerStats
+        self, target: MemoryTransport, message: RoundMessage, stats: PeerStats,
+        publish: bool = True,
     ) -> None:
-        stream = ChunkStream(await self._outgoing.get(message))
+        stream = ChunkStream(await self._outgoing.get(message, publish))
 
         async def chunks() -> AsyncIterator[pb.StateChunk]:
             for chunk in stream:

@@ -106,12 +106,14 @@ class HeaderCache:
         self._entries = {}
         self._running: set[asyncio.Future[Outgoing]] = set()
 
-    async def get(self, message: RoundMessage) -> Outgoing:
-        """The prepared form of ``message`` (prepared now, or by an earlier call)."""
+    async def get(self, message: RoundMessage, publish: bool = True) -> Outgoing:
+        """The prepared form of ``message`` (prepared now, or by an earlier call); ``publish``
+        False: not kept for pulls (what one neighbour is sent instead of the published state,
+        see :attr:`~dacflnode.transport.base.Inbox.outgoing`)."""
         key = (message.round, id(message))
         entry = self._entries.get(key)
         if entry is None or entry[0] is not message:
-            future = asyncio.ensure_future(self._prepare(message))
+            future = asyncio.ensure_future(self._prepare(message, publish))
             future.add_done_callback(_retrieve)
             self._running.add(future)
             future.add_done_callback(self._running.discard)
@@ -141,11 +143,12 @@ class HeaderCache:
         if running:
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _prepare(self, message: RoundMessage) -> Outgoing:
+    async def _prepare(self, message: RoundMessage, publish: bool = True) -> Outgoing:
         def work() -> Outgoing:
             cpu = on_cpu(message)
             return Outgoing(cpu, make_header(cpu))
 
         out = await asyncio.to_thread(work)
-        self._receiver.publish(out.message, out.header)
+        if publish:
+            self._receiver.publish(out.message, out.header)
         return out

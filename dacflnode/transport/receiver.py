@@ -455,7 +455,7 @@ class Receiver:
         except WireError as exc:
             self._refused("pull", request.requester, peer, int(request.round), exc)
             raise
-        return found[0]
+        return self.inbox.sent_to(request.requester, found[0])
 
     def pull(
         self, request: pb.PullRequest, peer: str = "?", *,
@@ -475,7 +475,9 @@ class Receiver:
         return itertools.chain((header,), serialized_chunks(message))
 
     def _header_of(self, message: RoundMessage) -> pb.StateHeader:
-        header = self.outbox[message.round][1]
+        kept, header = self.outbox[message.round]
+        if kept is not message:  # what one neighbour is sent instead (Inbox.outgoing)
+            return make_header(message)
         if header is None:
             header = make_header(message)
             self.outbox[message.round] = (message, header)

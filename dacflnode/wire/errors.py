@@ -37,7 +37,9 @@ class Reason(enum.StrEnum):
     MISMATCH = "mismatch"  # handshake: model, run settings or protocol differ
     NOT_AUTHENTICATED = "not-authenticated"  # the claimed id is not the one the transport verified
     NON_FINITE = "non-finite"  # the state holds NaN or infinite values
-    ABSURD_STATE = "absurd-state"  # the state is implausibly far from the receiver's own
+    ABSURD_STATE = "absurd-state"  # the state's norm or distance is implausible (a poison)
+    STALE_STATE = "stale-state"  # the sender sent this very state for another round (a replay)
+    QUARANTINED = "quarantined"  # the receiver quarantined the edge after repeated offences
     DUPLICATE = "duplicate"  # this sender's state for this round was received already
     IN_PROGRESS = "in-progress"  # a stream of this sender's state for this round is still arriving
     IDLE = "idle"  # the stream sent nothing for longer than the idle deadline

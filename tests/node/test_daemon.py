@@ -80,6 +80,7 @@ def test_status_shows_each_neighbours_track_and_the_refusals_it_caused(tmp_path)
                     second: PeerTrack()}
     runner.anchors, runner.reanchored, runner.leaving = {9, 7}, 1, False
     runner.alone_rounds = 3
+    runner.quarantines = 0
     runner.round, runner.phase, runner.last_accuracy, runner.last_loss = 4, "training", 0.5, 1.0
     runner.residual.return_value = 0.25
     receiver = Receiver(Identity(pf.node.id, "m", "r"),
@@ -135,3 +136,28 @@ def test_a_daemon_on_its_own_folder_announces_its_contract_and_shows_its_data(tm
     daemon.data_info = built.setup.data
     status = daemon.status()
     assert (status.data_size, status.class_counts["eel"]) == (8, 3)
+
+
+def test_a_quarantined_neighbour_shows_in_status_json_and_prometheus(tmp_path):
+    pf = peers_file(tmp_path)
+    daemon = Daemon(pf)
+    first, second = pf.neighbour_ids()
+    runner = with_runner(daemon)
+    runner.transport = Mock(stats={})
+    runner.peers = {first: PeerTrack(state=PeerState.QUARANTINED, refused_states=2),
+                    second: PeerTrack(refused_states=1)}
+    runner.anchors, runner.reanchored, runner.leaving = set(), 1, False
+    runner.alone_rounds, runner.quarantines = 0, 1
+    runner.round, runner.phase, runner.last_accuracy, runner.last_loss = 4, "training", 0.5, 1.0
+    runner.residual.return_value = 0.25
+    status = daemon.status()
+    by_id = {n.node_id: n for n in status.neighbours}
+    assert (by_id[first].state, by_id[first].refused_states) == ("quarantined", 2)
+    assert (status.quarantines, status.refused_states) == (1, 3)
+    data = status.to_json()
+    states = {nb["node_id"]: nb["state"] for nb in data["neighbours"]}
+    assert data["quarantines"] == 1 and states[first] == "quarantined"
+    text = daemon.metrics.prometheus()
+    assert f'dacfl_peer_quarantines_total{{node="node-0",peer="{first}"}} 1.0' in text
+    assert f'dacfl_peer_quarantines_total{{node="node-0",peer="{second}"}} 0.0' in text
+    assert f'dacfl_peer_refused_states_total{{node="node-0",peer="{first}"}} 2.0' in text

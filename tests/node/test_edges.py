@@ -159,3 +159,28 @@ def test_a_time_varying_graph_settles_uses_across_idle_epochs_without_reanchorin
     assert len(hit) == (2 if drops else 0)  # one drop falls on an idle edge: no effect
     assert sum(p.corrections for r in net.runners.values() for p in r.peers.values()) == len(hit)
     assert residual(states(net.runners)) < TOL
+
+
+def test_two_refused_states_within_the_window_quarantine_an_edge_for_good():
+    from dacflnode.node.edges import EdgeBook
+    from dacflnode.node.membership import PeerTrack
+
+    book = EdgeBook("a", ["b", "c"], gone_after=3)  # window: 5 rounds
+    assert not book.offence("b", 2, 2)
+    assert not book.offence("b", 2, 2)  # the same round counts once (both ends may say it)
+    assert not book.offence("b", 8, 8)  # the first one is out of the window
+    assert book.offence("b", 10, 10)
+    track = book.peers["b"]
+    assert (track.state, track.refused_states) == (PeerState.QUARANTINED, 3)
+    assert book.quarantined == ["b"] and book.anchors == {10 + 1 + book.anchor_delay}
+    assert not book.peers["b"].mixes_in(11) and book.mixing(11, ["b", "c"]) == ["c"]
+    # never greeted, a Hello of it does not re-open the edge, nor an agreed join
+    assert "b" not in book.to_greet()
+    assert book.on_join("b", 12, 10) == 0 and book.peers["b"].state is PeerState.QUARANTINED
+    book.joined_with("b", 12)
+    assert book.peers["b"].state is PeerState.QUARANTINED
+    # kept in the checkpoint, so a restart keeps it
+    saved = {j: PeerTrack.from_json(t.to_json())
+             for j, t in book.checkpoint_fields()["peers"].items()}
+    again = EdgeBook("a", ["b", "c"], peers=saved)
+    assert again.quarantined == ["b"] and again.peers["b"].offence_rounds == (8, 10)

@@ -14,6 +14,7 @@ from dacflnode.node.faults import (
     FaultPlan,
     Join,
     Leave,
+    Poison,
     Stall,
     check_for_daemons,
     load_fault_plan,
@@ -128,6 +129,14 @@ def test_a_bare_list_and_an_empty_file_are_plans_too(tmp_path):
     ("- {leave: node-1, round: true}", "faults[0].round", "round number"),
     ("- {join: node-1, round: 0}", "faults[0].round", "starts with the others"),
     ("- {join: node-1, round: 30}", "faults[0].round", "never comes"),
+    ("- {poison: node-1, rounds: [3, 3]}", "faults[0].scale", "needs it"),
+    ("- {poison: node-1, rounds: [3, 3], scale: 1}", "faults[0].scale", "other than 1"),
+    ("- {poison: node-1, rounds: [3, 3], scale: .nan}", "faults[0].scale", "finite"),
+    ("- {poison: node-1, rounds: [3, 3], scale: big}", "faults[0].scale", "number"),
+    ("- {poison: node-1, rounds: [5, 3], scale: 5}", "faults[0].rounds", "before the first"),
+    ("- {poison: node-1, rounds: 3, scale: 5, to: [node-9]}", "faults[0].to[0]", "no node"),
+    ("- {poison: node-1, rounds: 3, scale: 5, to: [node-1]}", "faults[0].to", "itself"),
+    ("- {poison: node-1, rounds: 3, scale: 5, round: 4}", "faults[0].round", "unknown key"),
     ("- [drop, node-1]", "faults[0]", "expected a mapping"),
     ("faults: {drop: node-1}", "faults", "list of events"),
     ("fault: []", "fault", "unknown key"),
@@ -174,3 +183,16 @@ def test_daemons_take_drops_and_cuts_and_refuse_node_events_with_a_hint(tmp_path
         check_for_daemons(load_fault_plan(path))
     assert info.value.field == "faults[1].leave"
     assert "stop --drain" in info.value.message and str(path) in info.value.message
+
+
+def test_a_poison_entry_scales_what_its_member_sends_in_its_rounds_to_its_targets():
+    plan = parse_fault_plan([{"poison": "node-2", "rounds": [10, 12], "scale": 5.0},
+                             {"poison": "node-1", "rounds": 4, "scale": -1, "to": ["node-0"]}],
+                            ids=IDS, rounds=20)
+    assert plan.events[1] == Poison("node-1", 4, 4, -1.0, ("node-0",))
+    assert [plan.poison("node-2", "node-1", r) for r in (9, 10, 12, 13)] == [None, 5.0, 5.0,
+                                                                              None]
+    assert plan.poison("node-1", "node-0", 4) == -1.0
+    assert plan.poison("node-1", "node-2", 4) is None  # not one of its targets
+    assert plan.poison("node-1", "node-2", 5) is None and not plan.drops("node-2", "node-1", 10)
+    assert check_for_daemons(plan) is plan  # daemons play it: it is what a member sends

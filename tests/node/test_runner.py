@@ -222,7 +222,11 @@ def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning
                             timeout: float = 0.0) -> RoundMessage:
             calls.append(round_)
             await release.wait()
-            return RoundMessage("b", round_, 1, a.setup.algorithm.outgoing(a.state))
+            return RoundMessage("b", round_, 1, state_of_b(round_))
+
+        def state_of_b(round_: int) -> dict[str, torch.Tensor]:
+            # b's state of each round (honest states differ from round to round)
+            return {k: v + 1e-3 * round_ for k, v in a.setup.algorithm.outgoing(a.state).items()}
 
         a.transport.pull = slow_pull  # type: ignore[method-assign]
         deadline = asyncio.get_running_loop().time() + 10
@@ -237,8 +241,7 @@ def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning
         release.clear()  # a pull of round 1 overtaken by the push of the same state
         pull = asyncio.create_task(a._pull("b", 1, deadline))
         await until(lambda: calls == [0, 1])
-        await a.transport.inbox.put(
-            RoundMessage("b", 1, 1, a.setup.algorithm.outgoing(a.state)))
+        await a.transport.inbox.put(RoundMessage("b", 1, 1, state_of_b(1)))
         release.set()
         await pull
         assert a.transport.inbox.has(1, "b")

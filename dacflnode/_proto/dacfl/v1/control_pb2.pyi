@@ -54,6 +54,7 @@ class NeighbourStatus(_message.Message):
     LATE_STATES_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
     CORRECTIONS_FIELD_NUMBER: _builtins.int
+    REFUSED_STATES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     address: _builtins.str
     connected: _builtins.bool
@@ -65,7 +66,9 @@ class NeighbourStatus(_message.Message):
     """last handshake/push round trip"""
     state: _builtins.str
     """active; absent (not up at start, or not joined yet); gone (declared after run.gone_after
-    missed rounds); left (it drained out). See docs/faults.md.
+    missed rounds); left (it drained out); quarantined (its states were refused as absurd or
+    stale twice within run.gone_after + 2 rounds: not mixed again in this run). See
+    docs/faults.md.
     """
     missed_rounds: _builtins.int
     """rounds whose deadline passed without its state"""
@@ -75,6 +78,8 @@ class NeighbourStatus(_message.Message):
     """its calls this node refused, any reason"""
     corrections: _builtins.int
     """one-sided uses of the edge by this node, undone"""
+    refused_states: _builtins.int
+    """states of the edge refused as absurd or stale (either end)"""
     def __init__(
         self,
         *,
@@ -90,10 +95,11 @@ class NeighbourStatus(_message.Message):
         late_states: _builtins.int = ...,
         refused: _builtins.int = ...,
         corrections: _builtins.int = ...,
+        refused_states: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_received", b"bytes_received", "bytes_sent", b"bytes_sent", "connected", b"connected", "corrections", b"corrections", "last_round_received", b"last_round_received", "late_states", b"late_states", "latency_ms", b"latency_ms", "missed_rounds", b"missed_rounds", "node_id", b"node_id", "refused", b"refused", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_received", b"bytes_received", "bytes_sent", b"bytes_sent", "connected", b"connected", "corrections", b"corrections", "last_round_received", b"last_round_received", "late_states", b"late_states", "latency_ms", b"latency_ms", "missed_rounds", b"missed_rounds", "node_id", b"node_id", "refused", b"refused", "refused_states", b"refused_states", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -185,6 +191,8 @@ class StatusReply(_message.Message):
     CLASS_COUNTS_FIELD_NUMBER: _builtins.int
     SKIPPED_FILES_FIELD_NUMBER: _builtins.int
     ALONE_ROUNDS_FIELD_NUMBER: _builtins.int
+    QUARANTINES_FIELD_NUMBER: _builtins.int
+    REFUSED_STATES_FIELD_NUMBER: _builtins.int
     TLS_HANDSHAKE_FAILURES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     algorithm: _builtins.str
@@ -215,6 +223,10 @@ class StatusReply(_message.Message):
     """undecodable files left out (bad_files: skip)"""
     alone_rounds: _builtins.int
     """rounds mixed with no neighbour since start (docs/faults.md)"""
+    quarantines: _builtins.int
+    """edges this node quarantined since start (docs/faults.md)"""
+    refused_states: _builtins.int
+    """states refused as absurd or stale since start, all edges"""
     @_builtins.property
     def neighbours(self) -> _containers.RepeatedCompositeFieldContainer[Global___NeighbourStatus]: ...
     @_builtins.property
@@ -262,11 +274,13 @@ class StatusReply(_message.Message):
         class_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         skipped_files: _builtins.int = ...,
         alone_rounds: _builtins.int = ...,
+        quarantines: _builtins.int = ...,
+        refused_states: _builtins.int = ...,
         tls_handshake_failures: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "reanchored", b"reanchored", "refusals", b"refusals", "round", b"round", "rounds_total", b"rounds_total", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "tls_handshake_failures", b"tls_handshake_failures", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "quarantines", b"quarantines", "reanchored", b"reanchored", "refusals", b"refusals", "refused_states", b"refused_states", "round", b"round", "rounds_total", b"rounds_total", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "tls_handshake_failures", b"tls_handshake_failures", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
