@@ -179,6 +179,9 @@ class Simulation:
         model = factory()
         self.layout = StateLayout.from_module(model)
         self.initial = self.layout.flatten_module(model)
+        mixing = cfg.mixing_rule(self.initial)  # a daemon's rule: from the initial model
+        if mixing != self.alg.mixing:
+            self.alg = make_algorithm(algorithm, cfg.fodac_variant, mixing)
         # Ray workers train on their own CPUs, whatever this machine has
         device = (torch.device("cpu") if ray is not None and cfg.device == "auto"
                   else pick_device(cfg.device))
