@@ -9,7 +9,6 @@ Every setting is declared here once (see :mod:`dacflnode.config.schema`); the re
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -440,9 +439,6 @@ class RunConfig:
                 "fedavg averages at a server and has no neighbour to clip: run it with"
                 " mixing exact, apart from the gossip algorithms",
             )
-        if self.clip_radius is not None and not math.isfinite(self.clip_radius):
-            raise ConfigError("clip_radius", "must be a finite number (leave it unset to use"
-                              " clip_fraction)")
         if _own(self):
             self._validate_own()
         elif self.data_root is not None and not Path(self.data_root).is_dir() and not self.download:

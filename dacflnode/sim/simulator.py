@@ -329,8 +329,10 @@ class _Records:
         self._reports: dict[int, dict[str, RoundReport]] = {}
         self._sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._done = 0
-        #: per-round sums only when faults are played (a healthy run keeps Σ x = Σ tracked)
-        self._tracks = sim.alg.tracked_field != "x" and sim.faults is not None
+        #: per-round sums only when faults are played or the mixing is not exact (a healthy
+        #: run of exact mixing keeps Σ x = Σ tracked)
+        self._tracks = sim.alg.tracked_field != "x" and (
+            sim.faults is not None or sim.alg.mixing.kind != "exact")
 
     def add(self, node: str, report: RoundReport, state: NodeState) -> None:
         if report.round <= self._done:
