@@ -129,22 +129,27 @@ def clipped_sum(
 ) -> Tensor:
     """ClippedGossip (He, Karimireddy & Jaggi 2022) with a radius every node shares:
     ``v_i + Σ_{j≠i} w_ij · clip(v_j − v_i, τ)`` with ``clip(d, τ) = d · min(1, τ/‖d‖)``,
-    ``i = node``, ``τ = radius``; the node's own weight ``w_ii`` is not used (it is
-    ``1 − Σ_{j≠i} w_ij``, so with ``τ = ∞`` this is :func:`weighted_sum` up to rounding).
+    ``i = node``, ``τ = radius``, for weights that sum to 1 (a row of a mixing matrix).
 
-    Because ``‖v_j − v_i‖ = ‖v_i − v_j‖`` and ``τ`` is the same at both ends of an edge,
-    ``clip(v_j − v_i) = −clip(v_i − v_j)``: with a symmetric ``W`` the terms of ``i`` and ``j``
-    cancel, so ``Σ_i v_i`` is kept to float rounding and DACFL's ``Σ x = Σ ω`` still holds. One
-    neighbour moves the node by at most ``w_ij · τ`` per mix whatever it sends; a neighbour
-    whose vector is not finite contributes nothing.
+    It is computed as :func:`weighted_sum` with the weights ``c_ij = w_ij · s_ij``,
+    ``s_ij = min(1, τ/‖v_j − v_i‖)``, and ``c_ii = w_ii + Σ_{j≠i} w_ij (1 − s_ij)``: what
+    clipping takes off an edge goes to the node's own state. With nothing clipped that is
+    :func:`weighted_sum` bit for bit. Because ``‖v_j − v_i‖ = ‖v_i − v_j‖`` and ``τ`` is the
+    same at both ends, ``s_ij = s_ji``: with a symmetric doubly stochastic ``W`` the matrix
+    ``C`` is symmetric and doubly stochastic too, so ``Σ_i v_i`` is kept to float rounding and
+    DACFL's ``Σ x = Σ ω`` still holds. One neighbour moves the node by at most ``w_ij · τ``
+    per mix whatever it sends; a neighbour whose vector is not finite is left out (its weight
+    goes to the node).
 
-    Accumulated in float64 over ``sorted(weights)`` in the column blocks of
-    :func:`weighted_sum`, rounded once: deterministic and equal in the simulator and a daemon
-    (with equal thread counts, as every sum here). Two passes: the norms first (each
-    ``‖v_j − v_i‖²`` summed block by block in a fixed order), then the mix, so every
-    neighbour's vector is read twice; on the paper's 1.66 M-parameter CNN with 3 neighbours a
-    mix takes about 1.7× the time of :func:`weighted_sum` (``benchmarks/bench_clipped.py``,
-    figures in docs/algorithm.md).
+    The norms: ``v_j − v_i`` and its squares are taken in the vectors' dtype, column by column
+    over the blocks of :func:`weighted_sum`, and each column sum is added up once in float64,
+    in a fixed order. IEEE subtraction gives ``fl(a − b) = −fl(b − a)`` exactly, so both ends
+    of an edge square the same numbers and get the same norm, bit for bit (with equal thread
+    counts, as every sum here); a norm that overflows counts as not finite. The cost is that
+    norm pass, which reads each neighbour's vector once more (and the node's own): on the
+    paper's 1.66 M-parameter CNN with 3 neighbours a clipped mix takes about 1.6x the time of
+    :func:`weighted_sum` (``benchmarks/bench_clipped.py``; figures in docs/algorithm.md,
+    "Robust mixing").
     """
     if not radius > 0:
         raise ValueError(f"the clip radius must be > 0, got {radius}")
@@ -152,44 +157,43 @@ def clipped_sum(
     missing = [k for k in keys if k not in vectors]
     if missing:
         raise KeyError(f"no state from {', '.join(missing)} for this round")
-    if node not in vectors:
-        raise KeyError(f"no vector of the node itself ({node})")
+    if node not in weights:
+        raise ValueError(f"weights must include the node itself ({node})")
     own = vectors[node].reshape(-1)
     others = [(k, vectors[k].reshape(-1)) for k in keys if k != node]
     n = own.numel()
     width = min(MIX_BLOCK, n)
-    base = torch.empty(width, dtype=torch.float64, device=own.device)
-    wide = torch.empty_like(base)
-    squares = [0.0] * len(others)
+    difference = torch.empty(width, dtype=own.dtype, device=own.device)
+    # squares by column, summed once at the end: elementwise work on at most one block at a
+    # time, under PyTorch's threshold for multithreading, so one fixed sequence of additions
+    squares = [torch.zeros(width, dtype=own.dtype, device=own.device) for _ in others]
     for start in range(0, n, MIX_BLOCK):
         stop = min(n, start + MIX_BLOCK)
-        b, t = base[: stop - start], wide[: stop - start]
-        b.copy_(own[start:stop])
-        for m, (_, vector) in enumerate(others):
-            t.copy_(vector[start:stop])
-            t.sub_(b)
-            squares[m] += float(torch.dot(t, t))
-    scaled: list[tuple[Tensor, float]] = []
-    for (k, vector), square in zip(others, squares, strict=True):
-        norm = math.sqrt(square)
+        d = difference[: stop - start]
+        for (_, vector), square in zip(others, squares, strict=True):
+            torch.sub(vector[start:stop], own[start:stop], out=d)
+            square[: stop - start].addcmul_(d, d)
+    half = (width + 1) // 2
+    norms = []
+    for square in squares:
+        folded = square[:half].double()
+        folded[: width - half].add_(square[half:])
+        norms.append(math.sqrt(float(folded.sum())))
+    coefficients: dict[str, float] = {}
+    own_weight = float(weights[node])
+    for (k, _), norm in zip(others, norms, strict=True):
+        weight = float(weights[k])
         if not math.isfinite(norm):
-            continue  # a non-finite state moves nothing
-        scale = 1.0 if norm <= radius else radius / norm
-        scaled.append((vector, float(weights[k]) * scale))
-    out = torch.empty(n, dtype=own.dtype, device=own.device)
-    accumulator = torch.empty_like(base)
-    for start in range(0, n, MIX_BLOCK):
-        stop = min(n, start + MIX_BLOCK)
-        b, t, acc = base[: stop - start], wide[: stop - start], accumulator[: stop - start]
-        b.copy_(own[start:stop])
-        acc.zero_()
-        for vector, weight in scaled:
-            t.copy_(vector[start:stop])
-            t.sub_(b)
-            acc.add_(t, alpha=weight)
-        acc.add_(b)
-        out[start:stop].copy_(acc)
-    return out.view(vectors[node].shape)
+            own_weight += weight  # a non-finite state moves nothing
+            continue
+        if norm <= radius:
+            coefficients[k] = weight
+        else:
+            kept = weight * (radius / norm)
+            coefficients[k] = kept
+            own_weight += weight - kept
+    coefficients[node] = own_weight
+    return weighted_sum(coefficients, {k: vectors[k] for k in coefficients})
 
 
 @dataclass(frozen=True)

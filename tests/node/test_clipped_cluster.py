@@ -9,7 +9,6 @@ from dataclasses import replace
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli
-
 from dacflnode.node.launcher import launch
 from dacflnode.sim.experiment import run_experiment
 from tests.node.cluster_helpers import TINY, max_diff
@@ -20,7 +19,7 @@ def test_a_clipped_cluster_ends_with_the_clipped_simulators_models_and_its_invar
                   mixing="clipped", clip_fraction=0.005)
     launched = launch(cfg, tmp_path / "cluster", round_deadline=60)
     simulated = run_experiment(cfg, tmp_path / "sim")
-    exact = run_experiment(replace(cfg, mixing="exact"), tmp_path / "exact")
+    run_experiment(replace(cfg, mixing="exact"), tmp_path / "exact")
     clipped_away = 0.0
     for i in range(4):
         final = f"node-{i}/final.safetensors"
