@@ -96,6 +96,8 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     layout = StateLayout.from_module(model)
     initial = layout.flatten_module(model)
     algorithm = make_algorithm(run.algorithm[0], run.fodac_variant, run.mixing_rule(initial))
+    if algorithm.mixing.radius is not None:
+        log.info("%s: clipped mixing, radius %.6g", pf.node.id, algorithm.mixing.radius)
     device = pick_device(run.device)
     trainer = LocalTrainer(model, data.train_x, data.train_y,
                            run.train_config(), seed=run.seed, node_index=pf.node.share,
