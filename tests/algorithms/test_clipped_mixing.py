@@ -199,3 +199,35 @@ def test_a_ring_under_a_sign_flipping_neighbour_stays_near_the_target_only_with_
     clipped = attacked_ring(Mixing("clipped", RADIUS), lambda v: -v, rounds=ROUNDS)
     assert clipped < honest + DRIFT
     assert exact > 4 * clipped  # pulled to the opposite of the target: 7.4 vs 1.3
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=8),
+    rounds=st.integers(min_value=1, max_value=6),
+    seed=st.integers(min_value=0, max_value=10**6),
+    variant=st.sampled_from(["lagged", "fresh"]),
+    radius=st.floats(min_value=0.05, max_value=5.0),
+)
+def test_dacfl_with_clipped_mixing_keeps_the_sum_of_x_equal_to_the_sum_of_tracked_omegas(
+    n, rounds, seed, variant, radius
+):
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    alg = make_algorithm("dacfl", variant, Mixing("clipped", radius))
+    ids = ids_of(n)
+    states = [NodeState.initial(torch.randn(16, generator=gen)) for _ in range(n)]
+    for _ in range(rounds):
+        w = matrix(["dense", "ring", "regular"][int(rng.integers(3))], n, rng)
+        messages = {ids[i]: alg.outgoing(s) for i, s in enumerate(states)}
+        new = []
+        for i, s in enumerate(states):
+            weights = {ids[j]: float(w[i, j]) for j in range(n) if w[i, j] != 0}
+            inbox = {j: messages[j] for j in weights if j != ids[i]}
+            prepared = alg.prepare(s, ids[i], weights, inbox)
+            trained = prepared.train_from + 3 * torch.randn(16, generator=gen)
+            new.append(alg.complete(s, prepared, trained))
+        states = new
+        sum_x = torch.stack([s.x for s in states]).double().sum(0)
+        sum_tracked = torch.stack([alg.tracked(s) for s in states]).double().sum(0)
+        assert torch.allclose(sum_x, sum_tracked, atol=1e-4)
