@@ -4,7 +4,9 @@ import dataclasses
 from typing import Any
 
 import pytest
+import torch
 
+from dacflnode.algorithms.rounds import Mixing
 from dacflnode.config import (
     DAEMON_DEFAULTS,
     DaemonSettings,
@@ -107,6 +109,11 @@ def test_declared_defaults_are_the_dataclass_defaults():
         ({"momentum": 1}, "momentum", "must be < 1, got 1.0"),
         ({"dirichlet_alpha": 0}, "dirichlet_alpha", "must be > 0, got 0.0"),
         ({"time_varying": -1}, "time_varying", "must be >= 0, got -1"),
+        ({"mixing": "median"}, "mixing", "unknown mixing 'median' (choose from exact, clipped)"),
+        ({"clip_radius": 0}, "clip_radius", "must be > 0, got 0.0"),
+        ({"clip_fraction": -1}, "clip_fraction", "must be > 0, got -1.0"),
+        ({"mixing": "clipped", "algorithm": "dacfl,fedavg"}, "mixing",
+         "fedavg averages at a server and has no neighbour to clip"),
     ],
 )
 def test_declared_checks_say_what_is_wrong(values, field, message):
@@ -114,6 +121,18 @@ def test_declared_checks_say_what_is_wrong(values, field, message):
         config_from_mapping(values).validate()
     assert err.value.field == field
     assert message in err.value.message
+
+
+def test_the_clip_radius_is_absolute_or_a_fraction_of_the_initial_models_norm():
+    initial = torch.tensor([3.0, 4.0])  # norm 5
+    assert RunConfig().mixing_rule(initial) == Mixing()
+    assert RunConfig(mixing="clipped").mixing_rule(initial) == Mixing("clipped", 0.5)
+    assert (RunConfig(mixing="clipped", clip_fraction=0.2).mixing_rule(initial)
+            == Mixing("clipped", 1.0))
+    assert (RunConfig(mixing="clipped", clip_radius=7.0, clip_fraction=0.2)
+            .mixing_rule(initial) == Mixing("clipped", 7.0))
+    with pytest.raises(ConfigError, match="set clip_radius"):
+        RunConfig(mixing="clipped").mixing_rule(torch.zeros(2))
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", True, [1]])
@@ -166,6 +185,8 @@ CONTEXTS = [
     RunConfig(dataset="folder", classes=("a", "b")),
     RunConfig(dataset="table", classes=("a", "b"), label_column="y"),
     RunConfig(dataset="python", classes=("a", "b"), data_factory="m:f"),
+    RunConfig(mixing="clipped"),
+    RunConfig(mixing="clipped", clip_radius=2.0),
 ]
 
 

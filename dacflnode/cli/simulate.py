@@ -57,6 +57,7 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
       dacflnode simulate --config examples/paper_fmnist.yaml --topology sparse
       dacflnode simulate --dataset synthetic --nodes 5 --topology ring --rounds 30 \\
           --faults examples/faults/stall_and_cut.yaml
+      dacflnode simulate --topology random-regular --mixing clipped --clip-fraction 0.05
       dacflnode simulate --nodes 10 --rounds 100 --ray local --ray-workers 2
       dacflnode simulate --nodes 100 --rounds 100 --ray head.example:6379
       dacflnode simulate --config examples/own-data/images/run.yaml \\

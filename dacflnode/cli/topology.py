@@ -129,6 +129,7 @@ def topology_cmd(
       dacflnode topology complete --nodes 6 --hosts 10.0.0.1,10.0.0.2 \\
           --listen-host 0.0.0.0 --tls certs --time-varying 10 --out cluster --json
       dacflnode topology edge-list --edge-list graph.txt --algorithm cdsgd --out cluster
+      dacflnode topology ring --nodes 5 --mixing clipped --out cluster  # ClippedGossip
       dacflnode topology ring --nodes 3 --config examples/own-data/images/run.yaml \\
           --data-root /data/photos --test-root /data/test --out cluster  # node-i: DIR/node-i
     """

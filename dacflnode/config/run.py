@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from dacflnode.algorithms.rounds import ALGORITHMS, FODAC_VARIANTS
+from dacflnode.algorithms.rounds import ALGORITHMS, FODAC_VARIANTS, MIXINGS, Mixing
 from dacflnode.algorithms.topology import (
     TOPOLOGIES,
     MixingSchedule,
@@ -295,6 +295,34 @@ class RunConfig:
         choices=FODAC_VARIANTS,
         noun="variant",
     )
+    mixing: str = setting(
+        "exact",
+        help="How a node mixes its neighbours' states: exact (the paper's weighted average) or"
+        " clipped (ClippedGossip: each neighbour's difference clipped to a radius, which"
+        " bounds what one neighbour can move a node per round; docs/algorithm.md, Robust"
+        " mixing). Not with fedavg.",
+        scope=RUN,
+        choices=MIXINGS,
+    )
+    clip_radius: float | None = setting(
+        None,
+        help="The clip radius of mixing clipped, in the L2 norm of the whole state vector;"
+        " overrides clip_fraction.",
+        scope=RUN,
+        above=0.0,
+        default_text="clip_fraction of the initial model's norm",
+        relevant=lambda run: run.mixing == "clipped",
+        relevant_text="mixing is clipped",
+    )
+    clip_fraction: float = setting(
+        0.1,
+        help="The clip radius of mixing clipped as a fraction of the L2 norm of the initial"
+        " model (which every node derives from the seed, so no peer can move it).",
+        scope=RUN,
+        above=0.0,
+        relevant=lambda run: run.mixing == "clipped" and run.clip_radius is None,
+        relevant_text="mixing is clipped and clip_radius is unset",
+    )
     seed: int = setting(0, help="Seed of every random choice (same seed, same results).",
                         scope=RUN)
     eval_every: int = setting(1, help="Evaluate every N rounds.", scope=NODE, minimum=1)
@@ -348,6 +376,18 @@ class RunConfig:
             return self.lr
         return 0.005 if self.dataset == "cifar10" else 0.001
 
+    def mixing_rule(self, initial: Any) -> Mixing:
+        """How every node of this run mixes; ``initial``: the common initial model (a flat
+        tensor), whose norm ``clip_fraction`` is a fraction of."""
+        if self.mixing == "exact":
+            return Mixing()
+        if self.clip_radius is not None:
+            return Mixing("clipped", self.clip_radius)
+        norm = float(initial.double().norm())
+        if not norm > 0:
+            raise ConfigError("clip_fraction", "the initial model's norm is 0: set clip_radius")
+        return Mixing("clipped", self.clip_fraction * norm)
+
     def train_config(self) -> TrainConfig:
         """The local-training settings of this run (one SGD per round per node)."""
         return TrainConfig(
@@ -393,6 +433,12 @@ class RunConfig:
         schema.check(self)
         if len(set(self.algorithm)) != len(self.algorithm):
             raise ConfigError("algorithm", "an algorithm is named twice")
+        if self.mixing == "clipped" and "fedavg" in self.algorithm:
+            raise ConfigError(
+                "mixing",
+                "fedavg averages at a server and has no neighbour to clip: run it with"
+                " mixing exact, apart from the gossip algorithms",
+            )
         if _own(self):
             self._validate_own()
         elif self.data_root is not None and not Path(self.data_root).is_dir() and not self.download:

@@ -100,13 +100,15 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     ``faults``: injected faults to play (tests and demonstrations, docs/faults.md)."""
     run = pf.run
     run.apply_threads()
-    algorithm = make_algorithm(run.algorithm[0], run.fodac_variant)
     data = (own_node_data(run, cache_dir_in(pf.node.state_dir)) if run.own_data
             else builtin_node_data(run, pf.node.share))
     torch.manual_seed(run.seed)
     model = build_model(data.default_model, data.input_shape, data.num_classes)
     layout = StateLayout.from_module(model)
     initial = layout.flatten_module(model)
+    algorithm = make_algorithm(run.algorithm[0], run.fodac_variant, run.mixing_rule(initial))
+    if algorithm.mixing.radius is not None:
+        log.info("%s: clipped mixing, radius %.6g", pf.node.id, algorithm.mixing.radius)
     device = pick_device(run.device)
     trainer = LocalTrainer(model, data.train_x, data.train_y,
                            run.train_config(), seed=run.seed, node_index=pf.node.share,

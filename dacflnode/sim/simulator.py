@@ -182,6 +182,9 @@ class Simulation:
         model = factory()
         self.layout = StateLayout.from_module(model)
         self.initial = self.layout.flatten_module(model)
+        mixing = cfg.mixing_rule(self.initial)  # a daemon's rule: from the initial model
+        if mixing != self.alg.mixing:
+            self.alg = make_algorithm(algorithm, cfg.fodac_variant, mixing)
         # Ray workers train on their own CPUs, whatever this machine has
         device = (torch.device("cpu") if ray is not None and cfg.device == "auto"
                   else pick_device(cfg.device))
@@ -329,8 +332,10 @@ class _Records:
         self._reports: dict[int, dict[str, RoundReport]] = {}
         self._sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._done = 0
-        #: per-round sums only when faults are played (a healthy run keeps Σ x = Σ tracked)
-        self._tracks = sim.alg.tracked_field != "x" and sim.faults is not None
+        #: per-round sums only when faults are played or the mixing is not exact (a healthy
+        #: run of exact mixing keeps Σ x = Σ tracked)
+        self._tracks = sim.alg.tracked_field != "x" and (
+            sim.faults is not None or sim.alg.mixing.kind != "exact")
 
     def add(self, node: str, report: RoundReport, state: NodeState) -> None:
         if report.round <= self._done:

@@ -163,3 +163,29 @@ def test_launch_keeps_the_topology_its_config_file_gives(tmp_path):
     without.write_text("nodes: 4\n")
     assert _file_sets(str(flat), "topology") and _file_sets(str(nested), "topology")
     assert not _file_sets(str(without), "topology") and not _file_sets(None, "topology")
+
+
+def test_simulate_with_clipped_mixing_reports_an_invariant_that_holds():
+    args = ["simulate", *SMALL, "--rounds", "4", "--topology", "ring", "--algorithm",
+            "dacfl,cdsgd", "--json"]
+    exact = json.loads(run(args).stdout)
+    result = run([*args, "--mixing", "clipped", "--clip-fraction", "0.005"])
+    assert result.exit_code == 0, result.output
+    clipped = json.loads(result.stdout)
+    assert clipped["config"]["mixing"] == "clipped" and "invariant" not in exact
+    inv = clipped["invariant"]["dacfl"]
+    assert len(inv["rounds"]) == 4 and max(inv["rounds"]) < 1e-6 and inv["final"] < 1e-6
+    # the radius is small enough to clip: the models differ from the exact mix's
+    for name in ("dacfl", "cdsgd"):
+        assert (clipped["algorithms"][name]["train_loss"]
+                != exact["algorithms"][name]["train_loss"])
+    table = run(["simulate", *SMALL, "--topology", "ring", "--mixing", "clipped"])
+    assert "dacfl: invariant |Σx − Σtracked| / |Σtracked|" in table.stdout
+
+
+def test_simulate_refuses_clipped_mixing_for_fedavg_and_says_what_to_do():
+    result = CliRunner().invoke(cli, ["simulate", *SMALL, "--algorithm", "dacfl,fedavg",
+                                      "--mixing", "clipped"])
+    assert result.exit_code != 0
+    assert "mixing: fedavg averages at a server" in result.output
+    assert "mixing exact" in result.output
