@@ -353,14 +353,9 @@ def idle_connections(target: Target, count: int, hold: float = 3.0) -> dict[str,
         for _ in range(count):
             if time.monotonic() > deadline:
                 break
-            s = socket.socket()
-            s.settimeout(5)
-            try:
-                s.connect((host, int(port)))
-                s.sendall(H2_PREFACE)
-            except OSError:
+            s = _open_and_send(host, port, H2_PREFACE)
+            if s is None:
                 refused += 1
-                s.close()
                 continue
             socks.append(s)
         time.sleep(hold)
@@ -429,6 +424,19 @@ def scrape(address: str, timeout: float = 10.0) -> tuple[int, float]:
     return code, round(time.monotonic() - start, 3)
 
 
+def _open_and_send(host: str, port: str | int, data: bytes) -> socket.socket | None:
+    """A TCP connection to ``host:port`` that has sent ``data`` (``None``: refused)."""
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect((host, int(port)))
+        s.sendall(data)
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
 def _closed(s: socket.socket) -> bool:
     s.setblocking(False)
     try:
@@ -458,14 +466,9 @@ def slow_metrics(target: Target, count: int, hold: float = 3.0, wait_closed: flo
         for k in range(count):
             if time.monotonic() - start > 60:
                 break
-            s = socket.socket()
-            s.settimeout(5)
-            try:
-                s.connect((host, int(port)))
-                s.sendall(partial)
-            except OSError:
+            s = _open_and_send(host, port, partial)
+            if s is None:
                 failed += 1
-                s.close()
                 continue
             socks.append(s)
             if k % 100 == 0:
