@@ -685,10 +685,17 @@ async def stalled_duplicates(target: Target, stalled: int, round_: int = 1,
     while it is refused ``IN_PROGRESS``, at most ``wait`` s); how long the real push took."""
     names = sorted(target.tensors)
     total = 4 * sum(target.tensors.values())
-    digest = xxhash.xxh3_128()
-    zeros = bytes(CHUNK)
-    for off in range(0, total, CHUNK):
-        digest.update(zeros[: min(CHUNK, total - off)])
+    # node-1's state as an honest node-1 would send it (the run's initial model, seed 0, every
+    # exchanged tensor), so that the guard accepts it; changed a little in each round, as
+    # training changes it, so that it is no replay of another round's state
+    from dacflnode.learning.layout import StateLayout
+
+    torch.manual_seed(0)
+    model = Wide((1, 8, 8), 10)
+    initial = StateLayout.from_module(model).flatten_module(model).detach() * (1 + 1e-3 * round_)
+    payload = b"".join(initial.to(torch.float32).numpy().tobytes() for _ in names)
+    assert len(payload) == total, (len(payload), total)
+    digest = xxhash.xxh3_128(payload)
     header = pb.StateChunk(header=pb.StateHeader(
         sender="node-1", round=round_, degree=1, payload_bytes=total, checksum=digest.digest(),
         tensors=[pb.TensorSpec(name=n, dtype="float32", shape=[target.tensors[n]])
@@ -697,7 +704,7 @@ async def stalled_duplicates(target: Target, stalled: int, round_: int = 1,
     async def whole() -> Any:
         yield header
         for off in range(0, total, CHUNK):
-            yield pb.StateChunk(data=zeros[: min(CHUNK, total - off)])
+            yield pb.StateChunk(data=payload[off:off + CHUNK])
 
     ended: list[str] = []
     async with grpc.aio.insecure_channel(target.listen, options=[

@@ -49,7 +49,7 @@ def quarantined_by(c: Cluster, i: int, timeout: float = 120.0) -> NodeStatus:
     end = time.monotonic() + timeout
     while True:
         try:
-            status = asyncio.run(fetch_status(c.control_address(i)))
+            status = asyncio.run(fetch_status(c.control_address(i), auth=c.control_auth(i)))
         except Exception:  # not serving yet, or finished: fail below if it lasts
             status = None
         if status is not None and status.quarantines:
@@ -70,7 +70,8 @@ def test_a_member_poisoning_every_round_is_quarantined_and_nobody_waits(tmp_path
         assert by_id["node-2"].refused_states >= 2 and by_id["node-0"].refused_states == 0
         assert status.refused_states == by_id["node-2"].refused_states
         assert status.refusals.get("absurd-state", 0) >= 2
-        text = asyncio.run(fetch_metrics(c.control_address(1), "prometheus"))
+        text = asyncio.run(fetch_metrics(c.control_address(1), "prometheus",
+                                        auth=c.control_auth(1)))
         assert 'dacfl_peer_quarantines_total{node="node-1",peer="node-2"} 1.0' in text
         assert 'dacfl_peer_quarantines_total{node="node-1",peer="node-0"} 0.0' in text
         honest = [0, 1, 3]
