@@ -195,8 +195,18 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: neighbours are not authenticated (no node.tls): anyone who reaches %s can push states "
     "in a neighbour's name or pull this node's model; set node.tls (see `dacflnode certs` and "
     "docs/security.md)": ("unauthenticated", {"node": 0}),
-    "%s: Prometheus metrics on http://%s/metrics%s": ("metrics_serving", {"node": 0}),
-    "%s: control service on %s (%s, %s)": ("control_serving", {"node": 0}),
+    "%s: Prometheus metrics on %s://%s/metrics (%s)": ("metrics_serving", {"node": 0}),
+    "%s: control service on %s (%s, token required: %s)": ("control_serving", {"node": 0}),
+    "%s: clipped mixing, radius %.6g": ("clipped_mixing", {"node": 0}),
+    "metrics: cannot accept a connection: %s": ("metrics_accept_failed", {}),
+    "metrics: refused a request without the bearer token of node.metrics_token":
+        ("metrics_token_refused", {}),
+    "%s: %s refused this node's round-%d state (%s); not retried":
+        ("state_refused_by_neighbour", {"node": 0, "neighbour": 1, "round": 2, "reason": 3}),
+    "%s: refused the round-%d state of %s (%s); the round goes on without it":
+        ("state_refused", {"node": 0, "round": 1, "neighbour": 2, "reason": 3}),
+    "%s: edge to %s quarantined in round %d after %d refused states; it is not mixed again in "
+    "this run; re-anchor at round %d": ("quarantined", {"node": 0, "neighbour": 1, "round": 2}),
     "%s: serving neighbours on %s with %s (round %d of %d, %s on %s)":
         ("serving", {"node": 0, "round": 3}),
     "%s: grpc.health.v1 alone, in plaintext, on %s": ("health_serving", {"node": 0}),
@@ -210,8 +220,6 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
         ("checkpoint_fallback", {"round": 3}),
     "%s was written without a checksum (by an older dacflnode): it is used unverified; the "
     "next checkpoint carries one": ("checkpoint_unverified", {}),
-    "%s: status not refreshed within %.0fs: serving the last one":
-        ("status_stale", {"node": 0}),
     "open-files limit %d (was %d)": ("open_files_limit", {}),
     "%s: GRPC_VERBOSITY=%s hides failed TLS handshakes: they are neither counted nor logged; "
     "unset it to see them": ("tls_handshakes_hidden", {"node": 0}),
