@@ -241,10 +241,8 @@ class NeighborServicer:
                 raise WireError("RESOURCE_EXHAUSTED", "the call sent no first message within "
                                 f"{self.first_message_timeout:.3g}s", Reason.IDLE) from None
             except asyncio.CancelledError:
-                cut = call.taken()
-                if cut is None:
-                    raise
-                raise cut from None
+                call.raise_if_cut()
+                raise
         except WireError as err:
             self.slots.close(call)
             self.receiver.refused(what, "?", context.peer(), -1, err)

@@ -385,10 +385,8 @@ class Receiver:
                 message = await assembler.finish()  # checksum: off the event loop
                 await self.inbox.put(message)  # guard, duplicate, and the round moving on
             except asyncio.CancelledError:
-                cut = call.taken()
-                if cut is None:
-                    raise
-                raise cut from None
+                call.raise_if_cut()
+                raise
         except WireError as exc:
             assembler.release()
             self._refused("push", sender, peer, round_, exc)

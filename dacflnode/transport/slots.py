@@ -103,6 +103,13 @@ class Call:
             return None  # also cancelled from elsewhere
         return self.cut_error
 
+    def raise_if_cut(self) -> None:
+        """On :class:`asyncio.CancelledError` in the call's own task: raise the error
+        :meth:`cut` ended it with; return when something else cancelled it (re-raise then)."""
+        cut = self.taken()
+        if cut is not None:
+            raise cut from None
+
 
 class CallSlots:
     """The calls in flight by pool (see the module docstring)."""
