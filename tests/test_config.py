@@ -187,6 +187,7 @@ CONTEXTS = [
     RunConfig(dataset="python", classes=("a", "b"), data_factory="m:f"),
     RunConfig(mixing="clipped"),
     RunConfig(mixing="clipped", clip_radius=2.0),
+    RunConfig(compression="int8"),
 ]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from dacflnode.algorithms.compression import parse_compression
 from dacflnode.algorithms.rounds import ALGORITHMS, FODAC_VARIANTS, MIXINGS, Mixing
 from dacflnode.algorithms.topology import (
     TOPOLOGIES,
@@ -323,6 +324,26 @@ class RunConfig:
         relevant=lambda run: run.mixing == "clipped" and run.clip_radius is None,
         relevant_text="mixing is clipped and clip_radius is unset",
     )
+    compression: str = setting(
+        "none",
+        help="What a node sends its neighbours each round: none (the full float32 states),"
+        " fp16 or bf16 (a cast), int8 (8 bits per entry and a scale per block, stochastic"
+        " rounding), topk:F (the fraction F of largest entries with their indices) or"
+        " randk:F (a fraction F of entries chosen by a shared seed). Compressed runs mix"
+        " with CHOCO-Gossip, which keeps the consensus sum exact (docs/compression.md).",
+        scope=RUN,
+        metavar="none|fp16|bf16|int8|topk:F|randk:F",
+    )
+    consensus_step: float | None = setting(
+        None,
+        help="CHOCO-Gossip's consensus step size gamma of a compressed run.",
+        scope=RUN,
+        above=0.0,
+        maximum=1.0,
+        default_text="per compressor (docs/compression.md)",
+        relevant=lambda run: run.compression != "none",
+        relevant_text="compression is not none",
+    )
     seed: int = setting(0, help="Seed of every random choice (same seed, same results).",
                         scope=RUN)
     eval_every: int = setting(1, help="Evaluate every N rounds.", scope=NODE, minimum=1)
@@ -438,6 +459,16 @@ class RunConfig:
                 "mixing",
                 "fedavg averages at a server and has no neighbour to clip: run it with"
                 " mixing exact, apart from the gossip algorithms",
+            )
+        try:
+            spec = parse_compression(self.compression)
+        except ValueError as exc:
+            raise ConfigError("compression", str(exc)) from None
+        if spec.compressed and "fedavg" in self.algorithm:
+            raise ConfigError(
+                "compression",
+                "fedavg averages at a server and has no gossip to compress: run it with"
+                " compression none, apart from the gossip algorithms",
             )
         if _own(self):
             self._validate_own()

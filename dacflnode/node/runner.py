@@ -153,6 +153,10 @@ class RoundReport:
     exchange_s: float
     train_s: float
     seconds: float
+    #: payload bytes of the states this node sent to / received from its neighbours in the
+    #: round (pushes and pulls, both ways)
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 class NodeRunner:
