@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from dacflnode.algorithms.compression import parse_compression
+from dacflnode.algorithms.compression_spec import parse_compression
 from dacflnode.algorithms.rounds import ALGORITHMS, FODAC_VARIANTS, MIXINGS, Mixing
 from dacflnode.algorithms.topology import (
     TOPOLOGIES,
