@@ -196,25 +196,66 @@ def clipped_sum(
     return weighted_sum(coefficients, {k: vectors[k] for k in coefficients})
 
 
+def choco_sum(
+    node: str,
+    weights: Mapping[str, float],
+    own: Tensor,
+    copies: Mapping[str, Tensor],
+    gamma: float,
+) -> Tensor:
+    """CHOCO-Gossip's mix (Koloskova, Stich & Jaggi 2019): ``v_i + γ Σ_{j≠i} w_ij (v̂_j − v̂_i)``
+    with ``i = node``, ``v_i = own`` and ``v̂ = copies`` (the public copies, ``copies[node]`` the
+    node's own, every one as both ends of its edge hold it; docs/compression.md).
+
+    With symmetric ``w_ij`` and both ends holding the same copies, the edge ``ij`` adds
+    ``γ w_ij (v̂_j − v̂_i)`` at ``i`` and its opposite at ``j``: ``Σ_i v_i`` is kept whatever
+    the copies are, so a compressor's error never biases DACFL's ``Σ x = Σ ω``. One
+    :func:`weighted_sum` (float64 accumulation, one rounding) in a fixed order.
+    """
+    if node not in weights:
+        raise ValueError(f"weights must include the node itself ({node})")
+    others = sorted(j for j in weights if j != node)
+    missing = [j for j in [node, *others] if j not in copies]
+    if missing:
+        raise KeyError(f"no public copy of {', '.join(missing)}")
+    coefficients: dict[str, float] = {"a": 1.0,
+                                      "b": -gamma * math.fsum(weights[j] for j in others)}
+    vectors: dict[str, Tensor] = {"a": own, "b": copies[node]}
+    for j in others:
+        coefficients[f"c{j}"] = gamma * float(weights[j])
+        vectors[f"c{j}"] = copies[j]
+    return weighted_sum(coefficients, vectors)
+
+
+#: The mixing of a compressed run (not a ``mixing`` setting: ``compression`` chooses it).
+CHOCO = "choco"
+
+
 @dataclass(frozen=True)
 class Mixing:
     """How a node mixes each exchanged vector: ``exact`` (:func:`weighted_sum`, the paper's
-    DACFL) or ``clipped`` (:func:`clipped_sum` with ``radius``, the same at every node)."""
+    DACFL), ``clipped`` (:func:`clipped_sum` with ``radius``, the same at every node) or, in a
+    compressed run, ``choco`` (:func:`choco_sum` of the public copies with step ``gamma``)."""
 
     kind: str = "exact"
     radius: float | None = None
+    gamma: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in MIXINGS:
+        if self.kind not in (*MIXINGS, CHOCO):
             raise ValueError(f"unknown mixing '{self.kind}' (choose from {', '.join(MIXINGS)})")
         if self.kind == "clipped" and (self.radius is None or not self.radius > 0
                                        or not math.isfinite(self.radius)):
             raise ValueError(f"clipped mixing needs a finite radius > 0, got {self.radius}")
+        if self.kind == CHOCO and (self.gamma is None or not 0 < self.gamma <= 1):
+            raise ValueError(f"CHOCO mixing needs a step in (0, 1], got {self.gamma}")
 
     def mix(self, node: str, weights: Mapping[str, float],
             vectors: Mapping[str, Tensor]) -> Tensor:
         if self.kind == "exact":
             return weighted_sum(weights, vectors)
+        if self.kind == CHOCO:
+            raise ValueError("a compressed run mixes the public copies (choco_sum)")
         assert self.radius is not None
         return clipped_sum(node, weights, vectors, self.radius)
 
@@ -244,16 +285,28 @@ class Algorithm(ABC):
         node: str,
         weights: Mapping[str, float],
         inbox: Mapping[str, Message],
+        copies: Mapping[str, Message] | None = None,
     ) -> Prepared:
         """Mix the round's state. ``weights`` covers the node itself and every neighbour used;
-        ``inbox`` holds each neighbour's :meth:`outgoing` of the same round."""
+        ``inbox`` holds each neighbour's :meth:`outgoing` of the same round. A compressed run
+        (mixing ``choco``) mixes the public ``copies`` instead: the node's own and those of the
+        neighbours used, each after the round's update (``inbox`` is not read then)."""
         if node not in weights:
             raise ValueError(f"weights must include the node itself ({node})")
+        own = self.outgoing(state)
+        mixed: dict[str, Tensor] = {}
+        if self.mixing.kind == CHOCO:
+            if copies is None:
+                raise ValueError("a compressed run mixes public copies: none were given")
+            assert self.mixing.gamma is not None
+            for name in self.exchanged:
+                mixed[name] = choco_sum(node, weights, own[name],
+                                        {j: copies[j][name] for j in weights if j in copies},
+                                        self.mixing.gamma)
+            return Prepared(self.train_start(state, mixed), mixed)
         missing = sorted(j for j in weights if j != node and j not in inbox)
         if missing:
             raise KeyError(f"no state from {', '.join(missing)} for round {state.round}")
-        own = self.outgoing(state)
-        mixed: dict[str, Tensor] = {}
         for name in self.exchanged:
             vectors = {j: (own[name] if j == node else inbox[j][name]) for j in weights}
             mixed[name] = self.mixing.mix(node, weights, vectors)

@@ -397,9 +397,26 @@ class RunConfig:
             return self.lr
         return 0.005 if self.dataset == "cifar10" else 0.001
 
+    def consensus_gamma(self) -> float | None:
+        """CHOCO's step of a compressed run (``consensus_step``, else the compressor's
+        default); ``None`` without compression."""
+        if not parse_compression(self.compression).compressed:
+            return None
+        if self.consensus_step is not None:
+            return self.consensus_step
+        from dacflnode.algorithms.compression import make_compressor
+
+        compressor = make_compressor(self.compression)
+        assert compressor is not None
+        return compressor.default_gamma
+
     def mixing_rule(self, initial: Any) -> Mixing:
         """How every node of this run mixes; ``initial``: the common initial model (a flat
-        tensor), whose norm ``clip_fraction`` is a fraction of."""
+        tensor), whose norm ``clip_fraction`` is a fraction of. A compressed run mixes with
+        CHOCO-Gossip (docs/compression.md)."""
+        gamma = self.consensus_gamma()
+        if gamma is not None:
+            return Mixing("choco", gamma=gamma)
         if self.mixing == "exact":
             return Mixing()
         if self.clip_radius is not None:
@@ -464,6 +481,12 @@ class RunConfig:
             spec = parse_compression(self.compression)
         except ValueError as exc:
             raise ConfigError("compression", str(exc)) from None
+        if spec.compressed and self.mixing != "exact":
+            raise ConfigError(
+                "compression",
+                f"a compressed run mixes with CHOCO-Gossip, not mixing {self.mixing}: use one"
+                " of them",
+            )
         if spec.compressed and "fedavg" in self.algorithm:
             raise ConfigError(
                 "compression",

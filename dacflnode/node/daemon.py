@@ -55,6 +55,7 @@ from dacflnode.node.control_token import (
     token_file,
     write_token_file,
 )
+from dacflnode.node.copies import compression_for
 from dacflnode.node.data import (
     DataInfo,
     builtin_node_data,
@@ -109,6 +110,10 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     algorithm = make_algorithm(run.algorithm[0], run.fodac_variant, run.mixing_rule(initial))
     if algorithm.mixing.radius is not None:
         log.info("%s: clipped mixing, radius %.6g", pf.node.id, algorithm.mixing.radius)
+    compression = compression_for(run.compression, run.consensus_gamma(), run.seed)
+    if compression is not None:
+        log.info("%s: compression %s, CHOCO step %g", pf.node.id, compression.spec,
+                 compression.gamma)
     device = pick_device(run.device)
     trainer = LocalTrainer(model, data.train_x, data.train_y,
                            run.train_config(), seed=run.seed, node_index=pf.node.share,
@@ -139,7 +144,7 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
         hello_timeout=pf.daemon.hello_timeout, active_neighbours=active,
         state_dir=pf.node.state_dir, run_info=run_info, gone_after=pf.daemon.gone_after,
         anchor_delay=anchor_delay(pf.daemon.anchor_delay, len(pf.daemon.members)),
-        faults=faults, data=data.info,
+        faults=faults, data=data.info, compression=compression,
     )
     return BuiltNode(setup, state, identity, str(device), checkpoint)
 

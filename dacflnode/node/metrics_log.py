@@ -52,7 +52,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 def summarize(
     node_dirs: Sequence[Path], algorithm: str, wall_s: float, engine: str
 ) -> dict[str, Any]:
-    """Per-round Average/Var of Acc, mean training loss and residual over ``node_dirs``.
+    """Per-round Average/Var of Acc, mean training loss, residual and payload bytes a node sent
+    (``bytes_sent``, the mean over the nodes) over ``node_dirs``.
 
     A round counts when every node has written it; ``samples_per_s`` is every sample every node
     trained on in those rounds over ``wall_s``.
@@ -64,10 +65,12 @@ def summarize(
     var: list[float] = []
     train_loss: list[float] = []
     residual: list[float] = []
+    sent: list[float] = []
     samples = 0
     for r in range(rounds):
         rows = [m[r] for m in per_node]
         samples += sum(int(row["samples"]) for row in rows)
+        sent.append(float(np.mean([row.get("bytes_sent") or 0 for row in rows])))
         train_loss.append(float(np.mean([row["train_loss"] for row in rows])))
         residual.append(float(np.mean([row["consensus_residual"] for row in rows])))
         accs = [row["accuracy"] for row in rows]
@@ -87,10 +90,12 @@ def summarize(
             "var_acc": var[-1] if var else None,
             "train_loss": train_loss[-1] if train_loss else None,
             "consensus_residual": residual[-1] if residual else None,
+            "bytes_sent_per_round": float(np.mean(sent)) if sent else None,
         },
         "rounds": evaluated,
         "avg_acc": avg,
         "var_acc": var,
         "train_loss": train_loss,
         "consensus_residual": residual,
+        "bytes_sent": sent,
     }

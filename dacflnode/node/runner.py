@@ -37,7 +37,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -48,6 +48,7 @@ from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.learning.files import CorruptFile, read_verified, save_model
 from dacflnode.learning.layout import StateLayout
 from dacflnode.node.checkpoint import FINAL_MODEL, Checkpoint, save_checkpoint
+from dacflnode.node.copies import Compression, PublicCopies, is_compressed
 from dacflnode.node.edges import Absorbed, EdgeBook
 from dacflnode.node.ledger import Ledger
 from dacflnode.node.membership import PeerState, PeerTrack
@@ -56,6 +57,7 @@ from dacflnode.node.persist import Persister, PersistError
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.node.training import NodeTrainer
 from dacflnode.transport.base import (
+    DEFAULT_PULL_TIMEOUT,
     HandshakeRefused,
     PeerUnavailable,
     Transport,
@@ -138,6 +140,9 @@ class NodeSetup:
     repair: bool = True
     #: The node's data (size, samples per class), for the metrics line and the status.
     data: DataInfo | None = None
+    #: A compressed run's compression (CHOCO-Gossip over public copies, docs/compression.md);
+    #: the algorithm's mixing is then ``choco`` with the same step. ``None``: full states.
+    compression: Compression | None = None
 
 
 @dataclass
@@ -209,7 +214,18 @@ class NodeRunner:
         )
         #: The node's latest outgoing state: what the guard measures neighbours' states against.
         self._reference: Mapping[str, torch.Tensor] = alg.outgoing(state)
-        if setup.absurd_ratio is not None:
+        #: a compressed run's public copies (docs/compression.md)
+        self.copies: PublicCopies | None = None
+        #: a compressed run's guard: it judges a neighbour's copy against the node's own copy
+        self._copy_guard: RobustGuard | None = None
+        if setup.compression is not None:
+            copies = PublicCopies(setup.node_id, setup.neighbours, alg.exchanged,
+                                  setup.compression, alg.outgoing(state), shared=resume is None)
+            self.copies = copies
+            transport.inbox.copy_of = self._copy_of
+            if setup.absurd_ratio is not None:
+                self._copy_guard = RobustGuard(lambda: copies.own)
+        elif setup.absurd_ratio is not None:
             transport.inbox.guard = RobustGuard(lambda: self._reference)
         transport.inbox.on_join = self._on_join
         transport.inbox.on_refused = self._on_refused
@@ -275,9 +291,10 @@ class NodeRunner:
         key = (message.round, id(message), scale)
         poisoned = self._poisoned.get(key)
         if poisoned is None or poisoned.round != message.round:
-            tensors = {name: t * scale for name, t in message.tensors.items()}
-            poisoned = RoundMessage(message.sender, message.round, message.degree, tensors,
-                                    message.used_log, message.kind, message.anchors)
+            # a compressed message's integer parts (int8 codes, indices) stay: its floats scale
+            tensors = {name: t * scale if t.is_floating_point() else t
+                       for name, t in message.tensors.items()}
+            poisoned = replace(message, tensors=tensors)
             for old in [k for k in self._poisoned if k[0] < message.round - 1]:
                 del self._poisoned[old]
             self._poisoned[key] = poisoned
@@ -517,11 +534,21 @@ class NodeRunner:
         for peer in sorted(ahead, key=lambda p: (-ahead[p], p)):
             try:
                 message = await self.transport.pull(peer, max(0, ahead[peer] - 1))
-            except (PeerUnavailable, WireError) as exc:
+                tensors = message.tensors
+                if self.copies is not None and is_compressed(message):
+                    # a compressed state holds no model: take the sender's public copy, which
+                    # also starts this node's copy of it
+                    full = await self.transport.pull(peer, message.round,
+                                                     copy_id=message.copy_next)
+                    self.copies.commit(self.copies.adopt(peer, message.copy_next,
+                                                         full.tensors))
+                    tensors = full.tensors
+            except (PeerUnavailable, WireError, ValueError) as exc:
                 log.warning("%s: could not pull a model from %s to join: %s",
                             self.setup.node_id, peer, exc)
                 continue
-            model = message.tensors.get("omega", message.tensors["x"]).clone()
+            model = (tensors["omega"] if "omega" in tensors else tensors["x"]).reshape(
+                self.state.x.shape).clone()
             heard = message.anchors
             stale = any(r > since and me in used for r, used in message.used_log)
             log.info("%s: joining at round %d from the round-%d model of %s",
@@ -624,10 +651,90 @@ class NodeRunner:
         if adjust is not None:
             self._set_x(self.state.x + adjust)
 
-    def _message(self, t: int, degree: int, kind: Kind = Kind.STATE) -> RoundMessage:
+    async def _message(self, t: int, degree: int, kind: Kind = Kind.STATE) -> RoundMessage:
+        """The node's round-``t`` message; in a compressed run, the compressed update of its
+        public copy, which is committed here (encoding runs off the event loop)."""
         used_log, anchors = self.book.header(t)
-        return RoundMessage(self.setup.node_id, t, max(1, degree),
-                            self.setup.algorithm.outgoing(self.state), used_log, kind, anchors)
+        tensors = self.setup.algorithm.outgoing(self.state)
+        copies = self.copies
+        if copies is None:
+            return RoundMessage(self.setup.node_id, t, max(1, degree), tensors, used_log, kind,
+                                anchors)
+        parts, update = await asyncio.get_running_loop().run_in_executor(
+            self.setup.executor, copies.encode, t, tensors)
+        base = copies.own_id
+        copies.commit(update)
+        return RoundMessage(self.setup.node_id, t, max(1, degree), parts, used_log, kind,
+                            anchors, copy_base=base, copy_next=update.id)
+
+    def _copy_of(self, id_: int) -> RoundMessage | None:
+        """The node's own public copy ``id_`` as a full message (a neighbour's copy pull)."""
+        copy = None if self.copies is None else self.copies.served(id_)
+        if copy is None:
+            return None
+        return RoundMessage(self.setup.node_id, self.round, 1, copy, copy_next=id_)
+
+    async def _update_copies(self, t: int, received: Mapping[str, RoundMessage],
+                             deadline: float, pull: bool = True) -> set[str]:
+        """Apply the round's compressed updates to the copies of their senders; a copy that is
+        not the one an update was made for is pulled in full (``pull``). Returns the senders
+        whose copy now matches their message (the others are not mixed this round: their
+        one-sided uses are undone as any missed state's). An update that cannot be decoded,
+        or a copy the guard refuses, counts as a refused state."""
+        copies = self.copies
+        usable: set[str] = set()
+        if copies is None:
+            return usable
+        loop = asyncio.get_running_loop()
+        executor = self.setup.executor
+        me = self.setup.node_id
+        for j in sorted(received):
+            message = received[j]
+            if message.kind is Kind.HANDOVER or not is_compressed(message):
+                continue
+            try:
+                if copies.at(j, message.copy_next):
+                    pass  # pulled in full already
+                elif copies.applies(message):
+                    copies.commit(await loop.run_in_executor(executor, copies.decode, message))
+                elif pull:
+                    full = await self.transport.pull(
+                        j, message.round, timeout=max(0.0, min(deadline - time.monotonic(),
+                                                               DEFAULT_PULL_TIMEOUT)),
+                        copy_id=message.copy_next)
+                    copies.commit(await loop.run_in_executor(
+                        executor, copies.adopt, j, message.copy_next, full.tensors))
+                    copies.pulled += 1
+                    log.info("%s: round %d: pulled the full public copy of %s", me, t, j)
+                else:
+                    continue
+            except ValueError as exc:
+                log.warning("%s: round %d: the update of %s cannot be applied: %s", me, t, j,
+                            exc)
+                copies.forget(j)
+                self._offence(j, message.round, Reason.ABSURD_STATE, mine=False)
+                continue
+            except (WireError, PeerUnavailable) as exc:
+                log.warning("%s: round %d: could not pull the public copy of %s: %s; not mixed "
+                            "this round", me, t, j, exc)
+                continue
+            guard = self._copy_guard
+            if guard is not None and message.kind is Kind.STATE:
+                copy = copies.theirs[j][1]
+                refused = await loop.run_in_executor(
+                    executor, guard, replace(message, tensors=copy, copy_base=0), False)
+                if refused is not None:
+                    log.warning("%s: round %d: the public copy of %s is refused: %s", me, t, j,
+                                refused.detail)
+                    self._offence(j, message.round, refused.reason, mine=False)
+                    continue
+            usable.add(j)
+        return usable
+
+    def _traffic(self) -> tuple[int, int]:
+        """Payload bytes sent to and received from all neighbours so far."""
+        stats = self.transport.stats.values()
+        return sum(s.bytes_sent for s in stats), sum(s.bytes_received for s in stats)
 
     async def run_round(self, t: int) -> RoundReport:
         setup = self.setup
@@ -638,16 +745,19 @@ class NodeRunner:
         self.phase = "exchanging"
         self._alive.clear()
         since = time.monotonic()
+        traffic = self._traffic()
         active = self.mixing(t)
         handovers = self.book.handovers_due(t)
-        message = self._message(t, len(active))
-        self._reference = message.tensors
+        message = await self._message(t, len(active))
+        self._reference = message.tensors if self.copies is None else alg.outgoing(self.state)
         deadline = time.monotonic() + setup.round_deadline
         received = await self._until_stopped(
             self._exchange(t, active, handovers, message, deadline))
+        usable = (set(received) if self.copies is None else
+                  await self._until_stopped(self._update_copies(t, received, deadline)))
         absorbed = self.book.absorb(t, received)
         mixed = {j: received[j] for j in active
-                 if j in received and received[j].kind is Kind.STATE}
+                 if j in received and received[j].kind is Kind.STATE and j in usable}
         missing = tuple(j for j in active if j not in mixed and j not in absorbed.left
                         and self.peers[j].mixes_in(t))  # not re-agreed to a later round
         heard = self.transport.inbox.heard
@@ -670,11 +780,21 @@ class NodeRunner:
         inbox = {j: mixed[j].tensors for j in mixed}
         # mixing touches every parameter of every neighbour: off the event loop, like training
         loop = asyncio.get_running_loop()
-        prepared = await loop.run_in_executor(setup.executor, alg.prepare, self.state,
-                                              setup.node_id, weights, inbox)
-        self.book.record_round(t, active, weights,
-                               {j: inbox[j]["x"] for j in inbox if "x" in inbox[j]},
-                               message.tensors.get("x"))
+        if self.copies is None:
+            prepared = await loop.run_in_executor(setup.executor, alg.prepare, self.state,
+                                                  setup.node_id, weights, inbox)
+            self.book.record_round(t, active, weights,
+                                   {j: inbox[j]["x"] for j in inbox if "x" in inbox[j]},
+                                   message.tensors.get("x"))
+        else:
+            # CHOCO: the edge ij added γ w_ij (x̂_j − x̂_i); a one-sided use undoes that term
+            copies = self.copies.copies(list(mixed))
+            prepared = await loop.run_in_executor(setup.executor, alg.prepare, self.state,
+                                                  setup.node_id, weights, {}, copies)
+            gamma = setup.compression.gamma if setup.compression is not None else 1.0
+            self.book.record_round(t, active, {j: gamma * w for j, w in weights.items()},
+                                   {j: copies[j]["x"] for j in mixed if "x" in copies[j]},
+                                   copies[setup.node_id].get("x"))
         exchange_s = time.perf_counter() - started
 
         self.phase = "training"
@@ -699,6 +819,8 @@ class NodeRunner:
             samples=result.samples, accuracy=accuracy, test_loss=test_loss,
             residual=self.residual(), exchange_s=exchange_s, train_s=train_s,
             seconds=time.perf_counter() - started,
+            bytes_sent=self._traffic()[0] - traffic[0],
+            bytes_received=self._traffic()[1] - traffic[1],
         )
         self.last = report
         if setup.state_dir is not None:
@@ -747,10 +869,12 @@ class NodeRunner:
         self._reanchor_if_due(t)
         active = [j for j in self.mixing(t) if j not in skip]
         handovers = self.book.handovers_due(t)
-        message = self._message(t, len(active), kind)
+        message = await self._message(t, len(active), kind)
         deadline = time.monotonic() + self.setup.round_deadline
         received = await self._until_stopped(
             self._exchange(t, active, handovers, message, deadline))
+        if self.copies is not None:  # nothing is mixed any more: no full copy is pulled
+            await self._until_stopped(self._update_copies(t, received, deadline, pull=False))
         absorbed = self.book.absorb(t, received)
         if absorbed.terms:
             await asyncio.get_running_loop().run_in_executor(self.setup.executor, self._apply,
@@ -976,6 +1100,8 @@ class NodeRunner:
             "neighbours_missing": list(report.missing),
             "alone_rounds": self.alone_rounds,
             "refused_states": sum(t.refused_states for t in self.peers.values()),
+            "bytes_sent": report.bytes_sent,
+            "bytes_received": report.bytes_received,
             "exchange_s": round(report.exchange_s, 4),
             "train_s": round(report.train_s, 4),
             "seconds": round(report.seconds, 4),

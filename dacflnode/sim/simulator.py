@@ -53,6 +53,7 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.train import pick_device
 from dacflnode.node.checkpoint import Checkpoint
+from dacflnode.node.copies import compression_for
 from dacflnode.node.data import DataInfo, NodeDataSet, class_counts, contract_difference_all
 from dacflnode.node.faults import Crash, FaultPlan
 from dacflnode.node.metrics_log import METRICS_FILE
@@ -185,6 +186,8 @@ class Simulation:
         mixing = cfg.mixing_rule(self.initial)  # a daemon's rule: from the initial model
         if mixing != self.alg.mixing:
             self.alg = make_algorithm(algorithm, cfg.fodac_variant, mixing)
+        #: a compressed run's compression (the daemons' own: docs/compression.md)
+        self.compression = compression_for(cfg.compression, cfg.consensus_gamma(), cfg.seed)
         # Ray workers train on their own CPUs, whatever this machine has
         device = (torch.device("cpu") if ray is not None and cfg.device == "auto"
                   else pick_device(cfg.device))
@@ -451,6 +454,7 @@ class _Nodes:
             gone_after=sim.gone_after,
             anchor_delay=anchor_delay(0, len(sim.ids)),  # a launched daemon's default
             faults=self.plan, join=join, data=sim.data_info[sim.ids.index(node)],
+            compression=sim.compression,
         )
 
     def _runner(self, node: str, state: NodeState, resume: Checkpoint | None,

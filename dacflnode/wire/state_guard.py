@@ -209,7 +209,10 @@ class RobustGuard:
         spread = max(their_norm + own_norm, 2 * FLOOR)
         return norm_share, dist / (self.direction_tolerance * spread)
 
-    def __call__(self, message: RoundMessage) -> Refusal | None:
+    def __call__(self, message: RoundMessage, replay: bool = True) -> Refusal | None:
+        """The refusal of ``message``, or ``None``; ``replay``: also refuse a state sent before
+        for another round (off for a compressed run's public copies, which a zero update leaves
+        as they were)."""
         measured = self.measure(message)
         if measured is None:
             return None
@@ -234,7 +237,7 @@ class RobustGuard:
                 "INVALID_ARGUMENT",
             )
         theirs = message.tensors
-        if message.kind not in _MAY_REPEAT:
+        if replay and message.kind not in _MAY_REPEAT:
             mark = digest(theirs)
             with self._lock:
                 seen = self._seen.setdefault(message.sender, deque(maxlen=self._replay_memory))
