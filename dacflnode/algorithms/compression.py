@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
+import numpy as np
 import torch
+import xxhash
 
 from dacflnode.algorithms.compression_spec import (
     COMPRESSIONS,
@@ -26,8 +29,30 @@ from dacflnode.algorithms.compression_spec import (
     CompressionSpec,
     parse_compression,
 )
+from dacflnode.algorithms.graphs import ring
+from dacflnode.algorithms.mixing import dense_random_matrix, metropolis_matrix
 
-__all__ = ["COMPRESSIONS", "FRACTIONED", "CompressionSpec", "Compressor", "parse_compression"]
+__all__ = [
+    "COMPRESSIONS",
+    "FRACTIONED",
+    "INT8_BLOCK",
+    "BFloat16Compressor",
+    "CompressionSpec",
+    "Compressor",
+    "ConsensusTrace",
+    "Float16Compressor",
+    "Int8Compressor",
+    "RandKCompressor",
+    "TopKCompressor",
+    "choco_consensus",
+    "gamma_sweep",
+    "make_compressor",
+    "parse_compression",
+    "random_indices",
+    "sparse_count",
+    "stable_seed",
+    "top_indices",
+]
 
 Tensor = torch.Tensor
 
@@ -58,3 +83,460 @@ class Compressor(ABC):
         """Payload bytes of one compressed vector of ``numel`` elements."""
         return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
                    for dtype, shape in self.parts(numel).values())
+
+
+#: Entries per int8 block: each block carries one float32 scale.
+INT8_BLOCK = 512
+#: The largest finite float16 and bfloat16 values: the casts clamp to them, never producing inf.
+FP16_MAX = float(torch.finfo(torch.float16).max)
+BF16_MAX = float(torch.finfo(torch.bfloat16).max)
+
+#: The longest vector topk and randk take (their indices are int32).
+MAX_SPARSE_NUMEL = 2**31 - 1
+
+_MASK64 = (1 << 64) - 1
+_MASK63 = (1 << 63) - 1
+
+
+def stable_seed(*parts: str | int) -> int:
+    """A deterministic 63-bit seed from ``parts`` (e.g. the run seed, the sender's id, the round
+    and the field name), the same on every host and Python process: xxh3-64 over a tagged,
+    length-prefixed encoding, so ``("1", 2)`` and ``(1, "2")`` or ``("ab", "c")`` and
+    ``("a", "bc")`` never collide by construction."""
+    h = xxhash.xxh3_64()
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, (int, str)):
+            raise TypeError(f"stable_seed takes str and int parts, not {type(part).__name__}")
+        data = (b"i" + str(part).encode()) if isinstance(part, int) else b"s" + part.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.intdigest() & _MASK63
+
+
+def sparse_count(fraction: float, numel: int) -> int:
+    """``k`` of ``topk:F`` and ``randk:F``: ``max(1, ceil(F·n))`` entries (never more than
+    ``n``). ``F·n`` is rounded to 9 decimals first, so that 0.07 · 100 sends 7 entries, not the
+    8 that the binary rounding of 0.07 would give; the arithmetic is IEEE double, the same on
+    every host."""
+    if numel <= 0:
+        return 0
+    if numel > MAX_SPARSE_NUMEL:
+        raise ValueError(f"topk and randk index vectors of at most {MAX_SPARSE_NUMEL} entries"
+                         f" (int32 indices), got {numel}: split the vector")
+    return min(numel, max(1, math.ceil(round(fraction * numel, 9))))
+
+
+def _check_parts(compressor: Compressor, parts: Mapping[str, Tensor], numel: int) -> None:
+    expected = compressor.parts(numel)
+    if set(parts) != set(expected):
+        raise ValueError(f"{compressor.spec} parts must be {sorted(expected)}, got {sorted(parts)}")
+    for name, (dtype, shape) in expected.items():
+        tensor = parts[name]
+        if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{compressor.spec} part {name!r} must be {dtype} of shape {shape}, got"
+                f" {tensor.dtype} of shape {tuple(tensor.shape)}")
+
+
+def _check_delta(delta: Tensor) -> None:
+    if delta.dtype != torch.float32 or delta.dim() != 1:
+        raise ValueError(f"a compressor encodes a flat float32 vector, got {delta.dtype}"
+                         f" of shape {tuple(delta.shape)}")
+
+
+def _all_finite(tensor: Tensor) -> bool:
+    """True when no entry is NaN or ±inf (min and max propagate NaN: one pass, no mask)."""
+    if tensor.numel() == 0:
+        return True
+    low, high = torch.aminmax(tensor)
+    return math.isfinite(float(low)) and math.isfinite(float(high))
+
+
+class _Cast(Compressor):
+    """A cast to a 16-bit float type, clamped to its finite range; decoding is the exact cast
+    back to float32 (every float16 and bfloat16 value is a float32 value)."""
+
+    dtype: torch.dtype
+    limit: float
+
+    def __init__(self, spec: CompressionSpec) -> None:
+        self.spec = spec
+        self.default_gamma = 1.0
+
+    def parts(self, numel: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        return {"q": (self.dtype, (numel,))}
+
+    def encode(self, delta: Tensor, seed: int) -> dict[str, Tensor]:
+        _check_delta(delta)
+        return {"q": delta.clamp(-self.limit, self.limit).to(self.dtype)}
+
+    def decode(self, parts: Mapping[str, Tensor], numel: int, seed: int) -> Tensor:
+        _check_parts(self, parts, numel)
+        q = parts["q"]
+        if not _all_finite(q):
+            raise ValueError(f"{self.spec} payload holds a NaN or infinite value")
+        return q.to(torch.float32)
+
+
+class Float16Compressor(_Cast):
+    """``fp16``: 2 bytes per entry, about 3 significant decimal digits, values clamped to
+    ±65504. CHOCO sends differences that shrink as the copies catch up, and the relative
+    precision of a float is the same at every scale, so γ = 1 converges."""
+
+    dtype = torch.float16
+    limit = FP16_MAX
+
+
+class BFloat16Compressor(_Cast):
+    """``bf16``: 2 bytes per entry, float32's range with 8 bits of mantissa (rounded to
+    nearest even, clamped to the largest finite bfloat16). γ = 1 converges."""
+
+    dtype = torch.bfloat16
+    limit = BF16_MAX
+
+
+class Int8Compressor(Compressor):
+    """``int8``: per block of :data:`INT8_BLOCK` entries (the last one may be short), the
+    scale ``max|block| / 127`` (0 for an all-zero block) as float32, and each entry as
+    ``q = stochastic_round(delta / scale)`` in [-127, 127]: ``floor(v + u)`` with ``u``
+    uniform in [0, 1), which is ``v`` on average (unbiased) and off by less than one step, so
+    the error of an entry is below its block's scale. ``u`` comes from NumPy's PCG64 seeded by
+    ``seed`` (4× faster than torch's Mersenne twister for a model-sized vector; only the
+    sender draws it, so the receiver's result does not depend on it).
+
+    Decoding is ``float32(q) · scale``: one correctly rounded float32 multiplication per entry,
+    no fused or wider arithmetic, hence the same bits on every host. 1 + 4/512 bytes per entry,
+    3.97× fewer than float32. γ = 1 converges (docs/compression.md)."""
+
+    def __init__(self, spec: CompressionSpec) -> None:
+        self.spec = spec
+        self.default_gamma = 1.0
+
+    def parts(self, numel: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        return {"q": (torch.int8, (numel,)),
+                "scale": (torch.float32, (-(-numel // INT8_BLOCK),))}
+
+    def encode(self, delta: Tensor, seed: int) -> dict[str, Tensor]:
+        _check_delta(delta)
+        n = delta.numel()
+        blocks = -(-n // INT8_BLOCK)
+        padded = torch.zeros(blocks * INT8_BLOCK, dtype=torch.float32)
+        padded[:n] = delta
+        grid = padded.view(blocks, INT8_BLOCK)
+        scale = grid.abs().amax(dim=1).div_(127.0)
+        # an all-zero block (or one whose scale underflows to 0) sends zeros
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        noise = np.random.Generator(np.random.PCG64(seed)).random(n, dtype=np.float32)
+        v = grid.div_(safe[:, None]).view(-1)[:n]
+        v.add_(torch.from_numpy(noise)).floor_().clamp_(-127.0, 127.0)
+        q = v.to(torch.int8)
+        return {"q": q, "scale": torch.where(scale > 0, scale, torch.zeros_like(scale))}
+
+    def decode(self, parts: Mapping[str, Tensor], numel: int, seed: int) -> Tensor:
+        _check_parts(self, parts, numel)
+        q, scale = parts["q"], parts["scale"]
+        if not _all_finite(scale):
+            raise ValueError("int8 payload holds a NaN or infinite scale")
+        if numel and float(scale.min()) < 0:
+            raise ValueError("int8 payload holds a negative scale")
+        if numel and int(q.min()) == -128:
+            raise ValueError("int8 payload holds -128, outside the encoder's [-127, 127]")
+        out = torch.empty(numel, dtype=torch.float32)
+        full = numel // INT8_BLOCK
+        head = full * INT8_BLOCK
+        out[:head].view(full, INT8_BLOCK).copy_(q[:head].view(full, INT8_BLOCK)).mul_(
+            scale[:full, None])
+        if head < numel:
+            out[head:].copy_(q[head:]).mul_(scale[full])
+        if not _all_finite(out):
+            raise ValueError("int8 payload decodes to infinite values: its scales are too large")
+        return out
+
+
+def _sparse_gamma(fraction: float) -> float:
+    """CHOCO's default γ of a sparsifier sending the fraction ``F`` of the entries, from the
+    consensus experiment of :func:`gamma_sweep` (docs/compression.md)."""
+    return _SPARSE_GAMMA_SCALE * fraction if fraction < 1.0 / _SPARSE_GAMMA_SCALE else 1.0
+
+
+#: γ = min(1, c·F) for topk:F and randk:F; c from the experiment (docs/compression.md)
+_SPARSE_GAMMA_SCALE = 1.0
+
+
+def _check_sparse(values: Tensor, indices: Tensor | None, numel: int, kind: str) -> None:
+    if not _all_finite(values):
+        raise ValueError(f"{kind} payload holds a NaN or infinite value")
+    if indices is None or indices.numel() == 0:
+        return
+    if int(indices[0]) < 0 or int(indices[-1]) >= numel:
+        raise ValueError(f"{kind} payload holds an index outside [0, {numel})")
+    if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
+        raise ValueError(f"{kind} payload indices are not strictly increasing")
+
+
+class TopKCompressor(Compressor):
+    """``topk:F``: the ``k = max(1, ceil(F·n))`` entries of largest magnitude, as float32
+    values and int32 indices sorted ascending (8·k bytes). Ties at the k-th magnitude go to
+    the lowest indices, so the choice is a function of the vector alone. Decoding is a scatter
+    into zeros (exact). The copies ``x̂`` of CHOCO carry what was not sent to the next round,
+    which is the error feedback this compressor needs."""
+
+    def __init__(self, spec: CompressionSpec) -> None:
+        if spec.fraction is None:
+            raise ValueError("topk needs a fraction: topk:F")
+        self.spec = spec
+        self.fraction = spec.fraction
+        self.default_gamma = _sparse_gamma(spec.fraction)
+
+    def parts(self, numel: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        k = sparse_count(self.fraction, numel)
+        return {"values": (torch.float32, (k,)), "indices": (torch.int32, (k,))}
+
+    def encode(self, delta: Tensor, seed: int) -> dict[str, Tensor]:
+        _check_delta(delta)
+        indices = top_indices(delta, sparse_count(self.fraction, delta.numel()))
+        return {"values": delta[indices], "indices": indices.to(torch.int32)}
+
+    def decode(self, parts: Mapping[str, Tensor], numel: int, seed: int) -> Tensor:
+        _check_parts(self, parts, numel)
+        values, indices = parts["values"], parts["indices"]
+        _check_sparse(values, indices, numel, "topk")
+        out = torch.zeros(numel, dtype=torch.float32)
+        out[indices.long()] = values
+        return out
+
+
+def top_indices(delta: Tensor, k: int) -> Tensor:
+    """The ascending int64 indices of the ``k`` entries of ``delta`` of largest magnitude,
+    ties at the k-th magnitude broken towards the lowest index.
+
+    A strided sample of the magnitudes gives a threshold a little below the k-th largest; the
+    exact selection then runs on the few entries above it (falling back to the whole vector
+    when the sample misjudged), about 5× faster than ``torch.topk`` over a model-sized vector.
+    The result does not depend on the sample."""
+    n = delta.numel()
+    if k <= 0:
+        return torch.zeros(0, dtype=torch.int64)
+    magnitude = delta.abs()
+    if k >= n:
+        return torch.arange(n)
+    candidates: Tensor | None = None
+    sample_size = 32_768
+    if n > 4 * sample_size and k * 8 < n:
+        stride = n // sample_size
+        sample = magnitude[::stride]
+        rank = min(sample.numel(), int(k / n * sample.numel() * 1.5) + 32)
+        estimate = torch.topk(sample, rank, sorted=False).values.min()
+        candidates = torch.nonzero(magnitude >= estimate).view(-1)
+        if candidates.numel() < k:
+            candidates = None
+    if candidates is None:
+        candidates = torch.arange(n)
+    values = magnitude[candidates]
+    threshold = torch.topk(values, k, sorted=False).values.min()
+    above = values > threshold
+    ties = values == threshold
+    missing = k - int(above.sum())
+    keep = above | (ties & (torch.cumsum(ties, 0) <= missing))
+    return candidates[keep]
+
+
+def _splitmix64(counters: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function over uint64 counters (wrapping arithmetic, exact on every
+    host). A bijection of the 64-bit integers."""
+    z = counters * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    result: np.ndarray = z ^ (z >> np.uint64(31))
+    return result
+
+
+def random_indices(seed: int, numel: int, k: int) -> Tensor:
+    """``k`` distinct indices in [0, numel), ascending int64, a function of ``seed`` alone
+    (every k-subset equally likely), computed with integer arithmetic only, so the two ends of
+    an edge derive the same ones whatever their library versions.
+
+    For ``k ≤ n/2``: the first ``k`` distinct values of the stream ``SplitMix64(base + c) mod
+    n``, c = 0, 1, …, where ``base`` is the seed times an odd constant mod 2⁶⁴ (about ``k``
+    draws, extended while too few are distinct; the result does not depend on how many are
+    drawn). Above that, the ``k`` indices whose hash ``SplitMix64(base + i)`` is smallest
+    (a bijection, so no ties)."""
+    if k <= 0:
+        return torch.zeros(0, dtype=torch.int64)
+    if k >= numel:
+        return torch.arange(numel)
+    if numel > MAX_SPARSE_NUMEL:
+        raise ValueError(f"random_indices takes at most {MAX_SPARSE_NUMEL} entries, got {numel}")
+    base = np.uint64((seed * 0x2545F4914F6CDD1D) & _MASK64)
+    with np.errstate(over="ignore"):
+        if 2 * k <= numel:
+            # expected distinct values among m draws: n(1 − e^(−m/n)); draw a little more
+            draws = int(-numel * math.log1p(-k / numel) * 1.02) + 64
+            while True:
+                counters = base + np.arange(draws, dtype=np.uint64)
+                stream = _splitmix64(counters) % np.uint64(numel)
+                # one sort of (value, draw) pairs packed in a uint64 (n and the draws < 2³²)
+                # finds each value's first draw, much faster than a stable argsort
+                packed = np.sort((stream << np.uint64(32)) | np.arange(draws, dtype=np.uint64))
+                values = packed >> np.uint64(32)
+                first = np.empty(packed.size, dtype=bool)
+                first[0] = True
+                np.not_equal(values[1:], values[:-1], out=first[1:])
+                unique = values[first]
+                if unique.size >= k:
+                    order = packed[first] & np.uint64(0xFFFFFFFF)
+                    cutoff = np.partition(order, k - 1)[k - 1]
+                    return torch.from_numpy(unique[order <= cutoff].astype(np.int64))
+                draws = draws * 5 // 4 + 64
+        keys = _splitmix64(base + np.arange(numel, dtype=np.uint64))
+        chosen = np.sort(np.argpartition(keys, k - 1)[:k])
+        return torch.from_numpy(chosen.astype(np.int64))
+
+
+class RandKCompressor(Compressor):
+    """``randk:F``: the values (float32, 4·k bytes) of ``k = max(1, ceil(F·n))`` entries whose
+    indices both ends derive from ``seed`` (:func:`random_indices`), so no index travels.
+
+    The values are *not* rescaled by n/k: CHOCO-Gossip needs a contraction
+    (``E‖Q(v) − v‖² ≤ (1 − δ)‖v‖²``, here δ = k/n), not an unbiased estimate, whose variance
+    would grow the copies' error instead of shrinking it. Decoding is a scatter into zeros
+    (exact)."""
+
+    def __init__(self, spec: CompressionSpec) -> None:
+        if spec.fraction is None:
+            raise ValueError("randk needs a fraction: randk:F")
+        self.spec = spec
+        self.fraction = spec.fraction
+        self.default_gamma = _sparse_gamma(spec.fraction)
+
+    def parts(self, numel: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        return {"values": (torch.float32, (sparse_count(self.fraction, numel),))}
+
+    def encode(self, delta: Tensor, seed: int) -> dict[str, Tensor]:
+        _check_delta(delta)
+        n = delta.numel()
+        return {"values": delta[random_indices(seed, n, sparse_count(self.fraction, n))]}
+
+    def decode(self, parts: Mapping[str, Tensor], numel: int, seed: int) -> Tensor:
+        _check_parts(self, parts, numel)
+        values = parts["values"]
+        _check_sparse(values, None, numel, "randk")
+        out = torch.zeros(numel, dtype=torch.float32)
+        out[random_indices(seed, numel, values.numel())] = values
+        return out
+
+
+_KINDS: dict[str, Callable[[CompressionSpec], Compressor]] = {
+    "fp16": Float16Compressor,
+    "bf16": BFloat16Compressor,
+    "int8": Int8Compressor,
+    "topk": TopKCompressor,
+    "randk": RandKCompressor,
+}
+
+
+def make_compressor(spec: CompressionSpec | str) -> Compressor | None:
+    """The compressor of a ``compression`` setting, or ``None`` for ``none`` (the full float32
+    states, mixed without copies). Raises ``ValueError`` for a malformed setting."""
+    parsed = parse_compression(spec) if isinstance(spec, str) else spec
+    if not parsed.compressed:
+        return None
+    return _KINDS[parsed.kind](parsed)
+
+
+#: A consensus error above this counts as diverged: :func:`choco_consensus` stops there.
+DIVERGED = 1e3
+
+
+@dataclass(frozen=True)
+class ConsensusTrace:
+    """What :func:`choco_consensus` measured: ``errors[t]`` is ``‖x_t − x̄‖ / ‖x_0 − x̄‖``
+    after step ``t + 1``; ``sum_drift`` the largest ``max_k |Σ_i x_t[i, k] − Σ_i x_0[i, k]|``
+    over the steps, relative to ``max_k Σ_i |x_0[i, k]|``; ``final`` the states ``x``."""
+
+    errors: list[float]
+    sum_drift: float
+    final: Tensor
+
+
+def choco_consensus(
+    compressor: Compressor | None,
+    w: Tensor,
+    x0: Tensor,
+    gamma: float,
+    steps: int,
+    seed: int = 0,
+) -> ConsensusTrace:
+    """CHOCO-Gossip (Koloskova, Stich, Jaggi 2019, Algorithm 1) over a symmetric doubly
+    stochastic ``w`` (n×n) from the float32 states ``x0`` (n×d), all nodes in one process.
+
+    Each step, every node ``i`` sends ``q_i = Q(x_i − x̂_i)`` (encoded with the seed
+    ``stable_seed(seed, i, t, "x")``); every holder of a copy ``x̂_i`` adds the decoded ``q_i``
+    (one decode: the bits are the same at every end); then
+    ``x_i += γ Σ_{j≠i} w_ij (x̂_j − x̂_i)``. A run whose error exceeds :data:`DIVERGED` stops
+    there, its remaining errors ``inf``. With a symmetric ``w`` the increments cancel in
+    ``Σ_i x_i`` whatever ``Q`` did, so the sum changes only by float32 rounding.
+    ``compressor=None`` sends ``q_i = x_i − x̂_i`` exactly (plain gossip for ``γ = 1``)."""
+    if w.dim() != 2 or w.shape[0] != w.shape[1] or x0.dim() != 2 or x0.shape[0] != w.shape[0]:
+        raise ValueError("choco_consensus needs w of shape (n, n) and x0 of shape (n, d)")
+    nodes, dim = x0.shape
+    off = w.to(torch.float32).clone()
+    off.fill_diagonal_(0.0)
+    row = off.sum(dim=1, keepdim=True)
+    x = x0.to(torch.float32).clone()
+    copies = torch.zeros_like(x)
+    start_sum = x.double().sum(dim=0)
+    sum_scale = float(x.double().abs().sum(dim=0).max()) or 1.0
+    mean = x.double().mean(dim=0).float()
+    start_error = float(torch.linalg.vector_norm(x - mean)) or 1.0
+    errors: list[float] = []
+    drift = 0.0
+    for step in range(steps):
+        for i in range(nodes):
+            delta = x[i] - copies[i]
+            if compressor is None:
+                copies[i] += delta
+            else:
+                node_seed = stable_seed(seed, i, step, "x")
+                sent = compressor.encode(delta, node_seed)
+                copies[i] += compressor.decode(sent, dim, node_seed)
+        x += gamma * (off @ copies - row * copies)
+        error = float(torch.linalg.vector_norm(x - mean)) / start_error
+        if not error < DIVERGED:
+            errors.extend([math.inf] * (steps - step))
+            break
+        errors.append(error)
+        drift = max(drift, float((x.double().sum(dim=0) - start_sum).abs().max()) / sum_scale)
+    return ConsensusTrace(errors, drift, x)
+
+
+def gamma_sweep(
+    specs: list[str],
+    gammas: list[float],
+    steps: int = 100,
+    nodes: int = 10,
+    dim: int = 100_000,
+    seed: int = 0,
+) -> list[dict[str, object]]:
+    """The experiment behind the default γ of each compressor (docs/compression.md): CHOCO
+    consensus on a ``nodes``-ring with Metropolis weights and on the paper's dense random
+    doubly stochastic matrix, from independent standard normal states of ``dim`` entries,
+    for every spec and γ. One row per (matrix, spec, γ) with the consensus error after 25
+    steps and after ``steps`` steps (``inf`` when it diverged)."""
+    matrices = {
+        "ring": torch.from_numpy(metropolis_matrix(nodes, ring(nodes))),
+        "dense": torch.from_numpy(dense_random_matrix(nodes, np.random.default_rng(seed))),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    x0 = torch.randn(nodes, dim, generator=generator)
+    rows: list[dict[str, object]] = []
+    for name, w in matrices.items():
+        for spec in specs:
+            compressor = make_compressor(spec)
+            for gamma in gammas:
+                trace = choco_consensus(compressor, w, x0, gamma, steps, seed)
+                errors = trace.errors
+                rows.append({"matrix": name, "compression": spec, "gamma": gamma,
+                             "error_25": errors[min(24, steps - 1)], "error_end": errors[-1],
+                             "sum_drift": trace.sum_drift})
+    return rows
