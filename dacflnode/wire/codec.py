@@ -11,8 +11,9 @@ guards against corruption and truncation, not tampering: anyone can compute it f
 payload. Only mutual TLS between neighbours (``node.tls``) guards a connection against tampering
 and spoofing; without it nothing does. XXH3 runs at memory speed, so it costs a few percent of a
 transfer instead of doubling it. Nothing is ever unpickled: the payload is raw little-endian
-float32 bytes, and a payload that holds NaN or an infinity is refused (:func:`check_finite`)
-before anyone can mix it.
+float32 bytes (or, for a compressed state, the raw little-endian bytes of its parts: float16,
+bfloat16, int8, int32; see :data:`DTYPES`), and a payload that holds NaN or an infinity is
+refused (:func:`check_finite`) before anyone can mix it.
 
 Receiving a state of ``B`` bytes costs ``B`` bytes plus the chunks in flight (its buffer comes
 from a :class:`BufferPool` and is reused in later rounds); sending costs two chunks.
@@ -39,9 +40,10 @@ from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, Refusal, WireError
 
 __all__ = [
     "CHECKSUM_BYTES", "CHUNK_BYTES", "DTYPES", "MAX_ANCHORS", "MAX_USED_LOG",
-    "PROTOCOL_VERSION", "BufferPool", "Chunk", "DataSerializer", "Decoder", "Expectation",
-    "Kind", "Reason", "Refusal", "RoundMessage", "UsedLog", "WireError", "check_fields",
-    "check_finite", "check_log", "checksum", "chunk_size", "chunks", "decode", "dtype_name",
+    "PROTOCOL_VERSION", "BufferPool", "Chunk", "CompressedSpec", "DataSerializer", "Decoder",
+    "Expectation", "Kind", "Reason", "Refusal", "RoundMessage", "TensorField", "UsedLog",
+    "WireError", "check_copy", "check_fields", "check_finite", "check_log", "checksum",
+    "chunk_size", "chunks", "decode", "dtype_name", "dtype_name_of",
     "encode", "make_header", "parse_chunk", "payload_slices", "serialize_chunk",
     "serialize_data", "serialized_chunks",
 ]
@@ -53,7 +55,17 @@ MAX_USED_LOG = 64
 MAX_ANCHORS = 16
 CHUNK_BYTES = 1 << 20
 CHECKSUM_BYTES = 16
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32}
+#: The tensor dtypes the wire carries, by wire name: float32 for full states, the others for
+#: the parts of a compressed state (docs/compression.md).
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "int32": torch.int32,
+}
+#: The dtypes whose values can be NaN or infinite (integers are always finite).
+_FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
@@ -80,6 +92,10 @@ class RoundMessage:
     ``used_log`` says which neighbours' states the sender mixed in each of its last few rounds
     (how a neighbour learns that an edge was used on one end only, and undoes it); ``anchors``
     are the future rounds at which every node re-anchors (both: docs/faults.md).
+
+    A compressed state carries the ids of the sender's public copy before (``copy_base``) and
+    after (``copy_next``) applying its update; a copy-pull reply carries the pulled copy's id
+    in ``copy_next``. 0: none (docs/compression.md).
     """
 
     sender: str
@@ -89,6 +105,8 @@ class RoundMessage:
     used_log: UsedLog = ()
     kind: Kind = Kind.STATE
     anchors: tuple[int, ...] = ()
+    copy_base: int = 0
+    copy_next: int = 0
 
     @property
     def payload_bytes(self) -> int:
@@ -113,6 +131,8 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
         flat = flat.cpu()
     if not flat.is_contiguous():
         flat = flat.contiguous()
+    if flat.dtype is torch.bfloat16:  # numpy has no bfloat16: the same bytes as int16
+        flat = flat.view(torch.int16)
     return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
 
 
@@ -148,6 +168,8 @@ def make_header(message: RoundMessage) -> pb.StateHeader:
         used_log=[pb.UsedRound(round=r, peers=list(p)) for r, p in message.used_log],
         kind=int(message.kind),  # type: ignore[arg-type]
         anchors=list(message.anchors),
+        copy_base=message.copy_base,
+        copy_next=message.copy_next,
     )
 
 
@@ -278,14 +300,44 @@ def encode(
     yield from chunks(message, chunk_bytes)
 
 
+#: A compressed state's tensor set: part name -> (dtype, shape).
+CompressedSpec = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+
+
 @dataclass
 class Expectation:
-    """What a receiver accepts: known senders, acceptable rounds, the exact tensor set."""
+    """What a receiver accepts: known senders, acceptable rounds, the exact tensor set.
+
+    A message's tensors must be exactly the float32 set ``tensors`` or, when given, exactly the
+    ``compressed`` set (names, dtypes and shapes), never a mix. ``copy_next``, when given, is
+    the copy id a message must carry (a copy pull's answer).
+    """
 
     senders: Collection[str]
     tensors: Mapping[str, tuple[int, ...]]  # name -> shape, all float32
     accept_round: Callable[[int], Refusal | None] = lambda r: None  # a refusal, or None
     max_degree: int = 1 << 16
+    compressed: CompressedSpec | None = None
+    copy_next: int | None = None
+
+    def specs(self, names: Collection[str]) -> Mapping[str, tuple[torch.dtype, tuple[int, ...]]]:
+        """The expected ``name -> (dtype, shape)`` set that ``names`` must match: the float32
+        one, or the compressed one when ``names`` are its names; raises :class:`WireError`
+        when ``names`` match neither."""
+        wanted = set(names)
+        if wanted == set(self.tensors):
+            return {n: (torch.float32, tuple(s)) for n, s in self.tensors.items()}
+        if self.compressed is not None and wanted == set(self.compressed):
+            return self.compressed
+        sets = f"the expected {sorted(self.tensors)}"
+        if self.compressed is not None:
+            sets += f" or the compressed {sorted(self.compressed)}"
+        raise WireError("INVALID_ARGUMENT", f"tensors {sorted(names)} do not match {sets}",
+                        Reason.BAD_PAYLOAD)
+
+
+#: One tensor of a checked message: name, dtype, shape, number of elements.
+TensorField = tuple[str, torch.dtype, tuple[int, ...], int]
 
 
 def check_fields(
@@ -293,11 +345,12 @@ def check_fields(
     round_: int,
     degree: int,
     tensors: Sequence[tuple[str, str, tuple[int, ...]]],
-) -> list[tuple[str, tuple[int, ...], int]]:
+) -> list[TensorField]:
     """Check a message's round, degree and ``(name, dtype name, shape)`` list against
-    ``expect`` (the sender is checked by the caller) and return ``(name, shape, numel)`` per
-    tensor, in order; raises :class:`WireError` with the code and :class:`Reason` a receiver
-    answers with.
+    ``expect`` (the sender is checked by the caller) and return ``(name, dtype, shape,
+    numel)`` per tensor, in order; raises :class:`WireError` with the code and
+    :class:`Reason` a receiver answers with. The tensors must be exactly the float32 set or
+    exactly the compressed set of ``expect`` (see :class:`Expectation`).
 
     Shared by :class:`Decoder` (fields read from a header) and the in-memory transport's
     no-copy path (fields read from the tensors themselves), so both refuse the same messages
@@ -310,26 +363,34 @@ def check_fields(
     if not 1 <= degree <= expect.max_degree:
         raise WireError("INVALID_ARGUMENT", f"degree {degree} out of range", Reason.BAD_HEADER)
     names = [name for name, _, _ in tensors]
-    if sorted(names) != sorted(expect.tensors) or len(set(names)) != len(names):
-        raise WireError(
-            "INVALID_ARGUMENT",
-            f"tensors {names} do not match the expected {sorted(expect.tensors)}",
-            Reason.BAD_PAYLOAD,
-        )
-    shapes = []
+    if len(set(names)) != len(names):
+        raise WireError("INVALID_ARGUMENT", f"tensors {names}: a name twice",
+                        Reason.BAD_PAYLOAD)
+    specs = expect.specs(names)
+    shapes: list[TensorField] = []
     for name, dtype, shape in tensors:
-        if dtype not in DTYPES:
-            raise WireError("INVALID_ARGUMENT", f"tensor {name}: dtype {dtype!r}",
+        want_dtype, want_shape = specs[name]
+        if DTYPES.get(dtype) is not want_dtype:
+            raise WireError("INVALID_ARGUMENT",
+                            f"tensor {name}: dtype {dtype!r}, expected {dtype_name_of(want_dtype)}",
                             Reason.BAD_PAYLOAD)
-        if shape != tuple(expect.tensors[name]):
+        if shape != tuple(want_shape):
             raise WireError(
                 "INVALID_ARGUMENT",
-                f"tensor {name}: shape {list(shape)}, expected {list(expect.tensors[name])}",
+                f"tensor {name}: shape {list(shape)}, expected {list(want_shape)}",
                 Reason.BAD_PAYLOAD,
             )
         numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        shapes.append((name, shape, numel))
+        shapes.append((name, want_dtype, shape, numel))
     return shapes
+
+
+def check_copy(expect: Expectation, copy_next: int) -> None:
+    """Refuse a message whose ``copy_next`` is not the copy id ``expect`` asks for (a copy
+    pull answered with another copy)."""
+    if expect.copy_next is not None and copy_next != expect.copy_next:
+        raise WireError("INVALID_ARGUMENT", f"copy {copy_next} but copy {expect.copy_next} "
+                        "was asked for", Reason.BAD_HEADER)
 
 
 def check_log(
@@ -359,9 +420,13 @@ def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
 
     The sum of a tensor is finite whenever all its values are (unless it overflows), and NaN or
     infinite when one of them is; so one reduction, with no mask allocated, clears an honest
-    state, and only a suspicious sum pays for the exact element-wise test."""
+    state, and only a suspicious sum pays for the exact element-wise test. float16 and
+    bfloat16 tensors are summed in float32 (an honest float16 sum cannot overflow it); integer
+    tensors are always finite."""
     for name, tensor in tensors.items():
-        if bool(torch.isfinite(tensor.sum())):
+        if tensor.dtype not in _FLOATS:
+            continue
+        if bool(torch.isfinite(tensor.sum(dtype=torch.float32))):
             continue
         if not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
@@ -372,7 +437,12 @@ def check_finite(tensors: Mapping[str, torch.Tensor]) -> None:
 
 def dtype_name(tensor: torch.Tensor) -> str:
     """The wire name of ``tensor``'s dtype (its torch name when the wire does not carry it)."""
-    return _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
+    return dtype_name_of(tensor.dtype)
+
+
+def dtype_name_of(dtype: torch.dtype) -> str:
+    """The wire name of ``dtype`` (its torch name when the wire does not carry it)."""
+    return _DTYPE_NAMES.get(dtype, str(dtype))
 
 
 class BufferPool:
@@ -389,7 +459,7 @@ class BufferPool:
 
     def __init__(self, keep: int = 4) -> None:
         self.keep = keep
-        self._held: list[tuple[np.ndarray[Any, np.dtype[np.float32]],
+        self._held: list[tuple[np.ndarray[Any, np.dtype[np.uint8]],
                                weakref.ref[memoryview] | None]] = []
 
     def __len__(self) -> int:
@@ -399,12 +469,12 @@ class BufferPool:
         lease = self._held[at][1]
         return lease is None or lease() is None
 
-    def take(self, numel: int) -> torch.Tensor:
-        """A float32 tensor of ``numel`` elements (contents undefined)."""
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A uint8 tensor of ``nbytes`` bytes (contents undefined), 16-byte aligned."""
         for at, (array, _) in enumerate(self._held):
-            if array.size == numel and self._free(at):
+            if array.size == nbytes and self._free(at):
                 return self._lend(at)
-        array = np.empty(numel, dtype=np.float32)
+        array = _byte_array(nbytes)
         if len(self._held) >= self.keep:
             free = [at for at in range(len(self._held)) if self._free(at)]
             if not free:
@@ -417,7 +487,34 @@ class BufferPool:
         array = self._held[at][0]
         lease = memoryview(array)  # type: ignore[arg-type]  # the tensors hold it
         self._held[at] = (array, weakref.ref(lease))
-        return torch.frombuffer(lease, dtype=torch.float32)
+        return _bytes_tensor(lease, array.size)
+
+
+def _byte_array(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """``nbytes`` uninitialised bytes (numpy aligns them for any dtype the wire carries)."""
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def _bytes_tensor(buffer: memoryview, nbytes: int) -> torch.Tensor:
+    if nbytes == 0:  # torch.frombuffer refuses an empty buffer
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def _layout(shapes: Sequence[TensorField]) -> list[tuple[int, int, int]]:
+    """Where each tensor lies: ``(wire offset, buffer offset, bytes)``. On the wire the
+    tensors are concatenated; in the receive buffer each starts at a multiple of its element
+    size (so a tensor of any dtype views its bytes in place, whatever the order). A float32
+    state needs no padding: both offsets are equal."""
+    out = []
+    wire = at = 0
+    for _, dtype, _, numel in shapes:
+        size = dtype.itemsize
+        at = -(-at // size) * size
+        out.append((wire, at, numel * size))
+        wire += numel * size
+        at += numel * size
+    return out
 
 
 @dataclass
@@ -429,6 +526,12 @@ class Decoder:
     copy into the buffer, the hash and the float sum). A caller may run the writes in a worker
     thread, one at a time and in the order of their reservations, and :meth:`finish` once the
     last one has returned.
+
+    The receive buffer holds bytes; each tensor views its part with its own dtype. A state of
+    float32 tensors lies in it exactly as on the wire and has its floats summed chunk by chunk
+    as they land; a compressed state (other dtypes) may have its tensors placed a few bytes
+    apart (each at a multiple of its element size, see :func:`_layout`), and has its float
+    tensors checked for finiteness in :meth:`finish` (it is a fraction of a full state's size).
     """
 
     expect: Expectation
@@ -436,15 +539,20 @@ class Decoder:
     pool: BufferPool | None = None
     _header: pb.StateHeader | None = None
     _buffer: torch.Tensor | None = None
-    #: The buffer, and its bytes and floats as arrays (:meth:`write` reads the three at once).
+    #: The buffer, its bytes as an array, and its floats when every tensor is float32 (``None``
+    #: otherwise: nothing is summed as it lands); :meth:`write` reads the three at once.
     _target: tuple[torch.Tensor, np.ndarray[Any, np.dtype[np.uint8]],
-                   np.ndarray[Any, np.dtype[np.float32]]] | None = None
+                   np.ndarray[Any, np.dtype[np.float32]] | None] | None = None
+    #: ``(wire offset, buffer offset, bytes)`` per tensor when the buffer places them apart
+    #: (:func:`_layout`); ``None`` when the buffer holds the wire bytes as they are.
+    _spread: list[tuple[int, int, int]] | None = None
     _size: int = 0
     _filled: int = 0
     _summed: int = 0  # floats summed so far (each sum checks a run of written floats)
     _finite: bool = True  # every sum so far was finite
     _digest: Any = None
-    _shapes: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
+    _shapes: list[TensorField] = field(default_factory=list)
+    _offsets: list[int] = field(default_factory=list)  # each tensor's place in the buffer
 
     @property
     def received(self) -> int:
@@ -463,7 +571,9 @@ class Decoder:
             [(t.name, t.dtype, tuple(int(s) for s in t.shape)) for t in h.tensors],
         )
         check_log(exp, int(h.round), int(h.kind), _used_log(h), list(h.anchors))
-        total = 4 * sum(numel for _, _, numel in shapes)
+        check_copy(exp, int(h.copy_next))
+        layout = _layout(shapes)
+        total = sum(size for _, _, size in layout)
         if h.payload_bytes != total:
             raise WireError(
                 "INVALID_ARGUMENT", f"payload_bytes {h.payload_bytes} but tensors need {total}",
@@ -475,12 +585,16 @@ class Decoder:
         # every field checked: now allocate
         self._header = h
         self._shapes = shapes
+        self._offsets = [at for _, at, _ in layout]
+        spread = any(wire != at for wire, at, _ in layout)
+        self._spread = layout if spread else None
+        room = layout[-1][1] + layout[-1][2] if layout else 0
         pool = self.pool
-        buffer = (torch.empty(total // 4, dtype=torch.float32) if pool is None
-                  else pool.take(total // 4))
-        floats = buffer.numpy()
+        buffer = torch.empty(room, dtype=torch.uint8) if pool is None else pool.take(room)
+        raw = buffer.numpy()
+        all_float32 = all(dtype is torch.float32 for _, dtype, _, _ in shapes)
         self._buffer = buffer
-        self._target = (buffer, floats.view(np.uint8), floats)
+        self._target = (buffer, raw, raw.view(np.float32) if all_float32 else None)
         self._size = total
         self._digest = xxhash.xxh3_128()
         return h
@@ -511,8 +625,13 @@ class Decoder:
             return  # released: the stream was refused
         _, target, floats = held
         src = np.frombuffer(data, dtype=np.uint8)
-        np.copyto(target[offset : offset + src.nbytes], src)
+        if self._spread is None:
+            np.copyto(target[offset : offset + src.nbytes], src)
+        else:
+            _copy_spread(self._spread, target, offset, src)
         self._digest.update(data)
+        if floats is None:
+            return
         done = (offset + src.nbytes) // 4
         if done > self._summed:
             with np.errstate(over="ignore", invalid="ignore"):  # a hostile sum: no warning
@@ -559,15 +678,30 @@ class Decoder:
             raise WireError("DATA_LOSS", "checksum mismatch: payload corrupted in transit",
                             Reason.CHECKSUM)
         tensors: dict[str, torch.Tensor] = {}
-        offset = 0
-        for name, shape, numel in self._shapes:
-            tensors[name] = self._buffer[offset : offset + numel].view(shape)
-            offset += numel
-        if not self._finite or self._summed != self._buffer.numel():
+        buffer = self._buffer
+        for (name, dtype, shape, numel), at in zip(self._shapes, self._offsets, strict=True):
+            size = numel * dtype.itemsize
+            tensors[name] = buffer[at : at + size].view(dtype).view(shape)
+        target = self._target
+        if (target is None or target[2] is None or not self._finite
+                or 4 * self._summed != self._size):
             check_finite(tensors)
         h = self._header
         return RoundMessage(h.sender, int(h.round), int(h.degree), tensors, _used_log(h),
-                            Kind(int(h.kind)), tuple(int(a) for a in h.anchors))
+                            Kind(int(h.kind)), tuple(int(a) for a in h.anchors),
+                            int(h.copy_base), int(h.copy_next))
+
+
+def _copy_spread(layout: Sequence[tuple[int, int, int]],
+                 target: np.ndarray[Any, np.dtype[np.uint8]], offset: int,
+                 src: np.ndarray[Any, np.dtype[np.uint8]]) -> None:
+    """Copy the wire bytes ``src`` (from ``offset`` of the payload) to their tensors' places
+    in ``target`` (``layout`` as :func:`_layout` makes it)."""
+    end = offset + src.nbytes
+    for wire, at, size in layout:
+        lo, hi = max(offset, wire), min(end, wire + size)
+        if lo < hi:
+            np.copyto(target[at + lo - wire : at + hi - wire], src[lo - offset : hi - offset])
 
 
 def _used_log(h: pb.StateHeader) -> UsedLog:

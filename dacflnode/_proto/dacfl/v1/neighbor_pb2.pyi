@@ -6,6 +6,9 @@ Wire contract between DACFL nodes (peers). Version 2.
 A round's state (the FODAC estimate x and, for DACFL, the model omega) travels as a stream of
 StateChunk messages: first exactly one header, then raw little-endian tensor bytes in chunks
 of about 1 MiB, concatenated in the order the header lists the tensors. Nothing is pickled.
+A compressed run (CHOCO-Gossip, docs/compression.md) sends, instead of the float32 x and
+omega, their compressed parts "<field>.<part>" (e.g. "x.q" int8, "x.scale" float32,
+"omega.values" float32, "omega.indices" int32) and the copy ids copy_base and copy_next.
 """
 
 from collections import abc as _abc
@@ -64,7 +67,7 @@ class TensorSpec(_message.Message):
     name: _builtins.str
     """"x" or "omega" """
     dtype: _builtins.str
-    """"float32" """
+    """"float32", "float16", "bfloat16", "int8" or "int32" """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """e.g. [1663370]"""
@@ -210,6 +213,8 @@ class StateHeader(_message.Message):
     USED_LOG_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     ANCHORS_FIELD_NUMBER: _builtins.int
+    COPY_BASE_FIELD_NUMBER: _builtins.int
+    COPY_NEXT_FIELD_NUMBER: _builtins.int
     sender: _builtins.str
     round: _builtins.int
     degree: _builtins.int
@@ -219,6 +224,12 @@ class StateHeader(_message.Message):
     checksum: _builtins.bytes
     """XXH3-128 of the payload (16 bytes)"""
     kind: Global___StateKind.ValueType
+    copy_base: _builtins.int
+    """A compressed state: the id of the sender's public copy before (copy_base) and after
+    (copy_next) applying this message's update; 0: none. A copy-pull reply carries the
+    pulled copy's id in copy_next.
+    """
+    copy_next: _builtins.int
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorSpec]: ...
     @_builtins.property
@@ -241,10 +252,12 @@ class StateHeader(_message.Message):
         used_log: _abc.Iterable[Global___UsedRound] | None = ...,
         kind: Global___StateKind.ValueType = ...,
         anchors: _abc.Iterable[_builtins.int] | None = ...,
+        copy_base: _builtins.int = ...,
+        copy_next: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchors", b"anchors", "checksum", b"checksum", "degree", b"degree", "kind", b"kind", "payload_bytes", b"payload_bytes", "round", b"round", "sender", b"sender", "tensors", b"tensors", "used_log", b"used_log"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchors", b"anchors", "checksum", b"checksum", "copy_base", b"copy_base", "copy_next", b"copy_next", "degree", b"degree", "kind", b"kind", "payload_bytes", b"payload_bytes", "round", b"round", "sender", b"sender", "tensors", b"tensors", "used_log", b"used_log"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -303,17 +316,24 @@ class PullRequest(_message.Message):
 
     REQUESTER_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
+    COPY_ID_FIELD_NUMBER: _builtins.int
     requester: _builtins.str
     round: _builtins.int
+    copy_id: _builtins.int
+    """0: the state published for `round`. Otherwise the id of the sender's public copy to send
+    in full (float32 x and omega; copy_next of the reply is this id): a compressed run's
+    repair when the two ends' copies differ.
+    """
     def __init__(
         self,
         *,
         requester: _builtins.str = ...,
         round: _builtins.int = ...,
+        copy_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["requester", b"requester", "round", b"round"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["copy_id", b"copy_id", "requester", b"requester", "round", b"round"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -69,7 +69,8 @@ class NeighborServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PullState(self, request, context):
-        """Pull the state this node sent (or would send) for a round (server stream).
+        """Pull the state this node sent (or would send) for a round, or a public copy by id
+        (server stream).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

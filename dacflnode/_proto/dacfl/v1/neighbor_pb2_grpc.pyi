@@ -6,6 +6,9 @@ Wire contract between DACFL nodes (peers). Version 2.
 A round's state (the FODAC estimate x and, for DACFL, the model omega) travels as a stream of
 StateChunk messages: first exactly one header, then raw little-endian tensor bytes in chunks
 of about 1 MiB, concatenated in the order the header lists the tensors. Nothing is pickled.
+A compressed run (CHOCO-Gossip, docs/compression.md) sends, instead of the float32 x and
+omega, their compressed parts "<field>.<part>" (e.g. "x.q" int8, "x.scale" float32,
+"omega.values" float32, "omega.indices" int32) and the copy ids copy_base and copy_next.
 """
 
 from collections import abc as _abc
@@ -41,7 +44,9 @@ class NeighborStub:
     PushState: _grpc.StreamUnaryMultiCallable[_neighbor_pb2.StateChunk, _neighbor_pb2.PushReply]
     """Push one round's state to a neighbour (client stream of header + chunks)."""
     PullState: _grpc.UnaryStreamMultiCallable[_neighbor_pb2.PullRequest, _neighbor_pb2.StateChunk]
-    """Pull the state this node sent (or would send) for a round (server stream)."""
+    """Pull the state this node sent (or would send) for a round, or a public copy by id
+    (server stream).
+    """
 
 @_typing.type_check_only
 class NeighborAsyncStub(NeighborStub):
@@ -51,7 +56,9 @@ class NeighborAsyncStub(NeighborStub):
     PushState: _aio.StreamUnaryMultiCallable[_neighbor_pb2.StateChunk, _neighbor_pb2.PushReply]  # type: ignore[assignment]
     """Push one round's state to a neighbour (client stream of header + chunks)."""
     PullState: _aio.UnaryStreamMultiCallable[_neighbor_pb2.PullRequest, _neighbor_pb2.StateChunk]  # type: ignore[assignment]
-    """Pull the state this node sent (or would send) for a round (server stream)."""
+    """Pull the state this node sent (or would send) for a round, or a public copy by id
+    (server stream).
+    """
 
 class NeighborServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -76,6 +83,8 @@ class NeighborServicer(metaclass=_abc_1.ABCMeta):
         request: _neighbor_pb2.PullRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_neighbor_pb2.StateChunk], _abc.AsyncIterator[_neighbor_pb2.StateChunk]]:
-        """Pull the state this node sent (or would send) for a round (server stream)."""
+        """Pull the state this node sent (or would send) for a round, or a public copy by id
+        (server stream).
+        """
 
 def add_NeighborServicer_to_server(servicer: NeighborServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
