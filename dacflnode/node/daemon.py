@@ -55,7 +55,7 @@ from dacflnode.node.control_token import (
     token_file,
     write_token_file,
 )
-from dacflnode.node.copies import compression_for
+from dacflnode.node.copies import compressed_spec, compression_for
 from dacflnode.node.data import (
     DataInfo,
     builtin_node_data,
@@ -428,8 +428,8 @@ class Daemon:
                        for name in built.setup.algorithm.exchanged}
             transport = GrpcTransport(built.identity, pf.node.listen,
                                       {nb.id: nb.address for nb in pf.neighbours}, inbox,
-                                      tensors, tls=tls,
-                                      idle_timeout=pf.daemon.stream_idle_timeout,
+                                      tensors, compressed=compressed_spec(built.setup),
+                                      tls=tls, idle_timeout=pf.daemon.stream_idle_timeout,
                                       stream_timeout=pf.daemon.stream_timeout,
                                       first_message_timeout=pf.daemon.first_message_timeout,
                                       health_listen=pf.node.health)

@@ -37,8 +37,8 @@ def run_experiment(
     """Run every algorithm of ``cfg``; return (and write) the summary.
 
     ``faults``: a fault plan every run plays; the summary then has ``invariant`` (so does a run
-    whose ``mixing`` is not exact, or that is compressed): per FODAC algorithm, the invariant residual of each round
-    and over the nodes that finished.
+    whose ``mixing`` is not exact, or that is compressed): per FODAC algorithm, the invariant
+    residual of each round and over the nodes that finished.
     ``gone_after``: missed rounds in a row before a neighbour is declared gone (as a daemon's
     ``run.gone_after``). ``ray``: train on the workers of a Ray cluster (``simulate --ray``)."""
     cfg.validate()

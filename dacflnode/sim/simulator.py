@@ -53,7 +53,7 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.train import pick_device
 from dacflnode.node.checkpoint import Checkpoint
-from dacflnode.node.copies import compression_for
+from dacflnode.node.copies import compression_for, wire_parts
 from dacflnode.node.data import DataInfo, NodeDataSet, class_counts, contract_difference_all
 from dacflnode.node.faults import Crash, FaultPlan
 from dacflnode.node.metrics_log import METRICS_FILE
@@ -405,6 +405,8 @@ class _Nodes:
         self.records = records
         self.network = MemoryNetwork(copy=False)
         self.tensors = {name: (sim.layout.numel,) for name in sim.alg.exchanged}
+        self.compressed = (None if sim.compression is None else
+                           wire_parts(sim.compression, sim.alg.exchanged, sim.layout.numel))
         #: each node's latest runner
         self.runners: dict[str, NodeRunner] = {}
         #: the nodes running now (``None``: about to start with the others)
@@ -462,7 +464,7 @@ class _Nodes:
         inbox = Inbox(senders=self.neighbours[node], current_round=_round_of(self.runners, node))
         identity = Identity(node, self.sim.layout.fingerprint(), SIMULATION_RUN)
         transport = MemoryTransport(self.network, identity, self.neighbours[node], inbox,
-                                    self.tensors)
+                                    self.tensors, compressed=self.compressed)
         runner = NodeRunner(self._setup(node, join), transport, state, resume=resume)
         self.runners[node] = runner
         self.transports[node] = transport
