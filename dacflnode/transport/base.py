@@ -121,7 +121,13 @@ def contract_difference(mine: str, theirs: str, name: str) -> str | None:
 
 @dataclass
 class PeerStats:
-    """Per-neighbour counters shown by ``dacflnode status``."""
+    """Per-neighbour counters shown by ``dacflnode status``.
+
+    ``bytes_sent`` and ``bytes_received`` count the payload bytes (the tensors' bytes, as
+    :attr:`~dacflnode.wire.codec.RoundMessage.payload_bytes`) of every state moved with the
+    neighbour: pushes out and in, pulls served and made (state and copy pulls), the same in
+    every transport, so a runner can take per-round differences.
+    """
 
     connected: bool = False
     last_round_received: int = -1
@@ -173,6 +179,11 @@ class Inbox:
     #: What this node sends a neighbour instead of ``message`` (pushed and pulled): a fault
     #: plan's poison (docs/faults.md); ``None``: the message itself.
     outgoing: Callable[[str, RoundMessage], RoundMessage] | None = None
+    #: Answers a neighbour's copy pull: ``copy_of(copy_id)`` is this node's public copy of that
+    #: id as a message of full float32 tensors with ``copy_next`` = the id, or ``None`` when it
+    #: does not keep it (refused ``NOT_FOUND``, :attr:`~Reason.NOT_KEPT`). Set by the node
+    #: runner of a compressed run (docs/compression.md); ``None``: no copy is kept.
+    copy_of: Callable[[int], RoundMessage | None] | None = None
     _messages: dict[int, dict[str, RoundMessage]] = field(default_factory=dict)
     _changed: asyncio.Condition | None = None
     _forgone: dict[int, set[str]] = field(default_factory=dict)
@@ -327,12 +338,16 @@ class Transport(ABC):
         round_: int,
         expect_tensors: Mapping[str, tuple[int, ...]] | None = None,
         timeout: float = DEFAULT_PULL_TIMEOUT,
+        copy_id: int = 0,
     ) -> RoundMessage:
-        """The state ``peer`` published for ``round_`` (what it pushed, kept for a few rounds).
+        """The state ``peer`` published for ``round_`` (what it pushed, kept for a few rounds),
+        full or, in a compressed run, compressed; or, when ``copy_id`` is not 0, ``peer``'s
+        public copy of that id as full float32 tensors (its ``copy_next`` is ``copy_id``;
+        ``round_`` is then only logged by the peer).
 
         Raises :class:`PeerUnavailable`, :class:`TransportClosed` or
         :class:`~dacflnode.wire.errors.WireError` (``NOT_FOUND`` with
-        :attr:`~dacflnode.wire.errors.Reason.NOT_KEPT` if the peer does not keep that round).
-        ``expect_tensors`` defaults to this node's own tensor set.
+        :attr:`~dacflnode.wire.errors.Reason.NOT_KEPT` if the peer does not keep that round
+        or copy). ``expect_tensors`` defaults to this node's own tensor set.
         """
         raise NotImplementedError

@@ -95,6 +95,7 @@ from dacflnode.transport.slots import Call, CallSlots, PoolKey, peer_host
 from dacflnode.wire.codec import (
     CHUNK_BYTES,
     Chunk,
+    CompressedSpec,
     Decoder,
     RoundMessage,
     chunk_size,
@@ -209,6 +210,9 @@ class NeighborServicer:
         self.slots = slots if slots is not None else CallSlots(
             stale_after=self.first_message_timeout)
         self._payload_bytes = 4 * sum(math.prod(shape) for shape in receiver.tensors.values())
+        if receiver.compressed is not None:  # the larger of the two sets a push may carry
+            self._payload_bytes = max(self._payload_bytes, sum(
+                dtype.itemsize * math.prod(shape) for dtype, shape in receiver.compressed.values()))
 
     def _peer_ids(self, context: grpc.aio.ServicerContext[Any, Any]) -> frozenset[str] | None:
         return authenticated_ids(context) if self.authenticated else None
@@ -438,6 +442,9 @@ class GrpcTransport(Transport):
     ``health_listen``: also serve ``grpc.health.v1`` alone, in plaintext, on that address (the
     same health status as the peer port). A probe that cannot present a client certificate,
     such as Kubernetes' native gRPC probe, checks the node there; nothing else is served on it.
+
+    ``compressed``: a compressed run's tensor set (part name -> dtype, shape); pushes and
+    state pulls then carry it or the float32 set ``tensors`` (docs/compression.md).
     """
 
     def __init__(
@@ -448,6 +455,7 @@ class GrpcTransport(Transport):
         inbox: Inbox,
         tensors: Mapping[str, tuple[int, ...]],
         *,
+        compressed: CompressedSpec | None = None,
         server: grpc.aio.Server | None = None,
         hello_timeout: float = HELLO_TIMEOUT,
         tls: TlsMaterial | None = None,
@@ -465,9 +473,11 @@ class GrpcTransport(Transport):
         self.peers: dict[str, str] = dict(peers)
         self.inbox = inbox
         self.tensors = dict(tensors)
+        self.compressed = None if compressed is None else dict(compressed)
         self.stats: dict[str, PeerStats] = {p: PeerStats() for p in self.peers}
         self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
-                                 idle_timeout=idle_timeout, stream_timeout=stream_timeout,
+                                 compressed=self.compressed, idle_timeout=idle_timeout,
+                                 stream_timeout=stream_timeout,
                                  first_message_timeout=first_message_timeout)
         #: The Neighbor calls in flight, by caller (see :mod:`~dacflnode.transport.slots`).
         self.slots = CallSlots(stale_after=first_message_timeout)
@@ -659,16 +669,21 @@ class GrpcTransport(Transport):
         round_: int,
         expect_tensors: Mapping[str, tuple[int, ...]] | None = None,
         timeout: float = DEFAULT_PULL_TIMEOUT,
+        copy_id: int = 0,
     ) -> RoundMessage:
-        """The state ``peer`` published for ``round_``; raises :class:`PeerUnavailable`,
-        :class:`TransportClosed` or :class:`WireError` (``NOT_FOUND`` with reason
-        ``NOT_KEPT`` if the peer does not keep that round)."""
+        """The state ``peer`` published for ``round_``, or its public copy ``copy_id`` (see
+        :meth:`Transport.pull`); raises :class:`PeerUnavailable`, :class:`TransportClosed` or
+        :class:`WireError` (``NOT_FOUND`` with reason ``NOT_KEPT`` if the peer does not keep
+        that round or copy)."""
         stub = self._stub(peer)
         decoder = Decoder(pull_expectation(peer, round_, self.tensors if expect_tensors is None
-                                           else expect_tensors), pool=self.receiver.pool)
-        what = f"pull of round {round_} from"
+                                           else expect_tensors, self.compressed, copy_id),
+                          pool=self.receiver.pool)
+        what = (f"pull of copy {copy_id} from" if copy_id
+                else f"pull of round {round_} from")
         assembler = Assembler(decoder, self.receiver.worker)
-        call = stub.pull(pb.PullRequest(requester=self.identity.node_id, round=round_),
+        call = stub.pull(pb.PullRequest(requester=self.identity.node_id, round=round_,
+                                        copy_id=copy_id),
                          timeout=timeout)
         try:
             async for chunk in call:

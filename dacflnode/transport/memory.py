@@ -50,7 +50,7 @@ from dacflnode.transport.handshake import (
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.pulling import pull_decoder, pull_expectation
 from dacflnode.transport.receiver import Receiver, check_message
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.codec import CompressedSpec, RoundMessage
 from dacflnode.wire.errors import WireError
 
 
@@ -110,14 +110,18 @@ class MemoryTransport(Transport):
         peers: Collection[str],
         inbox: Inbox,
         tensors: Mapping[str, tuple[int, ...]],
+        compressed: CompressedSpec | None = None,
     ) -> None:
         self.network = network
         self.identity = identity
         self.peers = frozenset(peers)
         self.inbox = inbox
         self.tensors = dict(tensors)
+        #: A compressed run's tensor set (pushes and state pulls carry it or the float32 set).
+        self.compressed = None if compressed is None else dict(compressed)
         self.stats = {p: PeerStats() for p in sorted(self.peers)}
-        self.receiver = Receiver(identity, inbox, self.tensors, self.stats)
+        self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
+                                 compressed=self.compressed)
         #: Who this node is to the peers it calls: the in-memory network knows its callers,
         #: as mutual TLS does on the network.
         self._me = frozenset({identity.node_id})
@@ -214,23 +218,28 @@ class MemoryTransport(Transport):
         round_: int,
         expect_tensors: Mapping[str, tuple[int, ...]] | None = None,
         timeout: float = DEFAULT_PULL_TIMEOUT,
+        copy_id: int = 0,
     ) -> RoundMessage:
-        """The state ``peer`` published for ``round_``; raises :class:`PeerUnavailable`,
-        :class:`TransportClosed` or :class:`WireError` (``NOT_FOUND`` with reason ``NOT_KEPT``
-        if the peer does not keep that round)."""
+        """The state ``peer`` published for ``round_``, or its public copy ``copy_id`` (see
+        :meth:`Transport.pull`); raises :class:`PeerUnavailable`, :class:`TransportClosed` or
+        :class:`WireError` (``NOT_FOUND`` with reason ``NOT_KEPT`` if the peer does not keep
+        that round or copy)."""
         target = self._reach(peer)
         tensors = self.tensors if expect_tensors is None else expect_tensors
-        request = pb.PullRequest(requester=self.identity.node_id, round=round_)
+        request = pb.PullRequest(requester=self.identity.node_id, round=round_,
+                                 copy_id=copy_id)
         try:
             async with asyncio.timeout(timeout):
                 if not self.network.copy:
                     message = target.receiver.published(request, self.address,
                                                         peer_ids=self._me)
-                    check_message(pull_expectation(peer, round_, tensors), message)
+                    check_message(pull_expectation(peer, round_, tensors, self.compressed,
+                                                   copy_id), message)
+                    target.receiver.served(self.identity.node_id, message)
                     self.stats[peer].bytes_received += message.payload_bytes
                     self.stats[peer].messages_received += 1
                     return message
-                decoder = pull_decoder(peer, round_, tensors)
+                decoder = pull_decoder(peer, round_, tensors, self.compressed, copy_id)
                 for chunk in target.receiver.pull(request, self.address, peer_ids=self._me):
                     decoder.take(chunk)
                     await asyncio.sleep(0)

@@ -54,6 +54,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import TypeVar
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.config import DAEMON_DEFAULTS
@@ -62,9 +63,11 @@ from dacflnode.transport.slots import Call
 from dacflnode.wire.codec import (
     BufferPool,
     Chunk,
+    CompressedSpec,
     Decoder,
     Expectation,
     RoundMessage,
+    check_copy,
     check_fields,
     check_finite,
     check_log,
@@ -77,6 +80,7 @@ from dacflnode.wire.codec import (
 from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, WireError
 
 log = logging.getLogger("dacflnode.transport")
+_T = TypeVar("_T")
 
 #: Seconds a push stream may send nothing before it is cut (a healthy sender writes a 1 MiB
 #: chunk far more often; a stalled one holds a receive buffer as long as this). Declared with
@@ -170,6 +174,7 @@ def check_message(expect: Expectation, message: RoundMessage) -> None:
     check_fields(expect, message.round, message.degree,
                  [(n, dtype_name(t), tuple(t.shape)) for n, t in message.tensors.items()])
     check_log(expect, message.round, int(message.kind), message.used_log, message.anchors)
+    check_copy(expect, message.copy_next)
     check_finite(message.tensors)
 
 
@@ -184,7 +189,8 @@ class Receiver:
     counts them by the neighbour the call claimed to come from, ``late_by`` the pushes refused
     because this node had left their round (only configured neighbours are counted there, so
     strangers cannot grow them); ``idle_timeout`` and ``stream_timeout`` are the push-stream
-    deadlines (see the module docstring).
+    deadlines (see the module docstring). ``compressed`` is a compressed run's tensor set
+    (part name -> dtype, shape): pushes and state pulls then carry it or the float32 set.
     """
 
     def __init__(
@@ -194,6 +200,7 @@ class Receiver:
         tensors: Mapping[str, tuple[int, ...]],
         stats: dict[str, PeerStats],
         *,
+        compressed: CompressedSpec | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         stream_timeout: float = STREAM_TIMEOUT,
         first_message_timeout: float = FIRST_MESSAGE_TIMEOUT,
@@ -201,6 +208,7 @@ class Receiver:
         self.identity = identity
         self.inbox = inbox
         self.tensors = dict(tensors)
+        self.compressed = None if compressed is None else dict(compressed)
         self.stats = stats
         self.idle_timeout = idle_timeout
         self.stream_timeout = stream_timeout
@@ -283,7 +291,7 @@ class Receiver:
     # ------------------------------------------------------------------ PushState
     def _expectation(self) -> Expectation:
         return Expectation(senders=self.inbox.senders, tensors=self.tensors,
-                           accept_round=self.inbox.refusal)
+                           accept_round=self.inbox.refusal, compressed=self.compressed)
 
     def _reserve(self, sender: str, round_: int, call: Call) -> tuple[str, int]:
         """Count ``call`` as a stream of ``(sender, round_)``; refuses a duplicate, or one
@@ -441,19 +449,39 @@ class Receiver:
         self, request: pb.PullRequest, peer: str = "?", *,
         peer_ids: frozenset[str] | None = None,
     ) -> RoundMessage:
-        """The message kept for the requested round; raises :class:`WireError`
+        """The message kept for the requested round, or the public copy of the requested
+        ``copy_id`` (from :attr:`Inbox.copy_of`); raises :class:`WireError`
         (``PERMISSION_DENIED`` to a stranger, ``NOT_FOUND``/``NOT_KEPT``)."""
+        copy_id = int(request.copy_id)
         try:
             self._admit(request.requester, peer_ids, Reason.NOT_NEIGHBOUR)
             self.inbox.heard_from(request.requester)
+            if copy_id:
+                copy_of = self.inbox.copy_of
+                copy = None if copy_of is None else copy_of(copy_id)
+                if copy is None:
+                    raise WireError("NOT_FOUND", f"no public copy {copy_id} kept",
+                                    Reason.NOT_KEPT)
+                return copy
             found = self.outbox.get(int(request.round))
             if found is None:
                 raise WireError("NOT_FOUND", f"no state kept for round {request.round} "
                                 f"(kept: {sorted(self.outbox)})", Reason.NOT_KEPT)
         except WireError as exc:
-            self._refused("pull", request.requester, peer, int(request.round), exc)
+            self._refused("copy pull" if copy_id else "pull", request.requester, peer,
+                          int(request.round), exc)
             raise
         return self.inbox.sent_to(request.requester, found[0])
+
+    def served(self, requester: str, message: RoundMessage) -> None:
+        """Count ``message``, sent whole to ``requester`` in answer to a pull."""
+        self.stats.setdefault(requester, PeerStats()).bytes_sent += message.payload_bytes
+
+    def _serving(self, requester: str, message: RoundMessage,
+                 stream: Iterator[_T]) -> Iterator[_T]:
+        """``stream``, and :meth:`served` once its last chunk has been taken."""
+        yield from stream
+        self.served(requester, message)
 
     def pull(
         self, request: pb.PullRequest, peer: str = "?", *,
@@ -461,7 +489,8 @@ class Receiver:
     ) -> Iterator[pb.StateChunk]:
         """The stream of the message kept for the requested round (see :meth:`published`)."""
         message = self.published(request, peer, peer_ids=peer_ids)
-        return encode(message, header=self._header_of(message))
+        return self._serving(request.requester, message,
+                             encode(message, header=self._header_of(message)))
 
     def pull_serialized(
         self, request: pb.PullRequest, peer: str = "?", *,
@@ -470,11 +499,12 @@ class Receiver:
         """:meth:`pull`, serialized for gRPC (the data chunks made with one copy each)."""
         message = self.published(request, peer, peer_ids=peer_ids)
         header = serialize_chunk(pb.StateChunk(header=self._header_of(message)))
-        return itertools.chain((header,), serialized_chunks(message))
+        return self._serving(request.requester, message,
+                             itertools.chain((header,), serialized_chunks(message)))
 
     def _header_of(self, message: RoundMessage) -> pb.StateHeader:
-        kept, header = self.outbox[message.round]
-        if kept is not message:  # what one neighbour is sent instead (Inbox.outgoing)
+        kept, header = self.outbox.get(message.round, (None, None))
+        if kept is not message:  # a copy, or what one neighbour is sent instead (outgoing)
             return make_header(message)
         if header is None:
             header = make_header(message)
