@@ -26,7 +26,8 @@ METRICS_FILE = "metrics.jsonl"
 LINE_KEYS = (
     "round", "node", "algorithm", "lr", "train_loss", "samples", "accuracy", "test_loss",
     "consensus_residual", "neighbours_used", "neighbours_missing", "alone_rounds",
-    "refused_states", "exchange_s", "train_s", "seconds", "data_size", "class_counts",
+    "refused_states", "bytes_sent", "bytes_received", "exchange_s", "train_s", "seconds",
+    "data_size", "class_counts",
 )
 
 
