@@ -3,6 +3,8 @@ byte, and without copies) and gRPC on 127.0.0.1."""
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import pytest
 import torch
@@ -12,7 +14,7 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, Transport
 from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.codec import Kind, RoundMessage, WireError
+from dacflnode.wire.codec import Kind, RoundMessage, WireError, encode
 from dacflnode.wire.errors import Reason
 
 P = 3001  # odd, and over several chunks of the int8 part when chunked small
@@ -195,5 +197,55 @@ async def test_a_raw_grpc_copy_pull_of_an_unknown_id_gets_not_found_and_of_a_str
                         pass
                 assert (err.value.code(), reason_of(err.value)) == (code, reason)
         assert b.receiver.refusals == {Reason.NOT_KEPT: 1, Reason.NOT_NEIGHBOUR: 1}
+    finally:
+        await pair.close()
+
+
+def _wrong_dtype(h: pb.StateHeader) -> None:
+    next(t for t in h.tensors if t.name == "omega.values").dtype = "float16"
+
+
+def _mixed(h: pb.StateHeader) -> None:
+    next(t for t in h.tensors if t.name == "x.q").name = "x"
+
+
+def _payload_as_float32(h: pb.StateHeader) -> None:
+    h.payload_bytes = 4 * sum(math.prod(t.shape) for t in h.tensors)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [(_wrong_dtype, Reason.BAD_PAYLOAD), (_mixed, Reason.BAD_PAYLOAD),
+     (_payload_as_float32, Reason.BAD_PAYLOAD), (None, Reason.NON_FINITE)],
+    ids=["wrong-dtype", "mixed-sets", "payload-bytes", "non-finite-bf16"],
+)
+async def test_a_hostile_compressed_push_over_grpc_gets_its_status_and_changes_nothing(
+        tamper, reason):
+    pair = Pair("grpc")
+    await pair.start()
+    try:
+        b = pair.nodes["b"]
+        assert isinstance(b, GrpcTransport)
+        msg = compressed("a", 0, 1, 2)
+        if tamper is None:
+            msg.tensors["omega.values"][3] = float("inf")
+        stream = list(encode(msg, chunk_bytes=512))
+        if tamper is not None:
+            tamper(stream[0].header)
+
+        async def chunks():
+            for chunk in stream:
+                yield chunk
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{b.port}") as channel:
+            stub = neighbor_pb2_grpc.NeighborStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.PushState(chunks(), timeout=5)
+        assert (err.value.code(), reason_of(err.value)) == (
+            grpc.StatusCode.INVALID_ARGUMENT, reason)
+        assert pair.inboxes["b"].get(0) == {}
+        assert b.stats["a"].bytes_received == 0
+        await pair.nodes["a"].push("b", compressed("a", 0, 1, 2), timeout=5)  # still served
+        assert pair.inboxes["b"].get(0)["a"].copy_next == 2
     finally:
         await pair.close()
