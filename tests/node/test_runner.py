@@ -219,7 +219,7 @@ def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning
         release = asyncio.Event()
 
         async def slow_pull(peer: str, round_: int, expect_tensors: object = None,
-                            timeout: float = 0.0) -> RoundMessage:
+                            timeout: float = 0.0, copy_id: int = 0) -> RoundMessage:
             calls.append(round_)
             await release.wait()
             return RoundMessage("b", round_, 1, state_of_b(round_))
