@@ -8,7 +8,9 @@
   else) and stops answering once the node stops.
 * The compose file: check-jsonschema against the Compose Specification schema it vendors.
 * The Dockerfile: hadolint, no finding at any level.
-* The systemd unit: systemd-analyze verify, where it is installed.
+* The systemd unit: systemd-analyze verify, where it is installed, and systemd-analyze
+  security --offline=yes, which must rate it (and it with the GPU drop-in) 3.0 or below;
+  MemoryDenyWriteExecute stays off because torch's convolutions fail under it (shown).
 
 Each checker also gets a file with a known mistake, so a checker that silently checks nothing
 fails here.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -370,3 +373,115 @@ def test_systemd_verify_reports_a_bad_value(tmp_path):
     (tmp_path / "stub").mkdir()
     done = verify_unit(bad, tmp_path / "stub")
     assert "Invalid memory limit 'lots'" in done.stdout + done.stderr
+
+
+#: the most ``systemd-analyze security`` may rate the shipped unit (its "OK" band starts at 3.0)
+MAX_EXPOSURE = 3.0
+GPU_DROPIN = DEPLOY / "systemd" / "dacflnode-gpu.conf"
+
+
+def exposure(unit: Path) -> float:
+    """The overall exposure ``systemd-analyze security --offline=yes`` gives ``unit`` (0 to 10,
+    lower is safer). Offline: the file is read as it is; nothing is installed or started."""
+    done = run("systemd-analyze", "security", "--offline=yes", unit)
+    assert done.returncode == 0, done.stdout + done.stderr
+    match = re.search(rf"Overall exposure level for {re.escape(unit.name)}: (\d+\.\d+) ",
+                      done.stdout)
+    assert match, done.stdout
+    return float(match.group(1))
+
+
+def with_dropin(tmp_path: Path, dropin: Path) -> Path:
+    """A copy of the unit with ``dropin`` appended: the [Service] section it opens again
+    overrides the unit's settings as /etc/systemd/system/dacflnode.service.d/ would."""
+    combined = tmp_path / UNIT.name
+    combined.write_text(UNIT.read_text() + "\n" + dropin.read_text())
+    return combined
+
+
+@needs_systemd_analyze
+def test_systemd_unit_exposure_is_at_most_3(tmp_path):
+    assert exposure(UNIT) <= MAX_EXPOSURE
+
+
+@needs_systemd_analyze
+def test_systemd_unit_exposure_with_the_gpu_dropin_is_at_most_3(tmp_path):
+    combined = with_dropin(tmp_path, GPU_DROPIN)
+    assert "PrivateDevices=no" in combined.read_text()
+    assert exposure(combined) <= MAX_EXPOSURE
+    (tmp_path / "stub").mkdir()
+    done = verify_unit(combined, tmp_path / "stub")
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+@needs_systemd_analyze
+def test_systemd_exposure_check_fails_on_the_unit_without_its_sandboxing(tmp_path):
+    # the unit as it was before the sandboxing: rated 8.8 EXPOSED
+    sandbox = re.compile(r"^(Protect|Private|Restrict|SystemCall|Capability|Ambient|NoNew|UMask"
+                         r"|Lock|Keyring|RemoveIPC|DevicePolicy|StateDirectoryMode)")
+    bare = tmp_path / UNIT.name
+    bare.write_text("\n".join(line for line in UNIT.read_text().splitlines()
+                              if not sandbox.match(line)) + "\n")
+    assert "StateDirectory=dacflnode" in bare.read_text()
+    assert exposure(bare) > 8.0
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """Every ``Key=value`` of a unit file, by key, in order (comments and sections left out)."""
+    settings: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith(("#", ";", "[")):
+            key, value = line.split("=", 1)
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+def test_systemd_unit_lets_the_node_write_only_its_state_folder_privately():
+    settings = unit_settings(UNIT.read_text())
+    assert settings["ProtectSystem"] == ["strict"]  # everything read-only ...
+    assert settings["StateDirectory"] == ["dacflnode"]  # ... but /var/lib/dacflnode
+    assert settings["StateDirectoryMode"] == ["0700"]
+    assert settings["UMask"] == ["0077"]
+    assert "ReadWritePaths" not in settings
+    # the paths the unit and its header name: /var/lib/dacflnode is the only writable one
+    assert "--home-dir /var/lib/dacflnode" in UNIT.read_text()
+    assert settings["ExecStart"][0].startswith("/opt/dacflnode/")
+    assert settings["RestrictAddressFamilies"] == ["AF_INET AF_INET6 AF_UNIX"]
+    assert settings["CapabilityBoundingSet"] == settings["AmbientCapabilities"] == [""]
+
+
+def test_systemd_unit_leaves_memory_deny_write_execute_off():
+    # PyTorch's CPU kernels need writable, executable memory (next test)
+    assert "MemoryDenyWriteExecute" not in unit_settings(UNIT.read_text())
+
+
+MDWE_PROBE = """
+import ctypes, mmap, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(65, 1, 0, 0, 0) != 0:  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN
+    print("no-mdwe"); sys.exit(0)
+try:
+    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    print("not-enforced"); sys.exit(0)
+except OSError:
+    pass
+import torch
+net = torch.nn.Conv2d(1, 4, 3)
+try:
+    net(torch.randn(2, 1, 28, 28)).sum().backward()
+except RuntimeError as exc:
+    print("refused:", exc); sys.exit(0)
+print("trained")
+"""
+
+
+def test_torch_convolution_fails_under_memory_deny_write_execute():
+    """What MemoryDenyWriteExecute=yes applies (the kernel's PR_SET_MDWE, Linux 6.3 and later,
+    which systemd uses where the kernel has it) breaks a convolution of the model: the reason
+    the unit leaves it off. Run in a child process, which the setting cannot leave."""
+    done = subprocess.run([sys.executable, "-c", MDWE_PROBE], capture_output=True, text=True,
+                          check=False, timeout=300)
+    assert done.returncode == 0, done.stderr
+    if done.stdout.strip() in ("no-mdwe", "not-enforced"):
+        pytest.skip(f"this kernel has no PR_SET_MDWE ({done.stdout.strip()})")
+    assert done.stdout.startswith("refused: could not create a primitive"), done.stdout
