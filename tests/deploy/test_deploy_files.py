@@ -34,7 +34,9 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2, neighbor_pb2_grpc
-from dacflnode.node.peers import parse_peers
+from dacflnode.cli.topology import topology_cmd as topology_command
+from dacflnode.node.addresses import CONTROL_PORT_OFFSET
+from dacflnode.node.peers import METRICS_PORT_OFFSET, parse_peers
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import GrpcTransport
@@ -330,6 +332,43 @@ def test_hadolint_flags_an_unpinned_pip_install(tmp_path):
     status, findings = hadolint(bad)
     assert status != 0
     assert "DL3013" in {f["code"] for f in findings}
+
+
+def dockerfile_instructions(name: str) -> list[str]:
+    """The arguments of every ``name`` instruction of the Dockerfile."""
+    return [line.split(None, 1)[1] for line in DOCKERFILE.read_text().splitlines()
+            if line.startswith(f"{name} ")]
+
+
+def test_dockerfile_exposes_every_port_a_node_serves():
+    (expose,) = dockerfile_instructions("EXPOSE")
+    exposed = {int(port) for port in expose.split()}
+    # dacflnode topology's numbering for the first node: listen, control, metrics
+    listen = 7000
+    assert listen == topology_command.params[  # the default of --base-port
+        [p.name for p in topology_command.params].index("base_port")].default
+    defaults = {listen, listen + CONTROL_PORT_OFFSET, listen + METRICS_PORT_OFFSET}
+    # and every container port of the Kubernetes pods (peer, metrics, health)
+    node = named(load(K8S / "statefulset.yaml")["spec"]["template"]["spec"]["containers"], "node")
+    pod_ports = {p["containerPort"] for p in node["ports"]}
+    assert {p["name"] for p in node["ports"]} == {"peer", "metrics", "health"}
+    assert exposed == defaults | pod_ports
+
+
+def test_dockerfile_run_example_runs_as_the_owner_of_the_mounted_folder():
+    header = DOCKERFILE.read_text().split("\nFROM ", 1)[0]
+    command = " ".join(line.removeprefix("#").strip().rstrip("\\")
+                       for line in header.splitlines() if "docker run" in line or
+                       "dacflnode:0.1.0 start" in line)
+    assert '--user "$(id -u):$(id -g)"' in command
+    assert '-v "$PWD/node-0:/data"' in command
+    # the folder exists before docker run (else Docker makes it root's) and the alternative
+    # without --user is spelt out with the image's uid
+    assert "mkdir -p node-0" in header
+    (user,) = dockerfile_instructions("USER")
+    assert f"chown {user} node-0" in header
+    # a uid without an account gets /data, the mounted folder, as its home
+    assert "HOME=/data" in dockerfile_instructions("ENV")
 
 
 # ------------------------------------------------------------------------------ systemd
