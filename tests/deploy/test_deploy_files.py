@@ -369,9 +369,16 @@ def test_podmonitor_scrapes_every_pod_with_the_metrics_token_and_its_node_certif
         assert endpoint["tlsConfig"] == {"ca": {"secret": {"name": tls_volume, "key": "ca.crt"}},
                                          "serverName": peers["id"]}
         assert peers["id"] == f"node-{i}"
-        assert endpoint["relabelings"] == [{
-            "sourceLabels": ["__meta_kubernetes_pod_name"],
-            "regex": f"{sts['metadata']['name']}-{i}", "action": "keep"}]
+        (keep,) = endpoint["relabelings"]
+        assert keep["sourceLabels"] == ["__meta_kubernetes_pod_name"]
+        assert keep["action"] == "keep"
+        # Prometheus anchors the regex: pod i of the StatefulSet, or of the Job (whose pods
+        # are named <job>-<index>-<suffix>), and no other
+        name = sts["metadata"]["name"]
+        kept = re.compile(keep["regex"])
+        assert kept.fullmatch(f"{name}-{i}") and kept.fullmatch(f"{name}-{i}-x7k2q")
+        assert not any(kept.fullmatch(other) for other in (
+            f"{name}-{i + 1}", f"{name}-1{i}", f"{name}-{i + 1}-x7k2q", f"{name}-results"))
 
 
 def test_podmonitor_is_left_out_of_the_kustomization():
