@@ -500,14 +500,25 @@ def start_job_script(tmp_path: Path, stub: str) -> subprocess.Popen[str]:
     env = {**os.environ, "POD_INDEX": "1", "STUB": stub, "WORK": str(tmp_path),
            "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.Popen(["sh", "-c", script], env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> str:
+    """``proc``'s stderr once it ends; on a hang, its whole session is killed (the stand-in
+    too, which holds the pipes) before the test fails."""
+    try:
+        return proc.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
 
 
 @pytest.mark.parametrize(("stub", "status"), [("done", 0), ("stopped", 1), ("refused", 2)])
 def test_job_script_keeps_the_nodes_exit_status_but_a_stop_before_the_end(tmp_path, stub,
                                                                           status):
     proc = start_job_script(tmp_path, stub)
-    _, err = proc.communicate(timeout=30)
+    err = finish(proc)
     assert proc.returncode == status, err
     assert (tmp_path / "args").read_text().split() == [
         "start", "--peers", str(tmp_path / "peers" / "node-1.yaml")]
@@ -522,10 +533,12 @@ def test_job_script_passes_sigterm_to_the_node_and_exits_1_when_it_was_not_done(
     proc = start_job_script(tmp_path, "sigterm")
     deadline = time.monotonic() + 30
     while not (tmp_path / "ready").exists():  # the stub has set its trap
-        assert proc.poll() is None and time.monotonic() < deadline
+        if proc.poll() is not None or time.monotonic() > deadline:
+            finish(proc)
+            pytest.fail("the node did not start")
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    err = finish(proc)
     assert (tmp_path / "term").read_text() == "TERM\n"  # the node got it, and checkpointed
     assert proc.returncode == 1, err
     assert "node-1 stopped before its last round" in err
