@@ -401,6 +401,18 @@ def test_job_kustomization_applies_the_job_and_its_claim_with_the_image():
     assert kustomization["images"] == load(K8S / "kustomization.yaml")["images"]
 
 
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_job_kustomization_renders_manifests_that_validate(tmp_path):
+    done = run("kubectl", "kustomize", JOB)
+    assert done.returncode == 0, done.stderr
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(done.stdout)
+    checked = kubernetes_validate(rendered)
+    assert checked.returncode == 0, checked.stdout
+    lines = checked.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("INFO ") for line in lines), checked.stdout
+
+
 def without(d: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in keys}
 
