@@ -49,7 +49,7 @@ INVARIANT = 2e-6
 def config(args: argparse.Namespace, split: str, compression: str) -> RunConfig:
     cfg = RunConfig(algorithm=("dacfl",), nodes=10, rounds=args.rounds, dataset="fashion-mnist",
                     data_root=str(args.data), topology="dense", partition=split,
-                    learning_rate=0.001, lr_decay=0.995, batch_size=20, seed=args.seed,
+                    lr=0.001, lr_decay=0.995, batch_size=20, seed=args.seed,
                     compression=compression, eval_every=args.rounds, engine="batched",
                     device="cpu")
     if split == "shards":
