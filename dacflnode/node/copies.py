@@ -50,6 +50,9 @@ class Compression:
     compressor: Compressor
     gamma: float
     seed: int
+    #: decoded updates the nodes of one process share (the simulator's); ``None``: each node
+    #: decodes what it receives (a daemon)
+    decodes: SharedDecodes | None = None
 
     @property
     def spec(self) -> str:
@@ -93,6 +96,37 @@ def is_compressed(message: RoundMessage) -> bool:
     return message.copy_next != 0 and message.copy_base != 0
 
 
+class SharedDecodes:
+    """Decoded updates shared by the nodes of one process (the simulator): a sender decodes its
+    own update to advance its copy, and each of its neighbours would decode the very same
+    tensors again. An entry is found only for the tensors it was made from (the same objects),
+    so a message changed on its way (a fault plan's poison) is decoded on its own."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = max(1, keep)
+        self._entries: OrderedDict[tuple[str, int, int, str],
+                                   tuple[tuple[int, ...], Tensor]] = OrderedDict()
+        self.hits = 0
+
+    def put(self, key: tuple[str, int, int, str], parts: Mapping[str, Tensor],
+            decoded: Tensor) -> None:
+        self._entries[key] = (_identity(parts), decoded)
+        while len(self._entries) > self.keep:
+            self._entries.popitem(last=False)
+
+    def get(self, key: tuple[str, int, int, str], parts: Mapping[str, Tensor]
+            ) -> Tensor | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != _identity(parts):
+            return None
+        self.hits += 1
+        return entry[1]
+
+
+def _identity(parts: Mapping[str, Tensor]) -> tuple[int, ...]:
+    return tuple(id(parts[k]) for k in sorted(parts))
+
+
 @dataclass(frozen=True)
 class Update:
     """A computed change of one copy, applied by :meth:`PublicCopies.commit` (computing runs
@@ -114,6 +148,7 @@ class PublicCopies:
                  compression: Compression, initial: Mapping[str, Tensor], shared: bool,
                  keep: int = KEEP) -> None:
         self.node = node
+        self.decodes = compression.decodes
         self.fields = tuple(fields)
         self.compression = compression
         self.keep = max(1, keep)
@@ -143,7 +178,10 @@ class PublicCopies:
             base = self.own[name]
             delta = state[name].detach().reshape(-1).to(device="cpu", dtype=torch.float32) - base
             encoded = compressor.encode(delta, seed)
-            new[name] = base + compressor.decode(encoded, self.numel, seed)
+            decoded = compressor.decode(encoded, self.numel, seed)
+            if self.decodes is not None:
+                self.decodes.put((self.node, round_, self.own_id, name), encoded, decoded)
+            new[name] = base + decoded
             for part, tensor in encoded.items():
                 parts[f"{name}.{part}"] = tensor
         return parts, Update(None, new, copy_id(new, self.fields))
@@ -183,8 +221,12 @@ class PublicCopies:
             prefix = f"{name}."
             parts = {key[len(prefix):]: t for key, t in message.tensors.items()
                      if key.startswith(prefix)}
-            seed = self._seed(message.sender, message.round, name)
-            new[name] = copy[name] + compressor.decode(parts, self.numel, seed)
+            key = (message.sender, message.round, message.copy_base, name)
+            decoded = None if self.decodes is None else self.decodes.get(key, parts)
+            if decoded is None:
+                seed = self._seed(message.sender, message.round, name)
+                decoded = compressor.decode(parts, self.numel, seed)
+            new[name] = copy[name] + decoded
         return Update(message.sender, new, message.copy_next)
 
     def adopt(self, peer: str, id_: int, tensors: Mapping[str, Tensor]) -> Update:

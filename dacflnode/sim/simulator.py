@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,7 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.train import pick_device
 from dacflnode.node.checkpoint import Checkpoint
-from dacflnode.node.copies import compression_for, wire_parts
+from dacflnode.node.copies import SharedDecodes, compression_for, wire_parts
 from dacflnode.node.data import DataInfo, NodeDataSet, class_counts, contract_difference_all
 from dacflnode.node.faults import Crash, FaultPlan
 from dacflnode.node.metrics_log import METRICS_FILE
@@ -187,7 +187,10 @@ class Simulation:
         if mixing != self.alg.mixing:
             self.alg = make_algorithm(algorithm, cfg.fodac_variant, mixing)
         #: a compressed run's compression (the daemons' own: docs/compression.md)
-        self.compression = compression_for(cfg.compression, cfg.consensus_gamma(), cfg.seed)
+        compression = compression_for(cfg.compression, cfg.consensus_gamma(), cfg.seed)
+        # every sender's own decode serves its neighbours too (one process, the same tensors)
+        self.compression = (None if compression is None else replace(
+            compression, decodes=SharedDecodes(keep=4 * len(self.ids) * len(self.alg.exchanged))))
         # Ray workers train on their own CPUs, whatever this machine has
         device = (torch.device("cpu") if ray is not None and cfg.device == "auto"
                   else pick_device(cfg.device))
