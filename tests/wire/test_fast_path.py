@@ -18,6 +18,7 @@ from dacflnode.wire.codec import (
     Expectation,
     RoundMessage,
     WireError,
+    checksum,
     decode,
     encode,
     make_header,
@@ -41,7 +42,8 @@ def expect(p: int = P) -> Expectation:
 
 
 def wire_bytes(msg: RoundMessage, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
-    """The stream as a sender writes it: the header message, then hand-serialized chunks."""
+    """The stream as a sender writes it: the header message, hand-serialized chunks, then the
+    trailer."""
     header = pb.StateChunk(header=make_header(msg)).SerializeToString()
     return [header, *(bytes(c) for c in serialized_chunks(msg, chunk_bytes))]
 
@@ -134,6 +136,7 @@ def test_a_stream_fed_in_odd_pieces_is_bit_exact():
         decoder.feed(memoryview(payload)[at : at + size])
         at += size
     decoder.feed(payload[at:])
+    decoder.trailer(checksum([memoryview(payload)]))
     assert same_bytes(decoder.finish(), msg)
 
 
