@@ -17,6 +17,7 @@ from dacflnode.wire.codec import (
     Decoder,
     Expectation,
     RoundMessage,
+    SerializedStream,
     WireError,
     checksum,
     decode,
@@ -67,6 +68,22 @@ def test_the_serializer_reuses_its_buffers_yet_values_handed_out_never_change():
     kept = [serialize(memoryview(p)) for p in parts]  # all still referenced
     for part, value in zip(parts, kept, strict=True):
         assert value == pb.StateChunk(data=part).SerializeToString()
+
+
+def test_a_stream_given_its_checksum_sends_the_same_bytes_without_hashing(monkeypatch):
+    msg = message()
+    first = SerializedStream(msg)
+    sent = list(first)
+    assert first.digest == checksum([memoryview(t.numpy()).cast("B")
+                                     for t in msg.tensors.values()])
+    assert first.next_chunk() is None and first.sent == msg.payload_bytes
+
+    def no_hashing(*args: object) -> None:
+        raise AssertionError("hashed although the checksum was given")
+
+    monkeypatch.setattr("dacflnode.wire.codec.xxhash.xxh3_128", no_hashing)
+    again = SerializedStream(msg, digest=first.digest)
+    assert list(again) == sent
 
 
 def test_every_stream_serializes_as_protobuf_would():
