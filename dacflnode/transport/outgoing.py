@@ -147,8 +147,9 @@ def _retrieve(future: asyncio.Future[Outgoing]) -> None:
 class HeaderCache:
     """Prepares each outgoing message once, off the event loop, and publishes it.
 
-    Copying a GPU state to the host and hashing the payload once per neighbour would waste time
-    on big models, so concurrent pushes of one message share one preparation. Entries are keyed
+    Copying a GPU state to the host once per neighbour would waste time on big models, so
+    concurrent pushes of one message share one preparation (and, through
+    :attr:`Outgoing.trailer`, the checksum the first completed stream computed). Entries are keyed
     by ``(round, id(message))`` and hold the message, so an id cannot be reused while cached;
     only the newest ``keep`` rounds are kept. A message must not be mutated after its first
     push. Every prepared message is also handed to :meth:`Receiver.publish`, so neighbours can
