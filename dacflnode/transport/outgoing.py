@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, replace
 
 import xxhash
@@ -109,13 +109,13 @@ class ChunkStream:
         yield from stream
         self._done(stream)
 
-    async def prefetched(self) -> AsyncIterator[bytes]:
+    async def prefetched(self) -> AsyncGenerator[bytes, None]:
         """:meth:`serialized`, with each chunk made (copied and hashed, without the GIL) in
         a worker thread while the caller sends the one before: the copy and the hash overlap
         the transfer instead of adding to it. A small message is made on the event loop."""
         if self.out.message.payload_bytes < PREFETCH_BYTES:
-            for data in self.serialized():
-                yield data
+            for small in self.serialized():
+                yield small
             return
         yield self.out.header_bytes
         stream = self._serialized_stream()
