@@ -117,11 +117,11 @@ class ChunkStream:
             for small in self.serialized():
                 yield small
             return
-        yield self.out.header_bytes
         stream = self._serialized_stream()
         loop = asyncio.get_running_loop()
-        pending = loop.run_in_executor(None, stream.next_chunk)
+        pending = loop.run_in_executor(None, stream.next_chunk)  # made while the header goes
         try:
+            yield self.out.header_bytes
             while (data := await pending) is not None:
                 pending = loop.run_in_executor(None, stream.next_chunk)
                 yield data

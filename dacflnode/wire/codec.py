@@ -587,6 +587,13 @@ class Decoder:
     def feed(self, data: bytes | memoryview) -> None:
         self.write(self.reserve(data), data)
 
+    @property
+    def summed(self) -> bool:
+        """Whether every float written so far was summed, each sum finite: :meth:`finish`
+        then makes no pass over the payload (cheap enough for the event loop)."""
+        return (self._finite and self._buffer is not None
+                and self._summed == self._buffer.numel())
+
     def trailer(self, digest: bytes) -> None:
         """Take the stream's trailer: it must come once, after the whole payload, and hold 16
         bytes (compared with the payload's hash in :meth:`finish`)."""
