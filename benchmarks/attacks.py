@@ -267,17 +267,13 @@ async def stalled_streams(target: Target, streams: int, channels: int,
     """``streams`` pushes that stop one byte short; wait up to ``wait`` s for them to be cut."""
     names = sorted(target.tensors)
     total = 4 * sum(target.tensors.values())
-    digest = xxhash.xxh3_128()
     zeros = bytes(CHUNK)
-    for off in range(0, total, CHUNK):
-        digest.update(zeros[: min(CHUNK, total - off)])
-    checksum = digest.digest()
     release = asyncio.Event()
     written = 0
 
     def header(round_: int) -> pb.StateChunk:
         return pb.StateChunk(header=pb.StateHeader(
-            sender="node-1", round=round_, degree=1, payload_bytes=total, checksum=checksum,
+            sender="node-1", round=round_, degree=1, payload_bytes=total,
             tensors=[pb.TensorSpec(name=n, dtype="float32", shape=[target.tensors[n]])
                      for n in names]))
 
@@ -697,7 +693,7 @@ async def stalled_duplicates(target: Target, stalled: int, round_: int = 1,
     assert len(payload) == total, (len(payload), total)
     digest = xxhash.xxh3_128(payload)
     header = pb.StateChunk(header=pb.StateHeader(
-        sender="node-1", round=round_, degree=1, payload_bytes=total, checksum=digest.digest(),
+        sender="node-1", round=round_, degree=1, payload_bytes=total,
         tensors=[pb.TensorSpec(name=n, dtype="float32", shape=[target.tensors[n]])
                  for n in names]))
 
@@ -705,6 +701,7 @@ async def stalled_duplicates(target: Target, stalled: int, round_: int = 1,
         yield header
         for off in range(0, total, CHUNK):
             yield pb.StateChunk(data=payload[off:off + CHUNK])
+        yield pb.StateChunk(trailer=digest.digest())
 
     ended: list[str] = []
     async with grpc.aio.insecure_channel(target.listen, options=[

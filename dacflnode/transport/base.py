@@ -87,7 +87,8 @@ class Identity:
         ``None``."""
         if other.protocol_version != self.protocol_version:
             return (f"it runs protocol version {other.protocol_version} "
-                    f"(this node speaks {self.protocol_version})")
+                    f"(this node speaks {self.protocol_version}): run the same dacflnode "
+                    "release on every node of the run")
         data = contract_difference(self.data_contract, other.data_contract, other.node_id)
         if data is not None:
             return data

@@ -36,15 +36,17 @@ A refused push is read to its end before the status is sent (see
 :meth:`NeighborServicer._drain`), so the sender gets the real status, not ``INTERNAL``.
 
 Nothing here blocks the event loop: preparing an outgoing message (copy to host memory if it is
-on a GPU, payload hash; once per message, however many neighbours receive it) and checksum
-verification run in worker threads; chunks are 1 MiB copies.
+on a GPU; once per message, however many neighbours receive it) and the final checks run in
+worker threads; chunks are 1 MiB copies.
 
 The state streams skip protobuf's copies of the payload, not its format: PushState and
 PullState are registered with hand-made (de)serializers (:func:`add_neighbor_service`,
-:class:`NeighborCalls`). A data chunk is serialized with one copy of its slice of the tensors
-(:func:`~dacflnode.wire.codec.serialize_data`) and parsed as a view of the received bytes
+:class:`NeighborCalls`). A pushed data chunk is serialized with one copy of its slice of the
+tensors and hashed from that copy, in a worker thread while the chunk before it is sent
+(:meth:`~dacflnode.transport.outgoing.ChunkStream.prefetched`); the checksum follows the data in
+the stream's trailer. A received data chunk is parsed as a view of the received bytes
 (:func:`~dacflnode.wire.codec.parse_chunk`), whose payload is then copied, hashed and summed
-straight into the receive buffer in a worker thread
+straight into the receive buffer in a worker thread while the next chunk is received
 (:class:`~dacflnode.transport.receiver.Assembler`). The bytes on the wire are exactly
 protobuf's, so a peer using the generated stubs reads and writes the same streams.
 """
@@ -639,8 +641,9 @@ class GrpcTransport(Transport):
         call = stub.push(timeout=remaining)
         try:
             try:
-                for chunk in stream.serialized():
-                    await call.write(chunk)
+                async with contextlib.aclosing(stream.prefetched()) as chunks:
+                    async for chunk in chunks:
+                        await call.write(chunk)
                 await call.done_writing()
             except (asyncio.InvalidStateError, grpc.aio.InternalError):
                 # the call ended before the whole stream (the peer ended it, or its deadline

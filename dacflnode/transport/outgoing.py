@@ -1,37 +1,51 @@
 """Outgoing states, shared by both transports: prepared once per message, streamed per neighbour.
 
 A node pushes the same :class:`~dacflnode.wire.codec.RoundMessage` to all its neighbours,
-concurrently. :class:`HeaderCache` prepares it once (host copy, contiguous tensors, header with
-the payload checksum) off the event loop, and :class:`ChunkStream` streams the prepared state to
-one neighbour, counting what it handed out. See docs/wire-format.md for the stream layout.
+concurrently. :class:`HeaderCache` prepares it once (host copy, contiguous tensors, header)
+off the event loop, and :class:`ChunkStream` streams the prepared state to one neighbour,
+hashing each chunk as it makes it (the checksum is the stream's trailer), counting what it
+handed out. The first stream that completes keeps the checksum with the prepared message, so
+later streams of it (further neighbours, retries) do not hash again. Over gRPC the next chunk
+is made in a worker thread while the current one is sent (:meth:`ChunkStream.prefetched`). See
+docs/wire-format.md for the stream layout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, replace
+
+import xxhash
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.base import TransportClosed, cancelled_by_caller
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire.codec import (
-    DataSerializer,
+    CHUNK_BYTES,
     RoundMessage,
+    SerializedStream,
     chunks,
     make_header,
-    payload_slices,
     serialize_chunk,
+    trailer_chunk,
 )
 
+#: A stream of at least this many payload bytes makes its chunks in a worker thread (see
+#: :meth:`ChunkStream.prefetched`); a smaller one on the event loop (the hand-over would cost
+#: more than the copy).
+PREFETCH_BYTES = CHUNK_BYTES
 
-@dataclass(frozen=True)
+
+@dataclass
 class Outgoing:
-    """A message ready to stream: its tensors in contiguous CPU memory, and its header."""
+    """A message ready to stream: its tensors in contiguous CPU memory, and its header;
+    ``trailer`` is its payload's checksum once a stream of it has computed it."""
 
     message: RoundMessage
     header: pb.StateHeader
+    trailer: bytes | None = None
 
     @functools.cached_property
     def header_bytes(self) -> bytes:
@@ -48,7 +62,8 @@ def on_cpu(message: RoundMessage) -> RoundMessage:
 
 
 class ChunkStream:
-    """One neighbour's copy of the stream of a prepared message: the header, then the payload.
+    """One neighbour's copy of the stream of a prepared message: the header, the payload, then
+    the trailer.
 
     :attr:`sent` counts the payload bytes handed out so far, so a push that fails half-way
     still accounts for what it sent.
@@ -56,24 +71,70 @@ class ChunkStream:
 
     def __init__(self, out: Outgoing) -> None:
         self.out = out
-        self.sent = 0
+        self._sent = 0
+        self._stream: SerializedStream | None = None
+
+    @property
+    def sent(self) -> int:
+        return self._sent if self._stream is None else self._stream.sent
 
     def __iter__(self) -> Iterator[pb.StateChunk]:
         yield pb.StateChunk(header=self.out.header)
+        digest = self.out.trailer
+        hashing = xxhash.xxh3_128() if digest is None else None
         for chunk in chunks(self.out.message):
-            self.sent += len(chunk.data)
+            if hashing is not None:
+                hashing.update(chunk.data)
+            self._sent += len(chunk.data)
             yield chunk
+        if hashing is not None:
+            digest = self.out.trailer = hashing.digest()
+        assert digest is not None
+        yield trailer_chunk(digest)
+
+    def _serialized_stream(self) -> SerializedStream:
+        self._stream = SerializedStream(self.out.message, digest=self.out.trailer)
+        return self._stream
+
+    def _done(self, stream: SerializedStream) -> None:
+        if self.out.trailer is None:
+            self.out.trailer = stream.digest
 
     def serialized(self) -> Iterator[bytes]:
         """The same stream, serialized as gRPC sends it: the header made once per message,
-        then each data chunk made with one copy of its slice of the tensors."""
+        each data chunk made with one copy of its slice of the tensors and hashed from that
+        copy, then the trailer."""
         yield self.out.header_bytes
-        serialize = DataSerializer()
-        for part in payload_slices(self.out.message):
-            data = serialize(part)
-            self.sent += part.nbytes
-            yield data
-            del data  # the serializer reuses the buffer once nothing holds it
+        stream = self._serialized_stream()
+        yield from stream
+        self._done(stream)
+
+    async def prefetched(self) -> AsyncGenerator[bytes, None]:
+        """:meth:`serialized`, with each chunk made (copied and hashed, without the GIL) in
+        a worker thread while the caller sends the one before: the copy and the hash overlap
+        the transfer instead of adding to it. A small message is made on the event loop."""
+        if self.out.message.payload_bytes < PREFETCH_BYTES:
+            for small in self.serialized():
+                yield small
+            return
+        stream = self._serialized_stream()
+        loop = asyncio.get_running_loop()
+        pending = loop.run_in_executor(None, stream.next_chunk)  # made while the header goes
+        try:
+            yield self.out.header_bytes
+            while (data := await pending) is not None:
+                pending = loop.run_in_executor(None, stream.next_chunk)
+                yield data
+                del data  # the serializer reuses the buffer once nothing holds it
+        finally:
+            if not pending.done():  # the caller stopped early: let the last one finish alone
+                pending.add_done_callback(_retrieve_any)
+        self._done(stream)
+
+
+def _retrieve_any(future: asyncio.Future[bytes | None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _retrieve(future: asyncio.Future[Outgoing]) -> None:
@@ -86,8 +147,9 @@ def _retrieve(future: asyncio.Future[Outgoing]) -> None:
 class HeaderCache:
     """Prepares each outgoing message once, off the event loop, and publishes it.
 
-    Copying a GPU state to the host and hashing the payload once per neighbour would waste time
-    on big models, so concurrent pushes of one message share one preparation. Entries are keyed
+    Copying a GPU state to the host once per neighbour would waste time on big models, so
+    concurrent pushes of one message share one preparation (and, through
+    :attr:`Outgoing.trailer`, the checksum the first completed stream computed). Entries are keyed
     by ``(round, id(message))`` and hold the message, so an id cannot be reused while cached;
     only the newest ``keep`` rounds are kept. A message must not be mutated after its first
     push. Every prepared message is also handed to :meth:`Receiver.publish`, so neighbours can

@@ -31,8 +31,9 @@ validated. The checks, in order:
    holds at most two receive buffers per neighbour and accepted round (briefly one more while
    a preempted stream lets go of its own), however many streams are opened.
 3. The header (round, degree, names, dtypes, shapes, size) before any allocation, then size,
-   checksum and finiteness (``INVALID_ARGUMENT``, :attr:`~Reason.NON_FINITE`) off the event
-   loop, then the inbox's guard against absurd states (:mod:`dacflnode.wire.state_guard`).
+   the trailer's checksum and finiteness (``INVALID_ARGUMENT``, :attr:`~Reason.NON_FINITE`;
+   hashed and summed chunk by chunk off the event loop), then the inbox's guard against
+   absurd states (:mod:`dacflnode.wire.state_guard`).
 4. Deadlines. A push stream that sends no header for ``first_message_timeout`` seconds
    (:data:`FIRST_MESSAGE_TIMEOUT`), no chunk for ``idle_timeout`` seconds
    (:data:`IDLE_TIMEOUT`) or has not ended after ``stream_timeout`` seconds
@@ -153,8 +154,11 @@ class Assembler:
                 queued.popleft().result()
 
     async def finish(self) -> RoundMessage:
-        """:meth:`Decoder.finish` after the last write, off the event loop."""
+        """:meth:`Decoder.finish` after the last write: on the event loop when every sum was
+        finite (no pass over the payload is left), else in a worker thread."""
         await self.settle()
+        if self.decoder.summed:
+            return self.decoder.finish()
         return await asyncio.to_thread(self.decoder.finish)
 
     def release(self) -> None:
@@ -390,7 +394,7 @@ class Receiver:
                         continue
                     await assembler.take(chunk)
                 call.touch()  # the sender is done; checking is this node's time
-                message = await assembler.finish()  # checksum: off the event loop
+                message = await assembler.finish()  # trailer, checksum, finiteness
                 await self.inbox.put(message)  # guard, duplicate, and the round moving on
             except asyncio.CancelledError:
                 call.raise_if_cut()

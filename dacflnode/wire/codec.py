@@ -1,12 +1,16 @@
-"""Round state ↔ a stream of :class:`StateChunk` messages (header, then ~1 MiB of raw bytes each).
+"""Round state ↔ a stream of :class:`StateChunk` messages: a header, the payload in data chunks
+of ~1 MiB of raw bytes each, then a trailer with the payload's checksum.
 
 Sending reads the tensors through ``memoryview`` slices, one chunk at a time; over gRPC each
-data chunk is serialized by hand with one copy of its slice (:func:`serialized_chunks`, the
-same bytes protobuf writes). Receiving validates the header completely (sender, round, degree,
-tensor names, dtypes, shapes and the total size) *before* it allocates anything, then writes
-every chunk straight into one preallocated buffer, hashing each chunk and summing its floats as
-it arrives (a data chunk received over gRPC is parsed by :func:`parse_chunk` without building a
-protobuf copy of its payload), and checks size and XXH3-128 checksum at the end. The checksum
+data chunk is serialized by hand with one copy of its slice, and hashed right after that copy
+while its bytes are still in the cache (:class:`SerializedStream`, the same bytes protobuf
+writes); the checksum goes last, in the trailer, so no pass over the payload comes before the
+first byte is sent. Receiving validates the header completely (sender, round, degree, tensor
+names, dtypes, shapes and the total size) *before* it allocates anything, then writes every
+chunk straight into one preallocated buffer, hashing each chunk and summing its floats as it
+arrives (a data chunk received over gRPC is parsed by :func:`parse_chunk` without building a
+protobuf copy of its payload), and checks size and the trailer's XXH3-128 checksum at the end:
+a stream whose trailer is missing, early, repeated or wrong is refused. The checksum
 guards against corruption and truncation, not tampering: anyone can compute it for a forged
 payload. Only mutual TLS between neighbours (``node.tls``) guards a connection against tampering
 and spoofing; without it nothing does. XXH3 runs at memory speed, so it costs a few percent of a
@@ -16,7 +20,7 @@ bfloat16, int8, int32; see :data:`DTYPES`), and a payload that holds NaN or an i
 refused (:func:`check_finite`) before anyone can mix it.
 
 Receiving a state of ``B`` bytes costs ``B`` bytes plus the chunks in flight (its buffer comes
-from a :class:`BufferPool` and is reused in later rounds); sending costs two chunks.
+from a :class:`BufferPool` and is reused in later rounds); sending costs three chunks.
 The wire bytes are protobuf's own: a peer that serializes with protobuf reads and writes the
 same streams.
 """
@@ -41,14 +45,15 @@ from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, Refusal, WireError
 __all__ = [
     "CHECKSUM_BYTES", "CHUNK_BYTES", "DTYPES", "MAX_ANCHORS", "MAX_USED_LOG",
     "PROTOCOL_VERSION", "BufferPool", "Chunk", "CompressedSpec", "DataSerializer", "Decoder",
-    "Expectation", "Kind", "Reason", "Refusal", "RoundMessage", "TensorField", "UsedLog",
-    "WireError", "check_copy", "check_fields", "check_finite", "check_log", "checksum",
-    "chunk_size", "chunks", "decode", "dtype_name", "dtype_name_of",
+    "Expectation", "Kind", "Reason", "Refusal", "RoundMessage", "SerializedStream",
+    "TensorField", "UsedLog", "WireError", "check_copy", "check_fields", "check_finite",
+    "check_log", "checksum", "chunk_size", "chunks", "decode", "dtype_name", "dtype_name_of",
     "encode", "make_header", "parse_chunk", "payload_slices", "serialize_chunk",
-    "serialize_data", "serialized_chunks",
+    "serialize_data", "serialized_chunks", "trailer_chunk",
 ]
 
-PROTOCOL_VERSION = 2
+#: 3: the checksum travels in a trailer after the data (2 had it in the header).
+PROTOCOL_VERSION = 3
 #: At most this many rounds in a header's ``used_log`` (a node sends ``gone_after + 2``).
 MAX_USED_LOG = 64
 #: At most this many anchor rounds in a header.
@@ -152,8 +157,7 @@ def _views(message: RoundMessage) -> list[memoryview]:
 
 
 def make_header(message: RoundMessage) -> pb.StateHeader:
-    """The header of ``message``, checksum included (one pass over the payload: call it once
-    per round and off the event loop for large models, then stream with :func:`chunks`)."""
+    """The header of ``message`` (no pass over the payload: its checksum is the trailer's)."""
     views = _views(message)
     return pb.StateHeader(
         sender=message.sender,
@@ -164,7 +168,6 @@ def make_header(message: RoundMessage) -> pb.StateHeader:
             for n, t in message.tensors.items()
         ],
         payload_bytes=sum(v.nbytes for v in views),
-        checksum=checksum(views),
         used_log=[pb.UsedRound(round=r, peers=list(p)) for r, p in message.used_log],
         kind=int(message.kind),  # type: ignore[arg-type]
         anchors=list(message.anchors),
@@ -174,9 +177,15 @@ def make_header(message: RoundMessage) -> pb.StateHeader:
 
 
 def chunks(message: RoundMessage, chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.StateChunk]:
-    """The payload of ``message`` as data chunks of at most ``chunk_bytes`` (no header)."""
+    """The payload of ``message`` as data chunks of at most ``chunk_bytes`` (no header, no
+    trailer)."""
     for part in payload_slices(message, chunk_bytes):
         yield pb.StateChunk(data=bytes(part))
+
+
+def trailer_chunk(digest: bytes) -> pb.StateChunk:
+    """The chunk that ends a stream: the XXH3-128 ``digest`` of its payload."""
+    return pb.StateChunk(trailer=digest)
 
 
 #: The first byte of a serialized data chunk: protobuf's key of ``StateChunk.data`` (field 2,
@@ -207,7 +216,8 @@ def serialize_data(view: memoryview) -> bytes:
 
 
 class DataSerializer:
-    """:func:`serialize_data` into a few reused buffers, for one stream of chunks.
+    """:func:`serialize_data` into a few reused buffers, for one stream of chunks (and, given
+    a ``digest``, hashed as it is written).
 
     Each chunk is written into the buffer of an ``io.BytesIO`` and handed out as its value,
     which CPython returns without a copy; once the caller (and gRPC, which copies a message as
@@ -222,7 +232,9 @@ class DataSerializer:
         self._slots: list[tuple[io.BytesIO, int] | None] = [None] * slots
         self._next = 0
 
-    def __call__(self, view: memoryview) -> bytes:
+    def __call__(self, view: memoryview, digest: Any = None) -> bytes:
+        """``view`` serialized; ``digest`` (an ``xxh3_128``), if given, is updated with
+        ``view``'s bytes from the copy just written, while they are in the cache."""
         key = _data_key(view.nbytes)
         size = len(key) + view.nbytes
         at = self._next
@@ -234,8 +246,11 @@ class DataSerializer:
         try:
             out = np.frombuffer(buffer, dtype=np.uint8)
             out[: len(key)] = np.frombuffer(key, dtype=np.uint8)
-            np.copyto(out[len(key) :], np.frombuffer(view, dtype=np.uint8))
-            del out
+            payload = out[len(key) :]
+            np.copyto(payload, np.frombuffer(view, dtype=np.uint8))
+            if digest is not None:
+                digest.update(payload)
+            del out, payload
         finally:
             buffer.release()
         return slot[0].getvalue()
@@ -249,12 +264,53 @@ def payload_slices(message: RoundMessage, chunk_bytes: int = CHUNK_BYTES) -> Ite
             yield view[start : start + chunk_bytes]
 
 
+class SerializedStream:
+    """The data chunks of ``message`` as gRPC sends them, each hashed as it is serialized, then
+    the trailer: what follows the header of a stream.
+
+    :meth:`next_chunk` makes one chunk per call (``None`` after the trailer), so a caller may
+    make the next chunk in a worker thread while the current one is sent (copy and hash
+    release the GIL), one call at a time. With ``digest`` given (the checksum of this very
+    payload, from an earlier stream of it) nothing is hashed. Chunks come from a
+    :class:`DataSerializer` of three slots: drop each chunk before asking for the next one but
+    two.
+    """
+
+    def __init__(self, message: RoundMessage, chunk_bytes: int = CHUNK_BYTES,
+                 digest: bytes | None = None) -> None:
+        self._parts = payload_slices(message, chunk_bytes)
+        self._serialize = DataSerializer(slots=3)
+        self._hash: Any = xxhash.xxh3_128() if digest is None else None
+        self.digest = digest
+        #: Payload bytes in the chunks made so far.
+        self.sent = 0
+        self._done = False
+
+    def next_chunk(self) -> bytes | None:
+        """The next serialized chunk: data, then the trailer; ``None`` once the trailer was
+        made (then :attr:`digest` is the payload's checksum)."""
+        part = next(self._parts, None)
+        if part is not None:
+            data = self._serialize(part, self._hash)
+            self.sent += part.nbytes
+            return data
+        if self._done:
+            return None
+        self._done = True
+        if self.digest is None:
+            self.digest = self._hash.digest()
+        return trailer_chunk(self.digest).SerializeToString()
+
+    def __iter__(self) -> Iterator[bytes]:
+        while (data := self.next_chunk()) is not None:
+            yield data
+            del data  # the serializer reuses the buffer once nothing holds it
+
+
 def serialized_chunks(message: RoundMessage, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """:func:`chunks`, serialized: what gRPC sends for each data chunk of ``message`` (made by
-    a :class:`DataSerializer`: drop each chunk before asking for the next one but one)."""
-    serialize = DataSerializer()
-    for part in payload_slices(message, chunk_bytes):
-        yield serialize(part)
+    """:func:`chunks` and the trailer, serialized: what gRPC sends after the header of
+    ``message`` (see :class:`SerializedStream`)."""
+    return iter(SerializedStream(message, chunk_bytes))
 
 
 #: A chunk as received: a message, or (from :func:`parse_chunk`) the payload of a data chunk.
@@ -264,8 +320,8 @@ Chunk = pb.StateChunk | memoryview
 def parse_chunk(raw: bytes) -> Chunk:
     """``StateChunk.FromString(raw)``, except that a data chunk (``raw`` holds the field
     ``data`` and nothing else, as every sender writes it) comes back as a ``memoryview`` of its
-    payload inside ``raw``: no protobuf message, no copy. Anything else, header or malformed,
-    is parsed by protobuf itself, so its errors and its meaning are protobuf's."""
+    payload inside ``raw``: no protobuf message, no copy. Anything else, header, trailer or
+    malformed, is parsed by protobuf itself, so its errors and its meaning are protobuf's."""
     end = len(raw)
     if end >= 2 and raw[0] == _DATA_KEY:
         size = shift = 0
@@ -295,9 +351,15 @@ def encode(
     chunk_bytes: int = CHUNK_BYTES,
     header: pb.StateHeader | None = None,
 ) -> Iterator[pb.StateChunk]:
-    """Yield the header (computed unless given), then the payload in chunks."""
+    """Yield the header (made unless given), the payload in chunks, then the trailer (the
+    payload hashed chunk by chunk as it is yielded)."""
     yield pb.StateChunk(header=header if header is not None else make_header(message))
-    yield from chunks(message, chunk_bytes)
+    digest = xxhash.xxh3_128()
+    for part in payload_slices(message, chunk_bytes):
+        data = bytes(part)
+        digest.update(data)
+        yield pb.StateChunk(data=data)
+    yield trailer_chunk(digest.digest())
 
 
 #: A compressed state's tensor set: part name -> (dtype, shape).
@@ -551,6 +613,7 @@ class Decoder:
     _summed: int = 0  # floats summed so far (each sum checks a run of written floats)
     _finite: bool = True  # every sum so far was finite
     _digest: Any = None
+    _trailer: bytes | None = None  # the checksum the stream's trailer carried
     _shapes: list[TensorField] = field(default_factory=list)
     _offsets: list[int] = field(default_factory=list)  # each tensor's place in the buffer
 
@@ -579,9 +642,6 @@ class Decoder:
                 "INVALID_ARGUMENT", f"payload_bytes {h.payload_bytes} but tensors need {total}",
                 Reason.BAD_PAYLOAD,
             )
-        if len(h.checksum) != CHECKSUM_BYTES:
-            raise WireError("INVALID_ARGUMENT", "checksum must be 16 bytes of XXH3-128",
-                            Reason.BAD_HEADER)
         # every field checked: now allocate
         self._header = h
         self._shapes = shapes
@@ -605,6 +665,8 @@ class Decoder:
         :class:`WireError` exactly as :meth:`feed` does."""
         if self._target is None:
             raise WireError("INVALID_ARGUMENT", "data before the header", Reason.BAD_HEADER)
+        if self._trailer is not None:
+            raise WireError("INVALID_ARGUMENT", "data after the trailer", Reason.BAD_PAYLOAD)
         start = self._filled
         end = start + len(data) if isinstance(data, bytes) else start + data.nbytes
         if end > self._size:
@@ -626,10 +688,12 @@ class Decoder:
         _, target, floats = held
         src = np.frombuffer(data, dtype=np.uint8)
         if self._spread is None:
-            np.copyto(target[offset : offset + src.nbytes], src)
+            dst = target[offset : offset + src.nbytes]
+            np.copyto(dst, src)
+            self._digest.update(dst)  # the copy just written: still in the cache
         else:
             _copy_spread(self._spread, target, offset, src)
-        self._digest.update(data)
+            self._digest.update(data)
         if floats is None:
             return
         done = (offset + src.nbytes) // 4
@@ -642,6 +706,29 @@ class Decoder:
 
     def feed(self, data: bytes | memoryview) -> None:
         self.write(self.reserve(data), data)
+
+    @property
+    def summed(self) -> bool:
+        """Whether every float written so far was summed, each sum finite: :meth:`finish`
+        then makes no pass over the payload (cheap enough for the event loop)."""
+        return (self._finite and self._buffer is not None
+                and self._summed == self._buffer.numel())
+
+    def trailer(self, digest: bytes) -> None:
+        """Take the stream's trailer: it must come once, after the whole payload, and hold 16
+        bytes (compared with the payload's hash in :meth:`finish`)."""
+        if self._header is None:
+            raise WireError("INVALID_ARGUMENT", "trailer before the header", Reason.BAD_HEADER)
+        if self._trailer is not None:
+            raise WireError("INVALID_ARGUMENT", "a second trailer in one stream",
+                            Reason.BAD_PAYLOAD)
+        if self._filled != self._size:
+            raise WireError("DATA_LOSS", f"trailer after {self._filled} of {self._size} "
+                            "bytes: stream truncated", Reason.TRUNCATED)
+        if len(digest) != CHECKSUM_BYTES:
+            raise WireError("INVALID_ARGUMENT", f"trailer of {len(digest)} bytes: the checksum "
+                            "must be 16 bytes of XXH3-128", Reason.BAD_HEADER)
+        self._trailer = bytes(digest)
 
     def release(self) -> None:
         """Drop the receive buffer of a refused stream now, not when the last reference to
@@ -659,13 +746,15 @@ class Decoder:
             self.header(chunk.header)
         elif kind == "data":
             self.feed(chunk.data)
+        elif kind == "trailer":
+            self.trailer(chunk.trailer)
         else:
             raise WireError("INVALID_ARGUMENT", "empty chunk", Reason.BAD_HEADER)
 
     def finish(self) -> RoundMessage:
-        """The assembled message, once size, checksum and finiteness check out (call it after
-        the last :meth:`write` has returned). Finiteness was summed chunk by chunk; only a
-        suspicious sum costs a pass over the payload here (off the event loop, then)."""
+        """The assembled message, once size, trailer, checksum and finiteness check out (call
+        it after the last :meth:`write` has returned). Finiteness was summed chunk by chunk;
+        only a suspicious sum costs a pass over the payload here (off the event loop, then)."""
         if self._header is None or self._buffer is None:
             raise WireError("INVALID_ARGUMENT", "stream ended without a header",
                             Reason.BAD_HEADER)
@@ -674,7 +763,10 @@ class Decoder:
                 "DATA_LOSS", f"stream truncated: {self._filled} of {self._size} bytes",
                 Reason.TRUNCATED,
             )
-        if self._digest.digest() != self._header.checksum:
+        if self._trailer is None:
+            raise WireError("DATA_LOSS", "stream truncated: it ended without its checksum "
+                            "trailer", Reason.TRUNCATED)
+        if self._digest.digest() != self._trailer:
             raise WireError("DATA_LOSS", "checksum mismatch: payload corrupted in transit",
                             Reason.CHECKSUM)
         tensors: dict[str, torch.Tensor] = {}

@@ -79,7 +79,7 @@ async def server():
 
 
 def chunks_of(msg: RoundMessage) -> list[pb.StateChunk]:
-    return list(encode(msg, chunk_bytes=64))  # header + 5 data chunks
+    return list(encode(msg, chunk_bytes=64))  # header + 5 data chunks + trailer
 
 
 def with_header(
@@ -124,8 +124,22 @@ CASES = {
     "data before header": (lambda m: [chunks_of(m)[1], *chunks_of(m)],
                            grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_HEADER,
                            "data before the header"),
-    "too much data": (lambda m: [*chunks_of(m), pb.StateChunk(data=b"\0" * 4)],
+    "too much data": (lambda m: [*chunks_of(m)[:-1], pb.StateChunk(data=b"\0" * 4),
+                                 chunks_of(m)[-1]],
                       grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_PAYLOAD, "more than"),
+    "no trailer": (lambda m: chunks_of(m)[:-1], grpc.StatusCode.DATA_LOSS, Reason.TRUNCATED,
+                   "without its checksum trailer"),
+    "early trailer": (lambda m: [*chunks_of(m)[:-2], chunks_of(m)[-1], chunks_of(m)[-2]],
+                      grpc.StatusCode.DATA_LOSS, Reason.TRUNCATED, "trailer after"),
+    "second trailer": (lambda m: [*chunks_of(m), chunks_of(m)[-1]],
+                       grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_PAYLOAD, "second trailer"),
+    "data after the trailer": (lambda m: [*chunks_of(m), pb.StateChunk(data=b"")],
+                               grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_PAYLOAD,
+                               "data after the trailer"),
+    "wrong trailer": (lambda m: [*chunks_of(m)[:-1], pb.StateChunk(trailer=bytes(16))],
+                      grpc.StatusCode.DATA_LOSS, Reason.CHECKSUM, "checksum"),
+    "short trailer": (lambda m: [*chunks_of(m)[:-1], pb.StateChunk(trailer=b"x")],
+                      grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_HEADER, "16 bytes"),
     "second header": (lambda m: [*chunks_of(m)[:2], chunks_of(m)[0], *chunks_of(m)[2:]],
                       grpc.StatusCode.INVALID_ARGUMENT, Reason.BAD_HEADER, "second header"),
     "empty chunk": (lambda m: [chunks_of(m)[0], pb.StateChunk(), *chunks_of(m)[1:]],

@@ -105,6 +105,35 @@ async def test_the_receiver_writes_large_chunks_in_its_worker_thread(pair, monke
     assert len(threads) == 6 and all(t.startswith("dacfl-receive") for t in threads)
 
 
+async def test_the_sender_makes_each_chunk_in_a_worker_thread_and_hashes_it_once(pair,
+                                                                                 monkeypatch):
+    """Each data chunk is copied and hashed off the event loop, while the one before it is
+    sent; a second push of the same message (another neighbour, a retry) reuses the checksum
+    the first stream computed, so it hashes nothing."""
+    import threading
+
+    made: list[tuple[str, bool]] = []
+    serialize = codec_module.DataSerializer.__call__
+
+    def spy(self, view, digest=None):
+        made.append((threading.current_thread().name, digest is not None))
+        return serialize(self, view, digest)
+
+    monkeypatch.setattr(codec_module.DataSerializer, "__call__", spy)
+    loop_thread = threading.current_thread().name
+    sent = message("alice", 0)
+    await pair.alice.push("bob", sent, timeout=30)
+    assert same(pair.inbox.get(0)["alice"], sent)
+    assert len(made) == 6
+    assert all(name != loop_thread and hashed for name, hashed in made)
+
+    made.clear()
+    pair.inbox.discard_before(1)  # bob drops it, so that the same state is accepted again
+    await pair.alice.push("bob", sent, timeout=30)
+    assert same(pair.inbox.get(0)["alice"], sent)  # the cached checksum verified by bob
+    assert len(made) == 6 and not any(hashed for _, hashed in made)
+
+
 async def test_consecutive_rounds_reuse_the_receive_buffer_and_stay_exact(pair):
     kept = []
     for round_ in range(4):

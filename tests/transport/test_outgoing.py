@@ -130,3 +130,16 @@ def test_a_chunk_stream_counts_the_payload_it_handed_out() -> None:
     parts = iter(stream)
     assert next(parts).WhichOneof("part") == "header" and stream.sent == 0
     assert sum(len(c.data) for c in parts) == stream.sent == sent.payload_bytes
+
+
+def test_the_first_stream_of_a_message_keeps_its_checksum_for_the_next_ones() -> None:
+    sent = message()
+    out = outgoing.Outgoing(sent, codec.make_header(sent))
+    first = list(ChunkStream(out).serialized())
+    assert out.trailer is not None
+    assert pb.StateChunk.FromString(first[-1]).trailer == out.trailer
+    assert list(ChunkStream(out))[-1].trailer == out.trailer
+    assert list(ChunkStream(out).serialized()) == first
+    decoded = codec.decode((codec.parse_chunk(c) for c in first),
+                           codec.Expectation(senders={"a"}, tensors={"x": (P,)}))
+    assert torch.equal(decoded.tensors["x"], sent.tensors["x"])

@@ -146,8 +146,10 @@ async def test_handshake_succeeds_and_records_connected(cluster):
         (Identity("c", "another-model", RUN), "model"),
         (Identity("c", MODEL, "another-run"), "run settings"),
         (Identity("c", MODEL, RUN, PROTOCOL_VERSION + 1), "protocol version"),
+        # version 2 sent the checksum in the header: its streams would lack the trailer
+        (Identity("c", MODEL, RUN, 2), "protocol version [23] .*same dacflnode release"),
     ],
-    ids=["model", "run", "protocol"],
+    ids=["model", "run", "protocol", "checksum-in-the-header"],
 )
 async def test_handshake_with_a_different_identity_is_refused(cluster, other, reason):
     nodes = await cluster.build(FULL, identities={"c": other})

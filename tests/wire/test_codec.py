@@ -46,8 +46,9 @@ def test_round_trip_is_bit_exact_and_keeps_the_header():
 def test_payload_travels_in_chunks_of_at_most_one_mebibyte():
     big = message(p=600_000)  # 2 x 2.4 MB
     chunks = list(encode(big))
-    sizes = [len(c.data) for c in chunks[1:]]
+    sizes = [len(c.data) for c in chunks[1:-1]]
     assert chunks[0].WhichOneof("part") == "header"
+    assert [c.WhichOneof("part") for c in chunks[1:]] == ["data"] * len(sizes) + ["trailer"]
     assert max(sizes) <= CHUNK_BYTES and sum(sizes) == big.payload_bytes
 
 
@@ -67,8 +68,6 @@ def test_payload_travels_in_chunks_of_at_most_one_mebibyte():
          "do not match"),
         (lambda h: setattr(h, "payload_bytes", 10**12), "INVALID_ARGUMENT", Reason.BAD_PAYLOAD,
          "payload_bytes"),
-        (lambda h: setattr(h, "checksum", b"x"), "INVALID_ARGUMENT", Reason.BAD_HEADER,
-         "checksum"),
         (lambda h: setattr(h, "kind", 7), "INVALID_ARGUMENT", Reason.BAD_HEADER,
          "unknown state kind"),
         (lambda h: h.used_log.add(round=3, peers=["a"]), "INVALID_ARGUMENT", Reason.BAD_HEADER,
@@ -117,8 +116,86 @@ def test_check_finite_accepts_extreme_finite_values():
 def test_truncated_stream_is_data_loss():
     chunks = list(encode(message(), chunk_bytes=1000))
     with pytest.raises(WireError, match="truncated") as err:
-        decode(iter(chunks[:-1]), expect())
+        decode(iter(chunks[:-2]), expect())  # neither the last data chunk nor the trailer
     assert (err.value.code, err.value.reason) == ("DATA_LOSS", Reason.TRUNCATED)
+
+
+def test_a_stream_without_its_trailer_is_data_loss():
+    chunks = list(encode(message(), chunk_bytes=1000))
+    with pytest.raises(WireError, match="without its checksum trailer") as err:
+        decode(iter(chunks[:-1]), expect())  # every data byte, no trailer
+    assert (err.value.code, err.value.reason) == ("DATA_LOSS", Reason.TRUNCATED)
+
+
+def test_a_trailer_before_the_last_data_chunk_is_refused_at_the_trailer():
+    chunks = list(encode(message(), chunk_bytes=1000))
+    decoder = Decoder(expect())
+    for chunk in chunks[:-2]:
+        decoder.take(chunk)
+    with pytest.raises(WireError, match="trailer after 7000 of 8000 bytes") as err:
+        decoder.take(chunks[-1])
+    assert (err.value.code, err.value.reason) == ("DATA_LOSS", Reason.TRUNCATED)
+
+
+@pytest.mark.parametrize(
+    ("after", "text", "code", "reason"),
+    [
+        (lambda chunks: [chunks[-1]], "second trailer", "INVALID_ARGUMENT", Reason.BAD_PAYLOAD),
+        (lambda chunks: [pb.StateChunk(data=b"")], "data after the trailer", "INVALID_ARGUMENT",
+         Reason.BAD_PAYLOAD),
+        (lambda chunks: [chunks[1]], "data after the trailer", "INVALID_ARGUMENT",
+         Reason.BAD_PAYLOAD),
+        (lambda chunks: [chunks[0]], "second header", "INVALID_ARGUMENT", Reason.BAD_HEADER),
+    ],
+)
+def test_nothing_may_follow_the_trailer(after, text, code, reason):
+    chunks = list(encode(message(), chunk_bytes=1000))
+    with pytest.raises(WireError, match=text) as err:
+        decode(iter(chunks + after(chunks)), expect())
+    assert (err.value.code, err.value.reason) == (code, reason)
+
+
+def test_a_wrong_trailer_fails_the_checksum():
+    chunks = list(encode(message(), chunk_bytes=1000))
+    wrong = bytearray(chunks[-1].trailer)
+    wrong[0] ^= 0x01
+    chunks[-1] = pb.StateChunk(trailer=bytes(wrong))
+    with pytest.raises(WireError, match="checksum mismatch") as err:
+        decode(iter(chunks), expect())
+    assert (err.value.code, err.value.reason) == ("DATA_LOSS", Reason.CHECKSUM)
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 17, 64])
+def test_a_trailer_that_is_not_16_bytes_is_a_bad_header(size):
+    chunks = list(encode(message(), chunk_bytes=1000))
+    chunks[-1] = pb.StateChunk(trailer=b"\x01" * size)
+    with pytest.raises(WireError, match="16 bytes") as err:
+        decode(iter(chunks), expect())
+    assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", Reason.BAD_HEADER)
+
+
+def test_a_trailer_before_the_header_is_a_bad_header():
+    chunks = list(encode(message(), chunk_bytes=1000))
+    with pytest.raises(WireError, match="trailer before the header") as err:
+        decode(iter([chunks[-1], *chunks]), expect())
+    assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", Reason.BAD_HEADER)
+
+
+def test_the_trailer_hashes_the_payload_as_it_was_sent_chunk_by_chunk():
+    """No pass over the payload before the first chunk: the header holds no checksum, and the
+    trailer is the hash of the bytes the data chunks carried, each hashed as it was made (a
+    value changed after its chunk was sent is not in it; one changed before is)."""
+    msg = message()
+    stream = encode(msg, chunk_bytes=1000)
+    header, first = next(stream), next(stream)
+    assert "checksum" not in pb.StateHeader.DESCRIPTOR.fields_by_name
+    sent = msg.tensors["omega"][0].item()
+    msg.tensors["omega"][0] = sent + 1.0  # already sent in the first chunk: not hashed again
+    msg.tensors["x"][-1] += 1.0  # not sent yet: travels, and is hashed, changed
+    rest = list(stream)
+    out = decode(iter([header, first, *rest]), expect())
+    assert out.tensors["omega"][0].item() == sent
+    assert torch.equal(out.tensors["x"], msg.tensors["x"])
 
 
 def test_corrupted_payload_fails_the_checksum():
@@ -133,7 +210,7 @@ def test_corrupted_payload_fails_the_checksum():
 
 def test_more_bytes_than_announced_are_refused():
     chunks = list(encode(message()))
-    chunks.append(pb.StateChunk(data=b"\0" * 8))
+    chunks.insert(-1, pb.StateChunk(data=b"\0" * 8))
     with pytest.raises(WireError, match="more than") as err:
         decode(iter(chunks), expect())
     assert err.value.reason is Reason.BAD_PAYLOAD

@@ -17,11 +17,14 @@ from dacflnode.wire.codec import (
     Decoder,
     Expectation,
     RoundMessage,
+    SerializedStream,
     WireError,
+    checksum,
     decode,
     encode,
     make_header,
     parse_chunk,
+    payload_slices,
     serialize_data,
     serialized_chunks,
 )
@@ -41,7 +44,8 @@ def expect(p: int = P) -> Expectation:
 
 
 def wire_bytes(msg: RoundMessage, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
-    """The stream as a sender writes it: the header message, then hand-serialized chunks."""
+    """The stream as a sender writes it: the header message, hand-serialized chunks, then the
+    trailer."""
     header = pb.StateChunk(header=make_header(msg)).SerializeToString()
     return [header, *(bytes(c) for c in serialized_chunks(msg, chunk_bytes))]
 
@@ -65,6 +69,21 @@ def test_the_serializer_reuses_its_buffers_yet_values_handed_out_never_change():
     kept = [serialize(memoryview(p)) for p in parts]  # all still referenced
     for part, value in zip(parts, kept, strict=True):
         assert value == pb.StateChunk(data=part).SerializeToString()
+
+
+def test_a_stream_given_its_checksum_sends_the_same_bytes_without_hashing(monkeypatch):
+    msg = message()
+    first = SerializedStream(msg)
+    sent = list(first)
+    assert first.digest == checksum(list(payload_slices(msg)))
+    assert first.next_chunk() is None and first.sent == msg.payload_bytes
+
+    def no_hashing(*args: object) -> None:
+        raise AssertionError("hashed although the checksum was given")
+
+    monkeypatch.setattr("dacflnode.wire.codec.xxhash.xxh3_128", no_hashing)
+    again = SerializedStream(msg, digest=first.digest)
+    assert list(again) == sent
 
 
 def test_every_stream_serializes_as_protobuf_would():
@@ -134,6 +153,7 @@ def test_a_stream_fed_in_odd_pieces_is_bit_exact():
         decoder.feed(memoryview(payload)[at : at + size])
         at += size
     decoder.feed(payload[at:])
+    decoder.trailer(checksum([memoryview(payload)]))
     assert same_bytes(decoder.finish(), msg)
 
 
