@@ -261,7 +261,7 @@ def topk_gamma(fraction: float) -> float:
 
     From :func:`gamma_sweep` (10 nodes, ring and dense matrices, d = 100 000): the γ of the
     lowest error after 100 steps was 0.05, 0.1 and 0.2 for F = 0.01, 0.05 and 0.1 (about
-    ``F^(2/3)``), and divergence started at 0.4; over 800 steps γ = 0.046 for F = 0.01 turned
+    ``F^(2/3)``), and the error grew from γ = 0.4 on; over 800 steps γ = 0.046 for F = 0.01 turned
     back up after 400 steps on the dense matrix while 0.025 kept converging, hence half of
     ``F^(2/3)``: stability first (docs/compression.md)."""
     return 1.0 if fraction >= 1.0 else fraction ** (2.0 / 3.0) / 2.0
@@ -272,8 +272,11 @@ def randk_gamma(fraction: float) -> float:
 
     CHOCO's analysis makes γ proportional to the compressor's contraction δ, which is F for
     random-k. In :func:`gamma_sweep` the error after 100 steps was lowest at γ ≈ 2F for
-    F = 0.01 and ≈ F for 0.05 and 0.1, but over 800 steps those grew back (0.02 for F = 0.01,
-    0.1 for F = 0.1) while γ = F / 2 kept converging (docs/compression.md)."""
+    F = 0.01 and between F and 2F for 0.05 and 0.1, and grew from 5F on; over 400 to 800
+    steps γ = 2F for F = 0.01 grew back (0.77 at step 100, 1.14 at 400, dense matrix), γ = F
+    for F = 0.1 rose from 0.13 to 0.29 between steps 200 and 400, and γ = F for F = 0.01
+    slowed down (0.34 at step 800) while γ = F / 2 converged steadily (0.25):
+    stability first (docs/compression.md)."""
     return 1.0 if fraction >= 1.0 else fraction / 2.0
 
 
