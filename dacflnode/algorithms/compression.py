@@ -43,6 +43,7 @@ __all__ = [
     "Float16Compressor",
     "Int8Compressor",
     "RandKCompressor",
+    "SweepRow",
     "TopKCompressor",
     "choco_consensus",
     "gamma_sweep",
@@ -556,6 +557,19 @@ def choco_consensus(
     return ConsensusTrace(errors, drift, x)
 
 
+@dataclass(frozen=True)
+class SweepRow:
+    """One run of :func:`gamma_sweep`: the consensus error after 25 steps and at the end
+    (``inf`` when it diverged) and the largest relative drift of the network sum."""
+
+    matrix: str
+    compression: str
+    gamma: float
+    error_25: float
+    error_end: float
+    sum_drift: float
+
+
 def gamma_sweep(
     specs: list[str],
     gammas: list[float],
@@ -563,26 +577,27 @@ def gamma_sweep(
     nodes: int = 10,
     dim: int = 100_000,
     seed: int = 0,
-) -> list[dict[str, object]]:
+) -> list[SweepRow]:
     """The experiment behind the default γ of each compressor (docs/compression.md): CHOCO
     consensus on a ``nodes``-ring with Metropolis weights and on the paper's dense random
     doubly stochastic matrix, from independent standard normal states of ``dim`` entries,
-    for every spec and γ. One row per (matrix, spec, γ) with the consensus error after 25
-    steps and after ``steps`` steps (``inf`` when it diverged)."""
+    for every spec and γ: one row per (matrix, spec, γ), in that order.
+
+    The table of docs/compression.md is ``gamma_sweep(specs, [0.01, 0.02, 0.05, 0.1, 0.2,
+    0.4, 0.6, 0.8, 1.0])`` for the specs none, fp16, bf16, int8, topk:F and randk:F with
+    F ∈ {0.01, 0.05, 0.1} (about 25 minutes on two loaded cores)."""
     matrices = {
         "ring": torch.from_numpy(metropolis_matrix(nodes, ring(nodes))),
         "dense": torch.from_numpy(dense_random_matrix(nodes, np.random.default_rng(seed))),
     }
     generator = torch.Generator().manual_seed(seed)
     x0 = torch.randn(nodes, dim, generator=generator)
-    rows: list[dict[str, object]] = []
+    rows: list[SweepRow] = []
     for name, w in matrices.items():
         for spec in specs:
             compressor = make_compressor(spec)
             for gamma in gammas:
                 trace = choco_consensus(compressor, w, x0, gamma, steps, seed)
-                errors = trace.errors
-                rows.append({"matrix": name, "compression": spec, "gamma": gamma,
-                             "error_25": errors[min(24, steps - 1)], "error_end": errors[-1],
-                             "sum_drift": trace.sum_drift})
+                rows.append(SweepRow(name, spec, gamma, trace.errors[min(24, steps - 1)],
+                                     trace.errors[-1], trace.sum_drift))
     return rows

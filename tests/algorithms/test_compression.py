@@ -10,6 +10,7 @@ from dacflnode.algorithms.compression import (
     INT8_BLOCK,
     Compressor,
     choco_consensus,
+    gamma_sweep,
     make_compressor,
     parse_compression,
     random_indices,
@@ -356,3 +357,13 @@ def test_choco_consensus_reports_a_diverging_step_as_infinite_error():
     x0 = torch.randn(10, 50, generator=torch.Generator().manual_seed(0))
     trace = choco_consensus(None, w, x0, 40.0, steps=30)
     assert trace.errors[-1] == math.inf and len(trace.errors) == 30
+
+
+def test_gamma_sweep_reports_each_matrix_spec_and_step_and_marks_divergence():
+    rows = gamma_sweep(["int8", "randk:0.1"], [0.5, 40.0], steps=30, dim=200)
+    assert [(r.matrix, r.compression, r.gamma) for r in rows] == [
+        (m, s, g) for m in ("ring", "dense") for s in ("int8", "randk:0.1") for g in (0.5, 40.0)]
+    by_key = {(r.matrix, r.compression, r.gamma): r for r in rows}
+    assert by_key[("ring", "int8", 0.5)].error_end < by_key[("ring", "int8", 0.5)].error_25 < 1
+    assert by_key[("dense", "int8", 40.0)].error_end == math.inf
+    assert by_key[("ring", "int8", 0.5)].sum_drift <= 1e-5
