@@ -279,7 +279,9 @@ def _lines_algorithm(nodes: Mapping[str, Sequence[Mapping[str, Any]]]) -> str | 
 def plot_consensus_demo(mae: Mapping[str, Sequence[float]], path: str | Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, values in mae.items():
-        ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=name.upper())
+        alg = "dacfl" if name == "fodac" else name  # FODAC is DACFL's tracking: its colour
+        ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3,
+                label=PAPER_NAMES.get(name, name.upper()), color=colour_of(alg))
     ax.set(xlabel="t", ylabel="mean |estimate − average|", title=title)
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.grid(alpha=0.3)

@@ -293,8 +293,11 @@ def figures(runs: Sequence[Run]) -> dict[str, Figure]:
     """The figures of :data:`FIGURES`: ``accuracy`` (Average and Var of Acc per round, one line
     per run) and ``nodes`` (each run's residual and round time per node), titled with the runs'
     setting and labelled with the paper's algorithm names."""
-    from dacflnode.sim.plots import accuracy_figure, nodes_figure
+    from dacflnode.sim.plots import PAPER_NAMES, accuracy_figure, nodes_figure
 
+    order = list(PAPER_NAMES)  # legends and panels in the paper's order: DACFL first
+    runs = sorted(runs, key=lambda r: order.index(r.algorithm) if r.algorithm in order
+                  else len(order))
     title, labels = figure_labels(runs)
     curves = {}
     for r in runs:
