@@ -198,11 +198,9 @@ def _residual_scale(ax: Axes, values: list[float]) -> None:
 def node_shades(algorithm: str | None, count: int) -> list[tuple[float, float, float]]:
     """``count`` shades of the algorithm's colour, from the full colour towards white, for the
     nodes of one run."""
-    base = to_rgb(colour_of(algorithm))
-    if count <= 1:
-        return [base]
-    return [tuple(c + (1.0 - c) * 0.65 * k / (count - 1) for c in base)  # type: ignore[misc]
-            for k in range(count)]
+    r, g, b = to_rgb(colour_of(algorithm))
+    fractions = [0.65 * k / (count - 1) for k in range(count)] if count > 1 else [0.0]
+    return [(r + (1 - r) * f, g + (1 - g) * f, b + (1 - b) * f) for f in fractions]
 
 
 def plot_nodes(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], path: PathArg,
