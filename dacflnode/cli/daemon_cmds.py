@@ -84,7 +84,8 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
         from dacflnode.node.faults import check_for_daemons, load_fault_plan
 
         plan = check_for_daemons(load_fault_plan(faults_file, pf.daemon.members or None,
-                                                 pf.run.rounds), "`dacflnode start`")
+                                                 pf.run.rounds, pf.daemon.edges or None),
+                                 "`dacflnode start`")
     try:
         setup_logging(pf.node.state_dir, log_level, log_format, node=pf.node.id)
     except OSError as exc:  # before any log exists: stderr only

@@ -48,8 +48,8 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
       dacflnode launch --nodes 4 --rounds 5 --out runs/cluster
       dacflnode launch --nodes 3 --dataset synthetic --rounds 3 --out runs/tiny --json
       dacflnode launch --nodes 3 --rounds 3 --tls runs/certs --out runs/tls
-      dacflnode launch --nodes 4 --rounds 10 --dataset synthetic --out runs/faults \\
-          --faults examples/faults/stall_and_cut.yaml
+      dacflnode launch --nodes 4 --topology ring --rounds 12 --dataset synthetic \\
+          --out runs/faults --faults examples/faults/stall_and_cut.yaml
       dacflnode launch --config examples/own-data/tables/run.yaml \\
           --data-root runs/wine-devices --out runs/wine   # each node on DIR/<node-id>/
     """

@@ -55,7 +55,7 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
       dacflnode simulate --nodes 10 --rounds 100 --algorithm dacfl,cdsgd --out runs/fmnist
       dacflnode simulate --dataset synthetic --nodes 4 --rounds 5 --json
       dacflnode simulate --config examples/paper_fmnist.yaml --topology sparse
-      dacflnode simulate --dataset synthetic --nodes 5 --topology ring --rounds 30 \\
+      dacflnode simulate --dataset synthetic --nodes 4 --topology ring --rounds 30 \\
           --faults examples/faults/stall_and_cut.yaml
       dacflnode simulate --topology random-regular --mixing clipped --clip-fraction 0.05
       dacflnode simulate --nodes 10 --rounds 100 --ray local --ray-workers 2
@@ -67,13 +67,13 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
     from dacflnode.node.faults import load_fault_plan
     from dacflnode.sim.engine import RayTarget
     from dacflnode.sim.experiment import run_experiment
-    from dacflnode.sim.simulator import node_ids
+    from dacflnode.sim.simulator import graph_edges, node_ids
 
     if ray_workers is not None and ray_address is None:
         raise ConfigError("ray_workers", "needs --ray ADDRESS|local")
     ray = RayTarget(ray_address, ray_workers) if ray_address is not None else None
     cfg = config_from_options(options)
-    faults = (load_fault_plan(faults_file, node_ids(cfg.nodes), cfg.rounds)
+    faults = (load_fault_plan(faults_file, node_ids(cfg.nodes), cfg.rounds, graph_edges(cfg))
               if faults_file else None)
     console = Console(stderr=True)
     with Progress(

@@ -51,7 +51,8 @@ Crash, leave and join need someone to start and stop nodes, which the simulator 
 is ``dacflnode stop --drain`` and a join is starting the daemon later.
 
 Every problem is a :class:`~dacflnode.errors.ConfigError` whose ``field`` is the dotted key
-(``faults[2].rounds``) and whose message names the file.
+(``faults[2].rounds``) and whose message names the file: a node id not in the run, and a drop,
+cut or poison of a pair that is not an edge of the run's graph (which would never happen), too.
 """
 
 from __future__ import annotations
@@ -271,15 +272,46 @@ class FaultPlan:
         return tuple(e for e in self.events if isinstance(e, Crash | Leave | Join))
 
     # ------------------------------------------------------------------ checks
-    def check(self, ids: Collection[str] | None = None, rounds: int | None = None) -> FaultPlan:
-        """Raise a ConfigError for an event that names a node not in ``ids``, starts at or after
-        round ``rounds`` where that would never happen, or contradicts another event of the same
-        node; return the plan."""
+    def check(
+        self, ids: Collection[str] | None = None, rounds: int | None = None,
+        edges: Iterable[tuple[str, str]] | None = None,
+    ) -> FaultPlan:
+        """Raise a ConfigError for an event that names a node not in ``ids``, an edge not in
+        ``edges`` (the run's graph, either direction; ``None``: every pair of nodes may talk),
+        starts at or after round ``rounds`` where that would never happen, or contradicts
+        another event of the same node; return the plan."""
         where = _Where(self.source)
         for i, event in enumerate(self.events):
             _check_event(event, f"faults[{i}]", where, ids, rounds)
+        if edges is not None:
+            self._check_edges(where, edges)
         self._check_lives(where)
         return self
+
+    def _check_edges(self, where: _Where, edges: Iterable[tuple[str, str]]) -> None:
+        """Every edge an event drops, cuts or poisons is an edge of the graph: a plan entry on
+        a non-edge would never happen."""
+        adjacent: dict[str, set[str]] = {}
+        for a, b in edges:
+            adjacent.setdefault(a, set()).add(b)
+            adjacent.setdefault(b, set()).add(a)
+        for i, event in enumerate(self.events):
+            pairs: list[tuple[str, str, str]]
+            if isinstance(event, Drop):
+                pairs = [(event.sender, event.receiver, "drop")]
+            elif isinstance(event, Cut):
+                pairs = [(event.a, event.b, "cut")]
+            elif isinstance(event, Poison):
+                pairs = [(event.node, to, f"to[{k}]") for k, to in enumerate(event.to)]
+            else:
+                continue
+            for a, b, key in pairs:
+                if b not in adjacent.get(a, ()):
+                    near = ", ".join(sorted(adjacent.get(a, ()))) or "none"
+                    raise where.err(
+                        f"faults[{i}].{key}",
+                        f"{a} -- {b} is not an edge of this run's graph ({a}'s neighbours: "
+                        f"{near}), so this entry would never happen: name an edge of the graph")
 
     def _check_lives(self, where: _Where) -> None:
         """Per node: one join, one leave, crashes that do not overlap, all while it runs."""
@@ -393,10 +425,12 @@ def _check_event(
 
 # ---------------------------------------------------------------------------------------- files
 def load_fault_plan(
-    path: str | Path, ids: Collection[str] | None = None, rounds: int | None = None
+    path: str | Path, ids: Collection[str] | None = None, rounds: int | None = None,
+    edges: Iterable[tuple[str, str]] | None = None,
 ) -> FaultPlan:
     """Read and check a plan file (see the module docstring); node ids are checked against
-    ``ids`` and node events against a run of ``rounds`` rounds when given."""
+    ``ids``, dropped, cut and poisoned edges against the graph's ``edges`` and node events
+    against a run of ``rounds`` rounds when given."""
     file = Path(path).expanduser().absolute()
     try:
         text = file.read_text()
@@ -406,12 +440,12 @@ def load_fault_plan(
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError("faults", f"in {file}: not valid YAML: {exc}") from exc
-    return parse_fault_plan(data, file, ids, rounds)
+    return parse_fault_plan(data, file, ids, rounds, edges)
 
 
 def parse_fault_plan(
     data: Any, source: Path | None = None, ids: Collection[str] | None = None,
-    rounds: int | None = None,
+    rounds: int | None = None, edges: Iterable[tuple[str, str]] | None = None,
 ) -> FaultPlan:
     """Check the parsed YAML ``data`` of a plan (``source``: the file, for messages)."""
     where = _Where(source)
@@ -425,7 +459,7 @@ def parse_fault_plan(
     if not isinstance(data, list):
         raise where.err("faults", f"expected a list of events, got {_kind(data)}")
     events = [_parse_event(item, f"faults[{i}]", where) for i, item in enumerate(data)]
-    return FaultPlan(events, source).check(ids, rounds)
+    return FaultPlan(events, source).check(ids, rounds, edges)
 
 
 def _parse_event(item: Any, field: str, where: _Where) -> Event:

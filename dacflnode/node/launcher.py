@@ -34,7 +34,7 @@ from dacflnode.algorithms.topology import GRAPH_KINDS
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
-from dacflnode.node.cluster import generate_cluster, node_ids
+from dacflnode.node.cluster import cluster_graph, generate_cluster, node_ids
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.faults import check_for_daemons, load_fault_plan
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
@@ -186,7 +186,10 @@ def launch(
     root = Path(out_dir)
     plan_file: Path | None = None
     if faults is not None:
-        check_for_daemons(load_fault_plan(faults, node_ids(run.nodes), run.rounds),
+        ids = node_ids(run.nodes)
+        graph = cluster_graph(topology, run.nodes, run, run.edge_list)
+        check_for_daemons(load_fault_plan(faults, ids, run.rounds,
+                                          [(ids[i], ids[j]) for i, j in graph]),
                           "`dacflnode launch`")
         make_dir(root)
         plan_file = (root / "faults.yaml").absolute()

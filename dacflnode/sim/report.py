@@ -21,17 +21,23 @@ counts when every node of the run has written it. The mean round time is the mea
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dacflnode.filemodes import LOG_MODE, make_dir, prepare_file
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
 
+if TYPE_CHECKING:  # matplotlib loads only when a figure is drawn
+    from matplotlib.figure import Figure
+
+#: The file ``simulate`` and ``launch`` write the run's configuration into.
+SUMMARY_FILE = "summary.json"
 #: The figures :func:`write_figures` draws, each written as PNG and SVG.
 FIGURES = ("accuracy", "nodes")
 FORMATS = ("png", "svg")
@@ -54,6 +60,22 @@ class Run:
     def summary(self) -> dict[str, Any]:
         """What :func:`summarize` makes of the run's node directories."""
         return summarize(self.node_dirs, self.algorithm, 0.0, engine="report")
+
+    def config(self) -> dict[str, Any]:
+        """The run configuration ``simulate`` or ``launch`` wrote into ``summary.json`` beside
+        (or above) the node directories, up to the folder given; ``{}`` where there is none
+        (state directories copied off devices)."""
+        if not self.node_dirs:
+            return {}
+        top = self.source.resolve()
+        folder = self.node_dirs[0].resolve().parent
+        while True:
+            data = _read_json(folder / SUMMARY_FILE)
+            if isinstance(data, dict) and isinstance(data.get("config"), dict):
+                return dict(data["config"])
+            if folder == top or folder.parent == folder or top not in folder.parents:
+                return {}
+            folder = folder.parent
 
     def row(self) -> dict[str, Any]:
         """The run's line of the report (``--json`` prints these, the table shows them)."""
@@ -90,6 +112,13 @@ class Run:
                         "class_counts": last.get("class_counts"),
                         "accuracy": accs[-1] if accs else None})
         return out
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -202,18 +231,94 @@ def _base(source: Path) -> str:
     return name or str(source)
 
 
+_SPLITS = {"iid": "i.i.d.", "shards": "non-i.i.d. shards", "dirichlet": "Dirichlet"}
+
+
+def setting_parts(config: dict[str, Any], nodes: int) -> dict[str, str]:
+    """The setting of a run as a reader names it: data, nodes, topology, split and precision
+    (from its configuration; the number of nodes from the run itself where there is none)."""
+    parts: dict[str, str] = {}
+    if config.get("dataset"):
+        parts["data"] = str(config["dataset"])
+    parts["nodes"] = f"{config.get('nodes') or nodes} nodes"
+    topology = config.get("topology")
+    if topology:
+        every = config.get("time_varying") or 0
+        parts["topology"] = f"{topology}, rebuilt every {every} rounds" if every else str(topology)
+    partition = config.get("partition")
+    if partition and config.get("dataset") in (None, "fashion-mnist", "mnist", "cifar10",
+                                                 "synthetic"):
+        split = _SPLITS.get(str(partition), str(partition))
+        if partition == "shards" and config.get("shards_per_node"):
+            split += f" ({config['shards_per_node']} per node)"
+        elif partition == "dirichlet" and config.get("dirichlet_alpha") is not None:
+            split += f" α={config['dirichlet_alpha']}"
+        parts["split"] = split
+    if config.get("precision"):
+        parts["precision"] = str(config["precision"])
+    return parts
+
+
+def figure_labels(runs: Sequence[Run]) -> tuple[str, dict[str, str]]:
+    """The figures' title (the setting every run shares) and each run's legend text: the
+    paper's name of its algorithm, followed, where several runs have one algorithm, by what
+    tells them apart (their precision, else their folder's label)."""
+    from dacflnode.sim.plots import paper_label
+
+    parts = {r.label: setting_parts(r.config(), len(r.node_dirs)) for r in runs}
+    keys = ("data", "nodes", "topology", "split", "precision")
+    shared = [k for k in keys
+              if runs and all(k in parts[r.label] for r in runs)
+              and len({parts[r.label][k] for r in runs}) == 1]
+    title = " · ".join(parts[runs[0].label][k] for k in shared if k != "precision") if runs else ""
+    by_alg: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_alg[r.algorithm].append(r)
+    labels: dict[str, str] = {}
+    for alg, group in by_alg.items():
+        name = paper_label(alg)
+        precisions = {parts[r.label].get("precision") for r in group}
+        for r in group:
+            label = name
+            if len(group) > 1 and len(precisions) > 1:
+                label += f" {parts[r.label].get('precision', '')}".rstrip()
+            labels[r.label] = label
+        if len({labels[r.label] for r in group}) < len(group):
+            for r in group:
+                labels[r.label] = f"{labels[r.label]} ({r.label})"
+    return title, labels
+
+
+def figures(runs: Sequence[Run]) -> dict[str, Figure]:
+    """The figures of :data:`FIGURES`: ``accuracy`` (Average and Var of Acc per round, one line
+    per run) and ``nodes`` (each run's residual and round time per node), titled with the runs'
+    setting and labelled with the paper's algorithm names."""
+    from dacflnode.sim.plots import PAPER_NAMES, accuracy_figure, nodes_figure
+
+    order = list(PAPER_NAMES)  # legends and panels in the paper's order: DACFL first
+    runs = sorted(runs, key=lambda r: order.index(r.algorithm) if r.algorithm in order
+                  else len(order))
+    title, labels = figure_labels(runs)
+    curves = {}
+    for r in runs:
+        curves[labels[r.label]] = {**r.summary(), "algorithm": r.algorithm,
+                                   "precision": r.config().get("precision")}
+    return {"accuracy": accuracy_figure(curves, title),
+            "nodes": nodes_figure({labels[r.label]: r.lines for r in runs}, title,
+                                  {labels[r.label]: r.algorithm for r in runs})}
+
+
 def write_figures(runs: Sequence[Run], out_dir: Path) -> list[Path]:
-    """Draw ``accuracy`` (Average and Var of Acc per round, one line per run) and ``nodes``
-    (each run's residual and round time per node) into ``out_dir`` as PNG and SVG."""
-    from dacflnode.sim.plots import plot_accuracy, plot_nodes
+    """Draw :func:`figures` into ``out_dir`` as PNG and SVG."""
+    from dacflnode.sim.plots import save_figure
 
     make_dir(out_dir)
     paths = {name: [out_dir / f"{name}.{fmt}" for fmt in FORMATS] for name in FIGURES}
     files = [p for name in FIGURES for p in paths[name]]
     for path in files:  # matplotlib truncates an existing file and keeps its mode
         prepare_file(path, LOG_MODE)
-    plot_accuracy({r.label: r.summary() for r in runs}, paths["accuracy"])
-    plot_nodes({r.label: r.lines for r in runs}, paths["nodes"])
+    for name, fig in figures(runs).items():
+        save_figure(fig, paths[name])
     return files
 
 

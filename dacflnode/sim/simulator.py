@@ -73,6 +73,18 @@ def node_ids(n: int) -> list[str]:
     return [f"node-{i}" for i in range(n)]
 
 
+def graph_edges(cfg: RunConfig) -> list[tuple[str, str]] | None:
+    """The edges of ``cfg``'s base graph by node id, which a fault plan's drops, cuts and
+    poisons must name; ``None`` for a mixing-matrix topology, where any node may reach any
+    other."""
+    if cfg.topology not in GRAPH_KINDS:
+        return None
+    base = MixingSchedule(cfg.topology_spec()).base_edges()
+    assert base is not None  # a graph kind always has a base graph
+    ids = node_ids(cfg.nodes)
+    return [(ids[i], ids[j]) for i, j in base]
+
+
 @dataclass
 class RoundRecord:
     """One round of every node, for progress displays."""
@@ -141,7 +153,7 @@ class Simulation:
         self.alg: Algorithm = make_algorithm(algorithm, cfg.fodac_variant)
         self.ids = node_ids(cfg.nodes)
         self.out_dir = out_dir
-        self.faults = faults.check(self.ids, cfg.rounds) if faults else None
+        self.faults = faults.check(self.ids, cfg.rounds, graph_edges(cfg)) if faults else None
         engine = self._check_faults(cfg)
         tests: list[NodeData] | None = None
         if own is not None:  # every node on its own data (simulate --data-root DIR)

@@ -82,7 +82,7 @@ def test_default_model_per_dataset():
     assert default_model_for("fashion-mnist") == "fmnist-cnn"
     assert default_model_for("mnist") == "fmnist-cnn"
     assert default_model_for("cifar10") == "cifar-cnn"
-    assert default_model_for("synthetic") == "tiny-cnn"
+    assert default_model_for("synthetic") == "mlp"
     with pytest.raises(ConfigError) as err:
         default_model_for("imagenet")
     assert err.value.field == "dataset"

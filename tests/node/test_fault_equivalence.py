@@ -75,3 +75,21 @@ def test_start_refuses_a_plan_with_a_node_event_or_an_unknown_node(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert words in proc.stderr and str(plan) in proc.stderr
 
+
+
+def test_start_refuses_a_cut_of_a_pair_that_is_no_edge_of_its_peers_files_graph(tmp_path):
+    ports = free_ports(8)
+    cfg = replace(TINY, nodes=4, rounds=3)
+    paths = generate_cluster("ring", 4, cfg, tmp_path / "peers", ports=ports[:4],
+                             control_ports=ports[4:], state_root=tmp_path)
+    plan = tmp_path / "faults.yaml"
+    plan.write_text("- {cut: [node-0, node-1], round: 1}\n- {cut: [node-0, node-2], round: 1}\n")
+    proc = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers",
+                           str(paths[0]), "--faults", str(plan)],
+                          capture_output=True, text=True, timeout=60, env=ENV)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: faults[1].cut: "), proc.stderr
+    assert str(plan) in lines[0]
+    assert "node-0 -- node-2 is not an edge of this run's graph" in lines[0]
+    assert not (tmp_path / "node-0" / "metrics.jsonl").exists()

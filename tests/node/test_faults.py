@@ -196,3 +196,42 @@ def test_a_poison_entry_scales_what_its_member_sends_in_its_rounds_to_its_target
     assert plan.poison("node-1", "node-2", 4) is None  # not one of its targets
     assert plan.poison("node-1", "node-2", 5) is None and not plan.drops("node-2", "node-1", 10)
     assert check_for_daemons(plan) is plan  # daemons play it: it is what a member sends
+
+
+RING4 = [("node-0", "node-1"), ("node-1", "node-2"), ("node-2", "node-3"), ("node-3", "node-0")]
+RING5 = [(f"node-{i}", f"node-{(i + 1) % 5}") for i in range(5)]
+
+
+@pytest.mark.parametrize(("entry", "field", "neighbours"), [
+    ("{cut: [node-0, node-2], round: 3}", "faults[1].cut", "node-0's neighbours: node-1, node-3"),
+    ("{drop: [node-3, node-1], rounds: 3}", "faults[1].drop",
+     "node-3's neighbours: node-0, node-2"),
+    ("{poison: node-0, rounds: 3, scale: -1, to: [node-1, node-2]}", "faults[1].to[1]",
+     "node-0's neighbours: node-1, node-3"),
+])
+def test_an_edge_event_on_a_pair_that_is_no_edge_names_the_entry_and_the_neighbours(
+        tmp_path, entry, field, neighbours):
+    path = write(tmp_path, f"faults:\n  - {{drop: node-1, rounds: 2}}\n  - {entry}\n")
+    with pytest.raises(ConfigError) as info:
+        load_fault_plan(path, IDS, 10, RING4)
+    message = str(info.value)
+    assert info.value.field == field
+    assert str(path) in message and "\n" not in message
+    assert "is not an edge of this run's graph" in message and neighbours in message
+
+
+def test_edge_events_on_edges_pass_in_either_direction_and_without_a_graph_anything_goes(
+        tmp_path):
+    text = ("faults:\n  - {cut: [node-0, node-3], round: 7, heal: 11}\n"
+            "  - {drop: [node-1, node-0], rounds: 3}\n"
+            "  - {poison: node-2, rounds: 1, scale: 5.0, to: [node-1, node-3]}\n")
+    path = write(tmp_path, text)
+    assert len(load_fault_plan(path, IDS, 12, RING4).events) == 3
+    assert len(load_fault_plan(path, IDS, 12).events) == 3  # a matrix topology: no graph
+
+
+def test_a_cut_that_is_an_edge_on_a_ring_of_4_is_refused_on_a_ring_of_5():
+    plan = FaultPlan([Cut("node-0", "node-3", 7, 11)])
+    assert plan.check(IDS, 12, RING4) is plan
+    with pytest.raises(ConfigError, match=r"node-0 -- node-3 is not an edge .*node-1, node-4"):
+        plan.check([f"node-{i}" for i in range(5)], 12, RING5)

@@ -152,6 +152,14 @@ def test_training_improves_accuracy_on_learnable_data():
     assert acc[-1] > 0.5 and acc[-1] > acc[0]
 
 
+def test_synthetic_data_learns_well_above_chance_with_its_default_model_and_lr():
+    # The README's cluster by hand, shortened: no lr and no model given, as a user runs it.
+    cfg = RunConfig(dataset="synthetic", nodes=3, rounds=5, topology="ring", device="cpu")
+    assert cfg.learning_rate == 0.05 and cfg.model is None
+    acc = run_experiment(cfg)["algorithms"]["dacfl"]["avg_acc"]
+    assert acc[-1] > 0.6  # ten classes: chance is 0.1
+
+
 def test_unequal_partitions_fall_back_to_the_sequential_engine():
     sim = make_sim(small(partition="dirichlet", dirichlet_alpha=0.3))
     assert sim.engine.name == "sequential"
