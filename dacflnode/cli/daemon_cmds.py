@@ -176,7 +176,7 @@ def _no_daemon(target: str, auth: ControlAuth, exc: Exception) -> NoReturn:
 def _call(address: str, auth: ControlAuth,
           make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run one Control call; a missing daemon or a refused token is one clear line, exit 1."""
-    from dacflnode.transport.base import PeerUnavailable
+    from dacflnode.transport.errors import PeerUnavailable
     from dacflnode.transport.grpc_control import ControlUnauthenticated
 
     try:

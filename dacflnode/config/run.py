@@ -12,24 +12,26 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from dacflnode.algorithms.compression_spec import parse_compression
-from dacflnode.algorithms.rounds import ALGORITHMS, FODAC_VARIANTS, MIXINGS, Mixing
-from dacflnode.algorithms.topology import (
+from dacflnode.algorithms.names import (
+    ALGORITHMS,
+    FODAC_VARIANTS,
+    MIXINGS,
     TOPOLOGIES,
-    MixingSchedule,
-    TopologySpec,
-    load_matrix_file,
 )
 from dacflnode.config import schema
 from dacflnode.config.schema import Scope, setting
 from dacflnode.errors import ConfigError
-from dacflnode.learning.datasets import DATASETS
-from dacflnode.learning.partition import PARTITIONS
-from dacflnode.learning.train import PRECISIONS, TrainConfig
+from dacflnode.learning.names import DATASETS, PARTITIONS, PRECISIONS
+
+if TYPE_CHECKING:  # the numerical stack loads when a run is built, not with the settings
+    from dacflnode.algorithms.rounds import Mixing
+    from dacflnode.algorithms.topology import TopologySpec
+    from dacflnode.learning.train import TrainConfig
 
 ENGINES = ("auto", "batched", "sequential")
 
@@ -400,6 +402,8 @@ class RunConfig:
     def mixing_rule(self, initial: Any) -> Mixing:
         """How every node of this run mixes; ``initial``: the common initial model (a flat
         tensor), whose norm ``clip_fraction`` is a fraction of."""
+        from dacflnode.algorithms.rounds import Mixing
+
         if self.mixing == "exact":
             return Mixing()
         if self.clip_radius is not None:
@@ -411,6 +415,8 @@ class RunConfig:
 
     def train_config(self) -> TrainConfig:
         """The local-training settings of this run (one SGD per round per node)."""
+        from dacflnode.learning.train import TrainConfig
+
         return TrainConfig(
             lr=self.learning_rate,
             lr_decay=self.lr_decay,
@@ -423,6 +429,8 @@ class RunConfig:
         )
 
     def topology_spec(self) -> TopologySpec:
+        from dacflnode.algorithms.topology import TopologySpec, load_matrix_file
+
         kind = (
             "custom"
             if self.mixing_matrix and self.topology in ("dense", "custom")
@@ -477,6 +485,8 @@ class RunConfig:
         if self.mixing_matrix is not None and not Path(self.mixing_matrix).is_file():
             raise ConfigError("mixing_matrix", f"{self.mixing_matrix} is not a file")
         if "fedavg" not in self.algorithm or len(self.algorithm) > 1:
+            from dacflnode.algorithms.topology import MixingSchedule
+
             MixingSchedule(self.topology_spec())  # builds round 0: graph and matrix checks
         return self
 
