@@ -23,7 +23,23 @@ from dacflnode.cli.simulate import simulate
 from dacflnode.cli.topology import topology_cmd
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(click.Group):
+    """The ``dacflnode`` group: its ``--help`` lists each command with its whole summary
+    (click's default cuts it to the width left of a line, ending in ``...``)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Commands,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="dacflnode")
 def cli() -> None:
     """dacflnode: decentralized federated learning with dynamic average consensus (DACFL).
@@ -34,6 +50,23 @@ def cli() -> None:
       dacflnode consensus-demo --inputs I --matrix sparse
     """
 
+
+#: What each command does, in one line of the top-level ``--help`` (the command's own
+#: ``--help`` says the rest).
+SUMMARIES = {
+    "simulate": "Run N nodes in one process and record the paper's metrics.",
+    "launch": "Start a real local cluster: one `dacflnode start` process per node on 127.0.0.1.",
+    "topology": "Write the peers file of every node of a cluster whose graph is KIND.",
+    "certs": "Write a CA and one certificate per node for mutual TLS.",
+    "start": "Run this node, from its peers file, until its rounds are done.",
+    "status": "Show a running node: round, phase, neighbours, last accuracy and loss.",
+    "metrics": "Print a running node's metrics (JSON, or Prometheus text exposition).",
+    "stop": "Ask a running node to stop gracefully (checkpoint, exit 0), or to leave.",
+    "invariant": "Check DACFL's consensus invariant over a set of nodes.",
+    "report": "Plot and tabulate runs from their metrics.jsonl files.",
+    "data": "Check a device's own data, or split a data set into per-device folders.",
+    "consensus-demo": "Track the average of 10 time-varying inputs with FODAC (paper Fig. 3).",
+}
 
 for _command in (
     simulate,
@@ -49,6 +82,8 @@ for _command in (
     data_cmd,
     consensus_demo_cmd,
 ):
+    if _command.short_help is None and _command.name in SUMMARIES:
+        _command.short_help = SUMMARIES[_command.name]
     cli.add_command(_command)
 
 
