@@ -61,3 +61,25 @@ def test_status_without_a_daemon_fails_fast_without_torch():
     loaded = _loaded_after(code)
     assert loaded["grpc"]  # the command itself talks gRPC
     assert not loaded["torch"] and not loaded["ray"] and not loaded["numpy"]
+
+
+def test_status_with_a_peers_file_loads_no_torch(tmp_path):
+    from dacflnode.cli.main import main
+
+    try:
+        main(["topology", "ring", "--nodes", "3", "--dataset", "synthetic", "--out",
+              str(tmp_path)])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    peers = tmp_path / "node-0.yaml"
+    code = (
+        "import contextlib, io\n"
+        "from dacflnode.cli.main import main\n"
+        "err = io.StringIO()\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stderr(err):\n"
+        f"    main(['status', '--peers', {str(peers)!r}, '--target', '127.0.0.1:1'])\n"
+        "assert 'no dacflnode daemon answers' in err.getvalue(), err.getvalue()\n"
+    )
+    loaded = _loaded_after(code)
+    assert loaded["grpc"]
+    assert not loaded["torch"] and not loaded["ray"]
