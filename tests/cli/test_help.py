@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from dacflnode.algorithms.names import DAEMON_ALGORITHMS, GRAPH_KINDS, MATRIX_KINDS
-from dacflnode.cli.main import SUMMARIES, cli
+from dacflnode.cli.main import COMMANDS, cli
 from dacflnode.cli.options import GROUP_TITLES, GroupedCommand
 from dacflnode.config import schema
 
@@ -101,6 +101,13 @@ def test_the_command_list_shows_every_summary_whole(width):
     text = _help(["--help"], width=width)
     listing = text[text.index("\nCommands:\n"):]
     assert "..." not in listing
-    assert set(SUMMARIES) == set(cli.commands)
-    for name, summary in SUMMARIES.items():
+    assert set(COMMANDS) == set(cli.commands)
+    for name, (_, _, summary) in COMMANDS.items():
         assert summary in _flat(listing), name
+
+
+def test_each_listed_command_loads_as_the_command_of_its_name():
+    for name in COMMANDS:
+        command = _command(name)
+        assert command.name == name
+        assert command.short_help is not None  # `dacflnode NAME --help` reads the same line

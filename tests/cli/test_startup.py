@@ -26,6 +26,19 @@ def test_importing_the_command_line_loads_no_heavy_module():
     assert [m for m, yes in loaded.items() if yes] == []
 
 
+def test_the_top_level_help_loads_no_command_module():
+    code = (
+        "import contextlib, io\n"
+        "from dacflnode.cli.main import main\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('dacflnode.'))\n"
+        "assert loaded == ['dacflnode.cli', 'dacflnode.cli.main'], loaded\n"
+    )
+    loaded = _loaded_after(code)
+    assert [m for m, yes in loaded.items() if yes] == []
+
+
 def test_the_help_of_every_command_loads_no_heavy_module():
     code = (
         "import contextlib, io\n"
