@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-import yaml
 from rich.console import Console, Group
 from rich.table import Table
 
@@ -99,6 +98,8 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
 def load_for_start(peers_file: str, insecure: bool) -> PeersFile:
     """The peers file, with ``node.insecure: true`` when ``--insecure`` is given (the check of
     exposed addresses at load then allows a plaintext non-loopback ``node.listen``)."""
+    import yaml
+
     from dacflnode.node.peers import load_peers, parse_peers
 
     if not insecure:
