@@ -78,7 +78,7 @@ def test_a_field_declared_without_a_scope_fails_when_its_class_is_defined():
         @schema.declared
         @dataclasses.dataclass
         class Broken:
-            nodes: int = schema.setting(1, help="n", scope=Scope.RUN)
+            nodes: int = schema.setting(1, help="n", scope=Scope.RUN, group="run")
             rounds: int = 3
 
 

@@ -18,9 +18,8 @@ from dacflnode.algorithms.mixing import (
     sparse_random_matrix,
     uniform_matrix,
 )
-
-DEMO_MATRICES = ("sparse", "dense", "uniform", "ring")
-DEMO_INPUTS = ("I", "II")
+from dacflnode.algorithms.names import DEMO_INPUTS as DEMO_INPUTS
+from dacflnode.algorithms.names import DEMO_MATRICES as DEMO_MATRICES
 
 
 def fodac_step(w: np.ndarray, x: np.ndarray, r_next: np.ndarray, r_now: np.ndarray) -> np.ndarray:

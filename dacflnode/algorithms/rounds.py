@@ -42,12 +42,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from dacflnode.algorithms.names import ALGORITHMS as ALGORITHMS
+from dacflnode.algorithms.names import FODAC_VARIANTS as FODAC_VARIANTS
+from dacflnode.algorithms.names import MIXINGS as MIXINGS
+
 Tensor = torch.Tensor
 Message = Mapping[str, Tensor]
 
-ALGORITHMS = ("dacfl", "cdsgd", "dpsgd", "fedavg")
-FODAC_VARIANTS = ("lagged", "fresh")
-MIXINGS = ("exact", "clipped")
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,10 @@ from dacflnode.algorithms.mixing import (
     uniform_matrix,
     validate_mixing_matrix,
 )
+from dacflnode.algorithms.names import GRAPH_KINDS as GRAPH_KINDS
+from dacflnode.algorithms.names import MATRIX_KINDS as MATRIX_KINDS
+from dacflnode.algorithms.names import TOPOLOGIES as TOPOLOGIES
 from dacflnode.errors import ConfigError, MixingMatrixError
-
-MATRIX_KINDS = ("dense", "sparse", "uniform", "custom")
-GRAPH_KINDS = ("ring", "complete", "random-regular", "erdos-renyi", "edge-list")
-TOPOLOGIES = MATRIX_KINDS + GRAPH_KINDS
 
 # Salts keep the random streams of different uses of one seed apart.
 _SALT_BASE = 0x746F706F

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from dacflnode.algorithms.fodac import DEMO_INPUTS, DEMO_MATRICES, consensus_demo
+from dacflnode.algorithms.names import DEMO_INPUTS, DEMO_MATRICES
 from dacflnode.cli.errors import config_errors
 
 
@@ -43,6 +41,11 @@ def consensus_demo_cmd(
       dacflnode consensus-demo --inputs I --matrix sparse
       dacflnode consensus-demo --inputs II --matrix dense --json --plot fig3.png
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from dacflnode.algorithms.fodac import consensus_demo
+
     result = consensus_demo(inputs, matrix, seed)
     if plot:
         from dacflnode.sim.plots import plot_consensus_demo

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-import yaml
 from rich.console import Console, Group
 from rich.table import Table
 
@@ -100,6 +99,8 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
 def load_for_start(peers_file: str, insecure: bool) -> PeersFile:
     """The peers file, with ``node.insecure: true`` when ``--insecure`` is given (the check of
     exposed addresses at load then allows a plaintext non-loopback ``node.listen``)."""
+    import yaml
+
     from dacflnode.node.peers import load_peers, parse_peers
 
     if not insecure:
@@ -177,7 +178,7 @@ def _no_daemon(target: str, auth: ControlAuth, exc: Exception) -> NoReturn:
 def _call(address: str, auth: ControlAuth,
           make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run one Control call; a missing daemon or a refused token is one clear line, exit 1."""
-    from dacflnode.transport.base import PeerUnavailable
+    from dacflnode.transport.errors import PeerUnavailable
     from dacflnode.transport.grpc_control import ControlUnauthenticated
 
     try:

@@ -13,15 +13,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import (
+    GroupedCommand,
+    cluster_run_options,
     config_from_options,
     daemon_option_fields,
     daemon_options,
-    run_options,
 )
 
 
-@click.command()
-@run_options
+@click.command(cls=GroupedCommand, option_groups={
+    "out_dir": "output", "as_json": "output", "quiet": "output", "tls_dir": "network",
+    "faults_file": "runtime"})
+@cluster_run_options(topology="ring; complete for 2 nodes")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="DIR/<node-id>/ gets metrics.jsonl, final.safetensors, daemon.log.")
 @daemon_options
@@ -40,8 +43,9 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
            faults_file: str | None, as_json: bool, quiet: bool, **options: Any) -> None:
     """Start a real local cluster: one `dacflnode start` process per node on 127.0.0.1.
 
-    Takes the same run options as `simulate` (graph topologies only; ring when not given) and
-    leaves the same files. Ctrl-C stops every node gracefully.
+    Takes the run options of `simulate` that daemons use (graph topologies only, ring when not
+    given; the algorithms dacfl and cdsgd, each as a cluster of its own) and leaves the same
+    files. Ctrl-C stops every node gracefully.
 
     \b
     Examples:

@@ -5,46 +5,128 @@ Each run setting becomes one option of every command that starts or describes a 
 come from the one declaration, so the options cannot drift from the YAML keys. Run options
 default to ``None`` ("not given") so that flags overlay a ``--config`` file; daemon options
 (``--round-deadline``, ...) carry their declared default.
+
+The cluster commands (``launch``, ``topology``) run daemons: they leave out the simulator's own
+settings (``--engine``, ...) and offer the values a daemon runs (a setting's ``cluster_choices``).
+
+``--help`` lists the options in sections (:class:`GroupedCommand`): a setting's section is its
+declared ``group``; a command names the sections of its own options.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
 from dacflnode.config import DaemonSettings, RunConfig, config_from_mapping, load_yaml_config
-from dacflnode.config.schema import Declared, fields_of
+from dacflnode.config.schema import OPTION_GROUPS, Declared, fields_of
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
+#: The title of each section of ``--help``, in :data:`~dacflnode.config.schema.OPTION_GROUPS`
+#: order.
+GROUP_TITLES: dict[str, str] = {
+    "run": "Run",
+    "data": "Data",
+    "model": "Model",
+    "training": "Training",
+    "topology": "Topology and mixing",
+    "evaluation": "Evaluation",
+    "runtime": "Runtime",
+    "network": "Network and security",
+    "output": "Output",
+}
 
-def option_help(d: Declared) -> str:
-    """The help text of ``d``'s option: the declared help, the choices of a list, the default."""
+class GroupedCommand(click.Command):
+    """A command whose ``--help`` lists its options in sections, in ``OPTION_GROUPS`` order.
+
+    An option's section is ``option_groups[name]`` (the command's own options) or else the
+    declared ``group`` of the setting of that name; ``--help`` and anything unsorted close the
+    list under "Other options".
+    """
+
+    def __init__(self, *args: Any, option_groups: Mapping[str, str] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.option_groups = dict(option_groups or {})
+        unknown = sorted(set(self.option_groups.values()) - set(OPTION_GROUPS))
+        if unknown:
+            raise TypeError(f"unknown option groups {unknown} (choose from {OPTION_GROUPS})")
+
+    def group_of(self, param: click.Parameter) -> str | None:
+        """The section ``param`` is listed in; ``None``: "Other options"."""
+        name = param.name or ""
+        if name in self.option_groups:
+            return self.option_groups[name]
+        return _SETTING_GROUPS.get(name)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str | None, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(self.group_of(param), []).append(record)
+        for key in (*OPTION_GROUPS, None):
+            records = sections.get(key)
+            if records:
+                title = GROUP_TITLES[key] if key is not None else "Other options"
+                with formatter.section(title):
+                    formatter.write_dl(records)
+
+
+#: The section of every option a command takes from here: ``--config`` and the settings (their
+#: declared group).
+_SETTING_GROUPS: dict[str, str] = {
+    "config_file": "run",
+    **{
+        d.name: d.setting.group
+        for cls in (RunConfig, DaemonSettings)
+        for d in fields_of(cls)
+        if d.setting.cli and d.setting.group is not None
+    },
+}
+
+
+def option_help(d: Declared, cluster: bool = False,
+                default_text: Mapping[str, str] | None = None) -> str:
+    """The help text of ``d``'s option: the declared help, the choices of a list, the default;
+    for a cluster command, the cluster's help and choices where the setting declares them."""
     text = d.setting.help
+    if cluster and d.setting.cluster_help is not None:
+        text = d.setting.cluster_help
     if d.is_list and d.setting.choices:
-        text += f" Choices: {', '.join(d.setting.choices)}."
-    return f"{text} [default: {d.default_text}]"
+        text += f" Choices: {', '.join(choices_of(d, cluster))}."
+    shown = (default_text or {}).get(d.name, d.default_text)
+    return f"{text} [default: {shown}]"
 
 
-def click_type(d: Declared) -> Any:
+def choices_of(d: Declared, cluster: bool = False) -> tuple[str, ...]:
+    """The values ``d``'s option offers (``()`` when free)."""
+    if cluster and d.setting.cluster_choices is not None:
+        return d.setting.cluster_choices
+    return d.setting.choices or ()
+
+
+def click_type(d: Declared, cluster: bool = False) -> Any:
     """The click parameter type of ``d`` (a comma list stays a string until it is coerced)."""
     if d.setting.choices is not None and not d.is_list:
-        return click.Choice(d.setting.choices)
+        return click.Choice(choices_of(d, cluster))
     if d.is_list:
         return str
     return d.base
 
 
-def run_option(d: Declared) -> Decorator:
+def run_option(d: Declared, cluster: bool = False,
+               default_text: Mapping[str, str] | None = None) -> Decorator:
     """The option of one run setting; ``None`` when not given."""
+    text = option_help(d, cluster, default_text)
     if d.base is bool:
-        return click.option(f"{d.flag}/--no-{d.flag[2:]}", d.name, default=None,
-                            help=option_help(d))
-    return click.option(d.flag, d.name, type=click_type(d), default=None,
-                        metavar=d.setting.metavar, help=option_help(d))
+        return click.option(f"{d.flag}/--no-{d.flag[2:]}", d.name, default=None, help=text)
+    return click.option(d.flag, d.name, type=click_type(d, cluster), default=None,
+                        metavar=d.setting.metavar, help=text)
 
 
 def daemon_option(d: Declared) -> Decorator:
@@ -53,9 +135,11 @@ def daemon_option(d: Declared) -> Decorator:
                         show_default=True, metavar=d.setting.metavar, help=d.setting.help)
 
 
-def run_option_fields() -> tuple[Declared, ...]:
-    """The run settings offered as command-line options, in declaration order."""
-    return tuple(d for d in fields_of(RunConfig) if d.setting.cli)
+def run_option_fields(cluster: bool = False) -> tuple[Declared, ...]:
+    """The run settings offered as command-line options, in declaration order (a cluster
+    command: without the simulator's own)."""
+    return tuple(d for d in fields_of(RunConfig)
+                 if d.setting.cli and not (cluster and d.setting.simulator_only))
 
 
 def daemon_option_fields() -> tuple[Declared, ...]:
@@ -72,11 +156,25 @@ _CONFIG_OPTION: Decorator = click.option(
 
 
 def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``--config`` and one option per run setting."""
+    """``--config`` and one option per run setting (the simulator's)."""
     options: list[Decorator] = [_CONFIG_OPTION, *map(run_option, run_option_fields())]
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def cluster_run_options(**default_text: str) -> Decorator:
+    """``--config`` and one option per run setting a daemon uses, with the values a daemon
+    runs; ``default_text`` (by setting name) says what the command uses when not given."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        options = [_CONFIG_OPTION, *(run_option(d, True, default_text)
+                                     for d in run_option_fields(cluster=True))]
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
 
 
 def daemon_options(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,14 +11,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dacflnode.cli.errors import config_errors
-from dacflnode.cli.options import config_from_options, run_options
+from dacflnode.cli.options import GroupedCommand, config_from_options, run_options
 from dacflnode.config import DAEMON_DEFAULTS
 
 if TYPE_CHECKING:
     from dacflnode.sim.simulator import RoundRecord
 
 
-@click.command()
+@click.command(cls=GroupedCommand, option_groups={
+    "out_dir": "output", "as_json": "output", "quiet": "output", "faults_file": "runtime",
+    "gone_after": "runtime", "ray_address": "runtime", "ray_workers": "runtime"})
 @run_options
 @click.option(
     "--out",

@@ -10,7 +10,12 @@ import click
 import yaml
 
 from dacflnode.cli.errors import config_errors
-from dacflnode.cli.options import config_from_options, daemon_options, run_options
+from dacflnode.cli.options import (
+    GroupedCommand,
+    cluster_run_options,
+    config_from_options,
+    daemon_options,
+)
 from dacflnode.errors import ConfigError
 
 
@@ -30,7 +35,11 @@ def _ports(value: str | None, field: str) -> list[int] | None:
         raise ConfigError(field, f"expected a comma list of port numbers, got {value!r}") from None
 
 
-@click.command("topology")
+@click.command("topology", cls=GroupedCommand, option_groups={
+    "out_dir": "output", "state_root": "output", "as_json": "output", "hosts": "network",
+    "base_port": "network", "ports": "network", "control_base_port": "network",
+    "control_ports": "network", "metrics_ports": "network", "metrics_host": "network",
+    "listen_host": "network", "tls_dir": "network", "insecure": "network"})
 @click.argument("kind", metavar="KIND")
 @click.option(
     "--out",
@@ -90,7 +99,7 @@ def _ports(value: str | None, field: str) -> list[int] | None:
 )
 @daemon_options
 @click.option("--json", "as_json", is_flag=True, help="Print the nodes as a JSON list.")
-@run_options
+@cluster_run_options(topology="KIND")
 @config_errors
 def topology_cmd(
     kind: str,

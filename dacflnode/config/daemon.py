@@ -25,12 +25,14 @@ class DaemonSettings:
         help="Seconds a node waits for its neighbours' state each round; a neighbour that"
         " misses it is left out of that round's mix.",
         scope=Scope.NODE,
+        group="runtime",
         above=0.0,
     )
     hello_timeout: float = setting(
         3600.0,
         help="Seconds a node waits for its neighbours to come up at start.",
         scope=Scope.NODE,
+        group="runtime",
         above=0.0,
     )
     stream_idle_timeout: float = setting(
@@ -63,6 +65,7 @@ class DaemonSettings:
         help="Consecutive rounds a neighbour may miss before this node declares it gone, drops"
         " the edge and schedules a re-anchor (docs/faults.md).",
         scope=Scope.NODE,
+        group="runtime",
         minimum=1,
     )
     anchor_delay: int = setting(

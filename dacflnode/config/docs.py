@@ -100,14 +100,23 @@ def _table(fields: tuple[Declared, ...], with_flag: bool) -> list[str]:
 def render() -> str:
     """The whole reference page."""
     daemon = fields_of(DaemonSettings)
+    run = fields_of(RunConfig)
+    simulator_only = [f"`{d.flag}`" for d in run if d.setting.cli and d.setting.simulator_only]
+    narrowed = [
+        f"`{d.flag}` {', '.join(d.setting.cluster_choices)}"
+        for d in run
+        if d.setting.cli and d.setting.cluster_choices is not None
+    ]
     lines = [
         _INTRO,
         "## Run settings",
         "",
         "Options of `simulate`, `launch` and `topology`; keys of `--config` files and of a peers"
-        " file's `run:` section.",
+        " file's `run:` section. `launch` and `topology` run daemons: they leave out the"
+        f" simulator's own {', '.join(simulator_only)} and offer only what a daemon runs:"
+        f" {'; '.join(narrowed)}. Each command's `--help` lists its options in sections.",
         "",
-        *_table(fields_of(RunConfig), with_flag=True),
+        *_table(run, with_flag=True),
         "",
         "## Daemon settings",
         "",

@@ -12,24 +12,28 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from dacflnode.algorithms.compression_spec import parse_compression
-from dacflnode.algorithms.rounds import ALGORITHMS, FODAC_VARIANTS, MIXINGS, Mixing
-from dacflnode.algorithms.topology import (
+from dacflnode.algorithms.names import (
+    ALGORITHMS,
+    DAEMON_ALGORITHMS,
+    FODAC_VARIANTS,
+    GRAPH_KINDS,
+    MIXINGS,
     TOPOLOGIES,
-    MixingSchedule,
-    TopologySpec,
-    load_matrix_file,
 )
 from dacflnode.config import schema
 from dacflnode.config.schema import Scope, setting
 from dacflnode.errors import ConfigError
-from dacflnode.learning.datasets import DATASETS
-from dacflnode.learning.partition import PARTITIONS
-from dacflnode.learning.train import PRECISIONS, TrainConfig
+from dacflnode.learning.names import DATASETS, PARTITIONS, PRECISIONS
+
+if TYPE_CHECKING:  # the numerical stack loads when a run is built, not with the settings
+    from dacflnode.algorithms.rounds import Mixing
+    from dacflnode.algorithms.topology import TopologySpec
+    from dacflnode.learning.train import TrainConfig
 
 ENGINES = ("auto", "batched", "sequential")
 
@@ -83,16 +87,21 @@ class RunConfig:
         help="Comma list of algorithms to run; a daemon runs exactly one, and only one that"
         " needs no central god node.",
         scope=RUN,
+        group="run",
         choices=ALGORITHMS,
         fingerprint=lambda run: ",".join(run.algorithm),
+        cluster_choices=DAEMON_ALGORITHMS,
+        cluster_help="Comma list of algorithms: launch runs each as a cluster of its own, a"
+        " peers file holds one. dpsgd and fedavg need a central god node: simulate only.",
     )
-    nodes: int = setting(10, help="Number of nodes.", scope=RUN, minimum=2)
-    rounds: int = setting(100, help="Communication rounds.", scope=RUN, minimum=1)
+    nodes: int = setting(10, help="Number of nodes.", scope=RUN, group="run", minimum=2)
+    rounds: int = setting(100, help="Communication rounds.", scope=RUN, group="run", minimum=1)
     dataset: str = setting(
         "fashion-mnist",
         help="Data set: a built-in one, or the device's own data: folder (one subfolder of"
         " images per class), table (CSV or Parquet) or python (data_factory).",
         scope=RUN,
+        group="data",
         choices=DATASETS + OWN_DATA,
         noun="data set",
     )
@@ -103,6 +112,7 @@ class RunConfig:
         " subfolders, or the CSV/Parquet file or folder of them. simulate and launch: DIR with"
         " one DIR/<node-id>/ per node.",
         scope=NODE,
+        group="data",
         default_text="/usr/share/datasets/fashion-mnist for fashion-mnist",
     )
     test_root: str | None = setting(
@@ -111,6 +121,7 @@ class RunConfig:
         " launch: T with one T/<node-id>/ per node, or one test folder of class subfolders"
         " shared by every node.",
         scope=NODE,
+        group="data",
         default_text="a held-out fraction (holdout) of the device's data",
     )
     classes: tuple[str, ...] = setting(
@@ -119,6 +130,7 @@ class RunConfig:
         " a table's label values as strings, or a Python factory's label i = classes[i]."
         " Labels map by name; a device may lack some classes.",
         scope=RUN,
+        group="data",
         relevant=_own,
         relevant_text="own data",
         metavar="NAME,...",
@@ -127,6 +139,7 @@ class RunConfig:
         None,
         help="The label column of dataset table; every other column is a numeric feature.",
         scope=RUN,
+        group="data",
         relevant=lambda run: run.dataset == "table",
         relevant_text="dataset is table",
         metavar="NAME",
@@ -136,6 +149,7 @@ class RunConfig:
         help="package.module:function returning the device's (train, test) datasets, for"
         " dataset python; it is called with the node's data_root and test_root.",
         scope=RUN,
+        group="data",
         relevant=lambda run: run.dataset == "python",
         relevant_text="dataset is python",
         metavar="MODULE:FN",
@@ -144,6 +158,7 @@ class RunConfig:
         28,
         help="Side in pixels images of dataset folder are resized to (square).",
         scope=RUN,
+        group="data",
         minimum=1,
         relevant=lambda run: run.dataset == "folder",
         relevant_text="dataset is folder",
@@ -152,6 +167,7 @@ class RunConfig:
         1,
         help="Channels of dataset folder: 1 (grayscale) or 3 (RGB).",
         scope=RUN,
+        group="data",
         minimum=1,
         maximum=3,
         relevant=lambda run: run.dataset == "folder",
@@ -162,6 +178,7 @@ class RunConfig:
         help="Resize images of dataset folder to image_size; off, an image of another size is"
         " an error.",
         scope=RUN,
+        group="data",
         relevant=lambda run: run.dataset == "folder",
         relevant_text="dataset is folder",
     )
@@ -170,6 +187,7 @@ class RunConfig:
         help="Fraction of a device's own data held out, by seed, to evaluate on when it has"
         " no test_root.",
         scope=RUN,
+        group="data",
         above=0.0,
         below=1.0,
         relevant=_own,
@@ -180,16 +198,21 @@ class RunConfig:
         help="An image file of dataset folder that cannot be decoded: fail (list the first"
         " five) or skip it (counted in the log and the status).",
         scope=NODE,
+        group="data",
         choices=BAD_FILES,
     )
     download: bool = setting(
-        False, help="Let torchvision download the data set if it is missing.", scope=NODE
+        False,
+        help="Let torchvision download the data set if it is missing.",
+        scope=NODE,
+        group="data",
     )
     partition: str = setting(
         "iid",
         help="How the training set of a built-in data set is split over the nodes (shards:"
         " the paper's non-i.i.d.).",
         scope=RUN,
+        group="data",
         choices=PARTITIONS,
         relevant=lambda run: not _own(run),
         relevant_text="a built-in data set",
@@ -198,6 +221,7 @@ class RunConfig:
         0.5,
         help="Concentration of --partition dirichlet.",
         scope=RUN,
+        group="data",
         above=0.0,
         relevant=lambda run: run.partition == "dirichlet" and not _own(run),
         relevant_text="partition is dirichlet",
@@ -206,6 +230,7 @@ class RunConfig:
         2,
         help="Label shards per node of --partition shards.",
         scope=RUN,
+        group="data",
         minimum=1,
         relevant=lambda run: run.partition == "shards" and not _own(run),
         relevant_text="partition is shards",
@@ -214,6 +239,7 @@ class RunConfig:
         None,
         help="fmnist-cnn, cifar-cnn, mlp, tiny-cnn or package.module:Class.",
         scope=RUN,
+        group="model",
         default_text="per data set: fmnist-cnn; cifar-cnn for cifar10; mlp for synthetic",
         fingerprint=_resolved_model,
     )
@@ -222,12 +248,18 @@ class RunConfig:
         help="Mixing topology: a matrix kind (simulator only) or a graph kind with"
         " Metropolis-Hastings weights.",
         scope=RUN,
+        group="topology",
         choices=TOPOLOGIES,
+        cluster_choices=GRAPH_KINDS,
+        cluster_help="Graph of the cluster; each node computes its Metropolis-Hastings weights"
+        " itself (the matrix kinds dense, sparse, uniform and custom need a global view:"
+        " simulate only).",
     )
     degree: int = setting(
         3,
         help="Degree of --topology random-regular.",
         scope=RUN,
+        group="topology",
         minimum=1,
         relevant=lambda run: run.topology == "random-regular",
         relevant_text="topology is random-regular",
@@ -236,6 +268,7 @@ class RunConfig:
         0.3,
         help="Edge probability of --topology erdos-renyi.",
         scope=RUN,
+        group="topology",
         relevant=lambda run: run.topology == "erdos-renyi",
         relevant_text="topology is erdos-renyi",
     )
@@ -243,13 +276,16 @@ class RunConfig:
         0.5,
         help="Fraction of zero off-diagonal entries of --topology sparse (psi).",
         scope=RUN,
+        group="topology",
         relevant=lambda run: run.topology == "sparse",
         relevant_text="topology is sparse",
+        simulator_only=True,
     )
     drop_prob: float = setting(
         0.5,
         help="Probability that an edge is inactive in an epoch of a time-varying graph.",
         scope=RUN,
+        group="topology",
         relevant=lambda run: run.time_varying > 0,
         relevant_text="time_varying > 0",
     )
@@ -258,17 +294,21 @@ class RunConfig:
         help="File of 'i j' lines for --topology edge-list (a path on this host; a daemon's"
         " graph is fingerprinted through run.edges).",
         scope=NODE,
+        group="topology",
     )
     mixing_matrix: str | None = setting(
         None,
         help="File holding a custom mixing matrix (--topology custom; simulator only, a path"
         " on this host).",
         scope=NODE,
+        group="topology",
+        simulator_only=True,
     )
     time_varying: int = setting(
         0,
         help="Rebuild the topology every K rounds (0 = static).",
         scope=RUN,
+        group="topology",
         minimum=0,
         metavar="K",
     )
@@ -276,29 +316,43 @@ class RunConfig:
         None,
         help="SGD learning rate; round t uses lr * lr_decay^t.",
         scope=RUN,
+        group="training",
         above=0.0,
         default_text="0.001; 0.005 for cifar10; 0.05 for synthetic",
         fingerprint=lambda run: run.learning_rate,
     )
     lr_decay: float = setting(
-        0.995, help="Per-round learning-rate decay.", scope=RUN, above=0.0, maximum=1.0
+        0.995,
+        help="Per-round learning-rate decay.",
+        scope=RUN,
+        group="training",
+        above=0.0,
+        maximum=1.0,
     )
-    momentum: float = setting(0.0, help="SGD momentum.", scope=RUN, minimum=0.0, below=1.0)
-    weight_decay: float = setting(0.0, help="SGD weight decay.", scope=RUN, minimum=0.0)
-    batch_size: int = setting(20, help="Mini-batch size of local training.", scope=RUN, minimum=1)
+    momentum: float = setting(
+        0.0, help="SGD momentum.", scope=RUN, group="training", minimum=0.0, below=1.0
+    )
+    weight_decay: float = setting(
+        0.0, help="SGD weight decay.", scope=RUN, group="training", minimum=0.0
+    )
+    batch_size: int = setting(
+        20, help="Mini-batch size of local training.", scope=RUN, group="training", minimum=1
+    )
     local_epochs: int = setting(
-        1, help="Local epochs per round.", scope=RUN, minimum=1
+        1, help="Local epochs per round.", scope=RUN, group="training", minimum=1
     )
     local_steps: int | None = setting(
         None,
         help="Mini-batches per round (overrides local_epochs).",
         scope=RUN,
+        group="training",
         minimum=1,
     )
     fodac_variant: str = setting(
         "lagged",
         help="DACFL tracking: the paper's lagged difference or the fresh one.",
         scope=RUN,
+        group="training",
         choices=FODAC_VARIANTS,
         noun="variant",
     )
@@ -309,6 +363,7 @@ class RunConfig:
         " bounds what one neighbour can move a node per round; docs/algorithm.md, Robust"
         " mixing). Not with fedavg.",
         scope=RUN,
+        group="topology",
         choices=MIXINGS,
     )
     clip_radius: float | None = setting(
@@ -316,6 +371,7 @@ class RunConfig:
         help="The clip radius of mixing clipped, in the L2 norm of the whole state vector;"
         " overrides clip_fraction.",
         scope=RUN,
+        group="topology",
         above=0.0,
         default_text="clip_fraction of the initial model's norm",
         relevant=lambda run: run.mixing == "clipped",
@@ -326,6 +382,7 @@ class RunConfig:
         help="The clip radius of mixing clipped as a fraction of the L2 norm of the initial"
         " model (which every node derives from the seed, so no peer can move it).",
         scope=RUN,
+        group="topology",
         above=0.0,
         relevant=lambda run: run.mixing == "clipped" and run.clip_radius is None,
         relevant_text="mixing is clipped and clip_radius is unset",
@@ -338,12 +395,14 @@ class RunConfig:
         " randk:F (a fraction F of entries chosen by a shared seed). Compressed runs mix"
         " with CHOCO-Gossip, which keeps the consensus sum exact (docs/compression.md).",
         scope=RUN,
+        group="topology",
         metavar="none|fp16|bf16|int8|topk:F|randk:F",
     )
     consensus_step: float | None = setting(
         None,
         help="CHOCO-Gossip's consensus step size gamma of a compressed run.",
         scope=RUN,
+        group="topology",
         above=0.0,
         maximum=1.0,
         default_text="per compressor (docs/compression.md)",
@@ -351,38 +410,54 @@ class RunConfig:
         relevant_text="compression is not none",
     )
     seed: int = setting(0, help="Seed of every random choice (same seed, same results).",
-                        scope=RUN)
-    eval_every: int = setting(1, help="Evaluate every N rounds.", scope=NODE, minimum=1)
+                        scope=RUN, group="run")
+    eval_every: int = setting(
+        1, help="Evaluate every N rounds.", scope=NODE, group="evaluation", minimum=1
+    )
     eval_samples: int | None = setting(
         None,
         help="Evaluate on a fixed subset of the test set of this size.",
         scope=NODE,
+        group="evaluation",
         minimum=1,
         default_text="the whole test set",
     )
-    device: str = setting("auto", help="auto, cpu, cuda, cuda:N or mps.", scope=NODE)
+    device: str = setting(
+        "auto", help="auto, cpu, cuda, cuda:N or mps.", scope=NODE, group="runtime"
+    )
     precision: str = setting(
         "fp32",
         help="Arithmetic of local training: fp32, or bf16 autocast (bfloat16 convolutions and"
         " matrix products; float32 weights, SGD and states). bf16 needs a CPU, a CUDA GPU of"
         " compute capability 8.0+ or MPS on macOS 14+.",
         scope=NODE,
+        group="runtime",
         choices=PRECISIONS,
     )
     threads: int | None = setting(
         None,
         help="PyTorch CPU threads per process (bit-identical results need equal counts).",
         scope=NODE,
+        group="runtime",
         minimum=1,
         default_text="PyTorch's",
     )
     engine: str = setting(
-        "auto", help="How the simulator trains its nodes.", scope=NODE, choices=ENGINES
+        "auto",
+        help="How the simulator trains its virtual nodes: batched (all of them as one stacked"
+        " model: equal to float32 rounding, faster for small models), sequential (one after"
+        " another with a daemon's training code: a deployment's results bit for bit) or auto"
+        " (batched when the model and the partition allow it).",
+        scope=NODE,
+        group="runtime",
+        choices=ENGINES,
+        simulator_only=True,
     )
     synthetic_train: int = setting(
         2000,
         help="Training samples of --dataset synthetic.",
         scope=RUN,
+        group="data",
         minimum=1,
         relevant=lambda run: run.dataset == "synthetic",
         relevant_text="dataset is synthetic",
@@ -391,6 +466,7 @@ class RunConfig:
         500,
         help="Test samples of --dataset synthetic.",
         scope=RUN,
+        group="data",
         minimum=1,
         relevant=lambda run: run.dataset == "synthetic",
         relevant_text="dataset is synthetic",
@@ -420,6 +496,8 @@ class RunConfig:
         """How every node of this run mixes; ``initial``: the common initial model (a flat
         tensor), whose norm ``clip_fraction`` is a fraction of. A compressed run mixes with
         CHOCO-Gossip (docs/compression.md)."""
+        from dacflnode.algorithms.rounds import Mixing
+
         gamma = self.consensus_gamma()
         if gamma is not None:
             return Mixing("choco", gamma=gamma)
@@ -434,6 +512,8 @@ class RunConfig:
 
     def train_config(self) -> TrainConfig:
         """The local-training settings of this run (one SGD per round per node)."""
+        from dacflnode.learning.train import TrainConfig
+
         return TrainConfig(
             lr=self.learning_rate,
             lr_decay=self.lr_decay,
@@ -446,6 +526,8 @@ class RunConfig:
         )
 
     def topology_spec(self) -> TopologySpec:
+        from dacflnode.algorithms.topology import TopologySpec, load_matrix_file
+
         kind = (
             "custom"
             if self.mixing_matrix and self.topology in ("dense", "custom")
@@ -506,6 +588,8 @@ class RunConfig:
         if self.mixing_matrix is not None and not Path(self.mixing_matrix).is_file():
             raise ConfigError("mixing_matrix", f"{self.mixing_matrix} is not a file")
         if "fedavg" not in self.algorithm or len(self.algorithm) > 1:
+            from dacflnode.algorithms.topology import MixingSchedule
+
             MixingSchedule(self.topology_spec())  # builds round 0: graph and matrix checks
         return self
 

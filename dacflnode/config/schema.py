@@ -37,6 +37,13 @@ T = TypeVar("T")
 
 _KEY = "dacflnode.setting"
 
+#: The sections a command's ``--help`` sorts its options into, in order (titles in
+#: :mod:`dacflnode.cli.options`): what a run is, its data, model, training, topology and mixing,
+#: evaluation, how it runs (devices, deadlines), its network and security, and what it prints.
+OPTION_GROUPS = (
+    "run", "data", "model", "training", "topology", "evaluation", "runtime", "network", "output",
+)
+
 
 class Scope(enum.StrEnum):
     """Who a setting belongs to."""
@@ -58,6 +65,12 @@ class Setting:
     ``relevant_text`` says the same in words for the docs. ``fingerprint`` maps the settings
     object to the value hashed when the stored value is not the effective one (an unset ``lr``
     is the data set's default). ``default_text`` describes a default that is computed.
+
+    For the command-line options: ``group`` is the section of ``--help`` the option is listed
+    in (one of :data:`OPTION_GROUPS`; required when ``cli``). The cluster commands (``launch``,
+    ``topology``) run daemons, which train one model each over a graph: they leave out a
+    ``simulator_only`` setting, and offer ``cluster_choices`` (and say ``cluster_help``) where
+    a daemon accepts fewer values than the simulator.
     """
 
     help: str
@@ -74,8 +87,21 @@ class Setting:
     fingerprint: Callable[[Any], Any] | None = None
     metavar: str | None = None
     cli: bool = True
+    group: str | None = None
+    simulator_only: bool = False
+    cluster_choices: tuple[str, ...] | None = None
+    cluster_help: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cli and self.group not in OPTION_GROUPS:
+            raise TypeError(
+                f"a command-line setting needs group= one of {', '.join(OPTION_GROUPS)},"
+                f" got {self.group!r}"
+            )
+        if self.cluster_choices is not None and (
+            self.choices is None or not set(self.cluster_choices) <= set(self.choices)
+        ):
+            raise TypeError("cluster_choices must be some of choices")
         if not isinstance(self.scope, Scope):
             raise TypeError(f"scope must be a Scope, got {self.scope!r}")
         if self.scope is Scope.NODE and (self.relevant or self.fingerprint):
@@ -101,6 +127,10 @@ def setting(
     fingerprint: Callable[[Any], Any] | None = None,
     metavar: str | None = None,
     cli: bool = True,
+    group: str | None = None,
+    simulator_only: bool = False,
+    cluster_choices: tuple[str, ...] | None = None,
+    cluster_help: str | None = None,
 ) -> Any:
     """A dataclass field carrying its :class:`Setting` (``default`` must be immutable)."""
     meta = Setting(
@@ -118,6 +148,10 @@ def setting(
         fingerprint=fingerprint,
         metavar=metavar,
         cli=cli,
+        group=group,
+        simulator_only=simulator_only,
+        cluster_choices=cluster_choices,
+        cluster_help=cluster_help,
     )
     return dataclasses.field(default=default, metadata={_KEY: meta})
 

@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from dacflnode.errors import ConfigError
-
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "synthetic")
+from dacflnode.learning.names import DATASETS as DATASETS
 
 DEFAULT_FASHION_MNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
 """Where Debian's ``dataset-fashion-mnist`` package installs the four IDX ``.gz`` files."""

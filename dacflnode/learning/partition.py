@@ -29,8 +29,7 @@ import numpy as np
 import torch
 
 from dacflnode.errors import ConfigError
-
-PARTITIONS = ("iid", "shards", "dirichlet")
+from dacflnode.learning.names import PARTITIONS as PARTITIONS
 
 _SHARD_TRIES = 100
 """Random shard assignments drawn before falling back to a constructive (still seeded) one."""

@@ -22,10 +22,10 @@ from torch import nn
 
 from dacflnode.errors import ConfigError
 from dacflnode.learning.layout import FLAT_DTYPE, StateLayout
+from dacflnode.learning.names import PRECISIONS as PRECISIONS
 
 #: Arithmetic precisions of local training: ``fp32`` everywhere, or ``bf16`` autocast (matrix
 #: products and convolutions in bfloat16, float32 master weights, SGD and flat states).
-PRECISIONS = ("fp32", "bf16")
 
 
 def _check_precision(precision: str) -> None:

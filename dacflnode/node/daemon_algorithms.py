@@ -1,19 +1,21 @@
-"""Which algorithms a daemon can run, read from the algorithms themselves.
+"""Which algorithms a daemon can run.
 
 An algorithm that needs a network-wide average each round (a central "god node": D-PSGD,
 FedAvg) says so with ``decentralized = False`` (:mod:`dacflnode.algorithms.rounds`); the
-simulator provides that average, a daemon cannot.
+simulator provides that average, a daemon cannot. The list of the others is kept torch-free in
+:mod:`dacflnode.algorithms.names` (so reading a peers file loads no torch); a test checks it
+against each algorithm's ``decentralized``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from dacflnode.algorithms.rounds import ALGORITHMS, make_algorithm
+from dacflnode.algorithms.names import ALGORITHMS, DAEMON_ALGORITHMS
 from dacflnode.errors import ConfigError
 
-#: Algorithms a daemon can run.
-DAEMON_ALGORITHMS = tuple(n for n in ALGORITHMS if make_algorithm(n).decentralized)
+__all__ = ["DAEMON_ALGORITHMS", "SIMULATION_ONLY", "check_algorithm"]
+
 #: Algorithms only the simulator can run.
 SIMULATION_ONLY = tuple(n for n in ALGORITHMS if n not in DAEMON_ALGORITHMS)
 

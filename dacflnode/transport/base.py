@@ -15,16 +15,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
+from dacflnode.transport.errors import PeerUnavailable as PeerUnavailable
 from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage
 from dacflnode.wire.errors import Reason, Refusal, WireError
 from dacflnode.wire.state_guard import StateGuard
 
 #: How long a :meth:`Transport.pull` waits by default, in seconds.
 DEFAULT_PULL_TIMEOUT = 30.0
-
-
-class PeerUnavailable(ConnectionError):
-    """The neighbour could not be reached (not started yet, gone, or timed out)."""
 
 
 class HandshakeRefused(ConnectionError):

@@ -29,9 +29,9 @@ import grpc
 
 from dacflnode._proto.dacfl.v1 import control_pb2 as pb
 from dacflnode._proto.dacfl.v1 import control_pb2_grpc as pb_grpc
-from dacflnode.transport.base import PeerUnavailable
 from dacflnode.transport.channels import create_channel
 from dacflnode.transport.control_types import ControlAuth, NeighbourInfo, NodeStatus
+from dacflnode.transport.errors import PeerUnavailable
 
 CALL_TIMEOUT = 5.0
 #: Seconds a whole checkpoint download may take (a large model on a slow link).

@@ -22,12 +22,10 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dacflnode.config import RunConfig
-from dacflnode.sim.experiment import run_experiment
-from dacflnode.sim.plots import plot_accuracy
-from dacflnode.sim.simulator import RoundRecord
+if TYPE_CHECKING:
+    from dacflnode.sim.simulator import RoundRecord
 
 #: The paper's final Average of Acc on FMNIST (percent), where the text states it.
 PAPER = {
@@ -64,25 +62,55 @@ def settings() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of this script: every option with its help and default."""
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", default="runs/paper", help="output folder")
-    ap.add_argument("--only", default="", help="comma list of settings, e.g. static-dense-iid")
-    ap.add_argument("--algorithms", default="dacfl,cdsgd,dpsgd,fedavg")
-    ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--nodes", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=0.001)
-    ap.add_argument("--eval-every", type=int, default=1)
-    ap.add_argument("--eval-samples", type=int, default=None)
-    ap.add_argument("--data-root", default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    names = ", ".join(name for name, _ in settings())
+    ap.add_argument("--out", default="runs/paper",
+                    help="output folder: OUT/<setting>/ per setting, OUT/results.md and "
+                    "OUT/results.json [default: %(default)s]")
+    ap.add_argument("--only", default="", metavar="SETTING,...",
+                    help=f"run only these settings (comma list) out of: {names} "
+                    "[default: all eight]")
+    ap.add_argument("--algorithms", default="dacfl,cdsgd,dpsgd,fedavg", metavar="NAME,...",
+                    help="comma list of the algorithms to run in every setting "
+                    "[default: %(default)s]")
+    ap.add_argument("--rounds", type=int, default=100, metavar="N",
+                    help="communication rounds per run [default: %(default)s, the paper's]")
+    ap.add_argument("--nodes", type=int, default=10, metavar="N",
+                    help="number of nodes [default: %(default)s, the paper's]")
+    ap.add_argument("--lr", type=float, default=0.001,
+                    help="SGD learning rate; round t uses lr * 0.995^t [default: %(default)s, the "
+                    "paper's for FMNIST]")
+    ap.add_argument("--eval-every", type=int, default=1, metavar="N",
+                    help="evaluate every N rounds (fewer evaluations, a faster run) "
+                    "[default: %(default)s]")
+    ap.add_argument("--eval-samples", type=int, default=None, metavar="N",
+                    help="evaluate on a fixed subset of N test images [default: the whole test "
+                    "set]")
+    ap.add_argument("--data-root", default=None, metavar="DIR",
+                    help="folder of the Fashion-MNIST IDX files [default: "
+                    "/usr/share/datasets/fashion-mnist]")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of every random choice (same seed, same results) "
+                    "[default: %(default)s]")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                     help="bf16: autocast training and evaluation, float32 weights (about 2x on "
-                    "a CPU with AVX-512 BF16 / AMX, same accuracy to 0.05 points)")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = ap.parse_args()
+                    "a CPU with AVX-512 BF16 / AMX, same accuracy to 0.05 points) "
+                    "[default: %(default)s]")
+    ap.add_argument("--json", action="store_true",
+                    help="also print the final figures of every setting as one JSON object")
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    # the simulator loads after the arguments are read, so --help answers at once
+    from dacflnode.config import RunConfig
+    from dacflnode.sim.experiment import run_experiment
+    from dacflnode.sim.plots import plot_accuracy
 
     root = Path(args.out)
     wanted = {s for s in args.only.split(",") if s}

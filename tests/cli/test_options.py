@@ -36,10 +36,16 @@ def _options(name: str) -> dict[str, click.Option]:
     return {p.name: p for p in _command(name).params if isinstance(p, click.Option)}
 
 
+def _offered(name: str) -> list[schema.Declared]:
+    """The run settings command ``name`` offers: a cluster command leaves out the simulator's."""
+    return [d for d in schema.fields_of(RunConfig) if d.setting.cli
+            and not (name in DAEMON_COMMANDS and d.setting.simulator_only)]
+
+
 @pytest.mark.parametrize("name", sorted(OWN_OPTIONS))
 def test_every_run_setting_is_an_option_and_every_other_option_is_the_commands_own(name):
     options = _options(name)
-    settings = {d.name for d in schema.fields_of(RunConfig) if d.setting.cli}
+    settings = {d.name for d in _offered(name)}
     daemon = {d.name for d in schema.fields_of(DaemonSettings) if d.setting.cli}
     expected = settings | (daemon if name in DAEMON_COMMANDS else set()) | OWN_OPTIONS[name]
     assert set(options) == expected
@@ -48,15 +54,21 @@ def test_every_run_setting_is_an_option_and_every_other_option_is_the_commands_o
 @pytest.mark.parametrize("name", sorted(OWN_OPTIONS))
 def test_each_option_has_the_declared_flag_type_choices_and_help(name):
     options = _options(name)
-    for d in schema.fields_of(RunConfig):
+    cluster = name in DAEMON_COMMANDS
+    for d in _offered(name):
         opt = options[d.name]
         assert d.flag in opt.opts
         assert opt.default is None  # not given: a --config file or the declared default applies
-        assert opt.help is not None and d.setting.help in opt.help
-        assert f"[default: {d.default_text}]" in opt.help
+        declared_help = d.setting.cluster_help if cluster and d.setting.cluster_help else (
+            d.setting.help)
+        assert opt.help is not None and declared_help in opt.help
+        if d.name != "topology" or not cluster:  # a cluster command says its own default
+            assert f"[default: {d.default_text}]" in opt.help
+        choices = (d.setting.cluster_choices if cluster and d.setting.cluster_choices
+                   else d.setting.choices)
         if d.setting.choices is not None and not d.is_list:
             assert isinstance(opt.type, click.Choice)
-            assert tuple(opt.type.choices) == d.setting.choices
+            assert tuple(opt.type.choices) == choices
         elif d.base is bool:
             assert opt.secondary_opts == [f"--no-{d.flag[2:]}"]
         elif not d.is_list:

@@ -1,0 +1,28 @@
+"""The names of the algorithms, mixings and topologies, without the code that runs them.
+
+Settings (:mod:`dacflnode.config`) and command-line options list these names as their choices;
+keeping them here, free of torch and numpy, lets ``dacflnode --help`` and the settings schema
+load without the numerical stack. The modules that implement each name import it from here.
+"""
+
+from __future__ import annotations
+
+#: Every algorithm the simulator runs (:mod:`dacflnode.algorithms.rounds`).
+ALGORITHMS = ("dacfl", "cdsgd", "dpsgd", "fedavg")
+#: The algorithms that need no central god node, the ones a daemon can run; a test checks them
+#: against each algorithm's ``decentralized`` flag (:mod:`dacflnode.node.daemon_algorithms`).
+DAEMON_ALGORITHMS = ("dacfl", "cdsgd")
+#: DACFL's tracking difference: the paper's lagged one or the fresh one.
+FODAC_VARIANTS = ("lagged", "fresh")
+#: How a node mixes its neighbours' states.
+MIXINGS = ("exact", "clipped")
+
+#: Topologies given as a mixing matrix built with a global view (simulator only).
+MATRIX_KINDS = ("dense", "sparse", "uniform", "custom")
+#: Topologies given as a graph with Metropolis-Hastings weights (simulator and daemons).
+GRAPH_KINDS = ("ring", "complete", "random-regular", "erdos-renyi", "edge-list")
+TOPOLOGIES = MATRIX_KINDS + GRAPH_KINDS
+
+#: The consensus demo's input signals and mixing matrices (:mod:`dacflnode.algorithms.fodac`).
+DEMO_INPUTS = ("I", "II")
+DEMO_MATRICES = ("sparse", "dense", "uniform", "ring")
