@@ -87,7 +87,7 @@ def test_help_shows_the_declared_defaults():
     result = CliRunner().invoke(cli, ["simulate", "--help"], terminal_width=200)
     text = " ".join(result.output.split())
     assert "Communication rounds. [default: 100]" in text
-    assert "--shards-per-node" in text and "[default: 0.001; 0.005 for cifar10]" in text
+    assert "--shards-per-node" in text and "[default: 0.001; 0.005 for cifar10; 0.05 for synthetic]" in text
 
 
 def test_a_bad_config_file_gets_one_line_with_the_dotted_key_and_the_file(tmp_path, capsys):
