@@ -64,7 +64,8 @@ from dacflnode.node.data import (
 )
 from dacflnode.node.membership import PeerState
 from dacflnode.node.peers import PeersFile, read_metrics_token
-from dacflnode.node.runner import NodeRunner, NodeSetup
+from dacflnode.node.round_log import RoundLog
+from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.security.certs import check_node_material
@@ -455,8 +456,16 @@ class Daemon:
             return counts
 
         self.refusal_counts = refusal_counts
-        runner.on_round = lambda r: self.metrics.observe_round(
-            r.seconds, r.exchange_s, r.train_s, r.train_loss)
+        round_log = RoundLog(pf.node.id, pf.run.rounds, lambda: runner.peers)
+        chained = runner.on_round
+
+        def on_round(r: RoundReport) -> None:
+            if chained is not None:
+                chained(r)
+            self.metrics.observe_round(r.seconds, r.exchange_s, r.train_s, r.train_loss)
+            round_log(r)
+
+        runner.on_round = on_round
         if self._stop_early:
             runner.request_stop()
         elif self._leave_early:
@@ -476,6 +485,8 @@ class Daemon:
                      pf.node.health)
         try:
             await runner.run()
+            if round_log.done:
+                round_log.summary()
             if runner.phase == "left":
                 log.info("%s: left the network after round %d", pf.node.id, runner.round)
         except Exception as exc:  # a refused handshake, a broken model file, ...
