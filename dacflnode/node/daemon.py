@@ -176,12 +176,16 @@ class Daemon:
         stats = runner.transport.stats if runner is not None else {}
         tracks = runner.peers if runner is not None else {}
         receiver = self.receiver
+        ready = getattr(runner.transport, "channel_ready", None) if runner is not None else None
         for nb in pf.neighbours:
             s = stats.get(nb.id)
             track = tracks.get(nb.id)
             state = track.state.value if track else ""
-            if state == PeerState.ACTIVE and s is not None and not s.connected:
-                state = UNREACHABLE  # stopped, restarting or cut off: its last call failed
+            if state == PeerState.ACTIVE and s is not None and (
+                    not s.connected  # its last call failed
+                    or (track is not None and track.consecutive > 0)  # silent last round
+                    or (ready is not None and ready(nb.id) is False)):  # its end closed
+                state = UNREACHABLE  # stopped, restarting or cut off
             neighbours.append(NeighbourInfo(
                 nb.id, nb.address, s.connected if s else False,
                 s.last_round_received if s else -1, s.bytes_received if s else 0,
