@@ -22,11 +22,13 @@ from dacflnode.transport.grpc_control import fetch_status
 from tests.node.cluster_helpers import ENV, TINY, control_of
 
 
-def pair(tmp_path: Path, rounds: int, **daemon: float) -> list[Path]:
+def pair(tmp_path: Path, rounds: int, round_deadline: float = 30,
+         **daemon: float) -> list[Path]:
     ports = free_ports(4)
     return generate_cluster("complete", 2, replace(TINY, nodes=2, rounds=rounds),
                             tmp_path / "peers", ports=ports[:2], control_ports=ports[2:],
-                            state_root=tmp_path, hello_timeout=60, **daemon)
+                            state_root=tmp_path, hello_timeout=60,
+                            round_deadline=round_deadline, daemon_settings=daemon)
 
 
 def start(path: Path) -> subprocess.Popen[bytes]:
