@@ -215,7 +215,7 @@ SIM = ["simulate", "--dataset", "synthetic", "--nodes", "3", "--rounds", "2", "-
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory) -> Path:
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished two-algorithm simulator run (dacfl keeps the invariant, cdsgd does not)."""
     out = tmp_path_factory.mktemp("sim") / "run"
     result = CliRunner().invoke(cli, [*SIM, "--algorithm", "dacfl,cdsgd", "--out", str(out)])

@@ -105,7 +105,7 @@ def test_missing_and_late_neighbours_are_named_and_bytes_add_up(captured):
     assert "round 2/5: accuracy 0.5000, loss 1.2500;" in second and "late 0;" in second
     assert end.startswith("a: finished 2/5 rounds in ") and "final accuracy 0.5000" in end
     assert end.endswith("sent 2.0 kB, received 2.5 MB")
-    assert captured.records[0].late == ["d"]  # type: ignore[attr-defined]
+    assert captured.records[0].late == ["d"]
 
 
 def test_a_run_never_evaluated_says_so_in_its_summary(captured):
