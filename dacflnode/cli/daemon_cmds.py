@@ -124,8 +124,10 @@ def _is_loopback(address: str) -> bool:
 
 
 def control_endpoint(target: str | None, peers_file: str | None, token: str | None,
-                     ca: str | None, server_name: str | None) -> tuple[str, ControlAuth]:
-    """The control address and how to authenticate to it (see the module docstring)."""
+                     ca: str | None, server_name: str | None, as_json: bool = False
+                     ) -> tuple[str, ControlAuth]:
+    """The control address and how to authenticate to it (see the module docstring); with
+    ``as_json``, an unreadable token file is also reported as a JSON object on stdout."""
     from dacflnode.transport.control_types import ControlAuth
 
     address = target or DEFAULT_CONTROL
@@ -141,10 +143,9 @@ def control_endpoint(target: str | None, peers_file: str | None, token: str | No
             try:
                 token = client_token(node)
             except OSError as exc:
-                click.echo(f"error: cannot read the control token {token_file(node.state_dir)} "
-                           f"of {peers_file}: {exc.strerror or exc}: run as the node's user "
-                           "(the file is readable by it only), or pass --token", err=True)
-                sys.exit(1)
+                _fail(f"cannot read the control token {token_file(node.state_dir)} of "
+                      f"{peers_file}: {exc.strerror or exc}: run as the node's user (the file "
+                      "is readable by it only), or pass --token", as_json, target=address)
         if node.tls is not None and not _is_loopback(address) and ca is None:
             ca_bytes = _read(node.tls.ca, "node.tls.ca")
             server_name = server_name or node.id
@@ -385,7 +386,7 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
     from dacflnode.transport.base import PeerUnavailable
     from dacflnode.transport.grpc_control import fetch_status
 
-    addr, auth = control_endpoint(target, peers_file, token, ca, server_name)
+    addr, auth = control_endpoint(target, peers_file, token, ca, server_name, as_json)
     console = _status_console()
     since = time.time()
 
