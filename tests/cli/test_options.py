@@ -11,7 +11,7 @@ from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 OWN_OPTIONS = {
     "simulate": {"config_file", "out_dir", "as_json", "quiet", "faults_file", "gone_after",
                  "ray_address", "ray_workers"},
-    "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir", "faults_file"},
+    "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir", "faults_file", "fresh"},
     "topology": {
         "config_file", "out_dir", "as_json", "hosts", "base_port", "ports",
         "control_base_port", "control_ports", "metrics_ports", "metrics_host", "listen_host",
