@@ -460,7 +460,11 @@ class Daemon:
             return counts
 
         self.refusal_counts = refusal_counts
-        round_log = RoundLog(pf.node.id, pf.run.rounds, lambda: runner.peers)
+        def traffic() -> tuple[int, int]:
+            stats = list(transport.stats.values())
+            return (sum(s.bytes_sent for s in stats), sum(s.bytes_received for s in stats))
+
+        round_log = RoundLog(pf.node.id, pf.run.rounds, lambda: runner.peers, traffic)
         chained = runner.on_round
 
         def on_round(r: RoundReport) -> None:

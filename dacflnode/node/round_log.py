@@ -16,6 +16,10 @@ same record carries the figures as fields of their own (:data:`dacflnode.logs.VA
 log collector needs no parsing of the message. Rounds come at the node's own pace, so their
 lines are not rate-limited (``unlimited``).
 
+The bytes are the report's (:attr:`~dacflnode.node.runner.RoundReport.bytes_sent`, ...) where
+the runner counts them, else what the transport counted over all neighbours since the last
+line (a neighbour ahead of this node may have sent its next state already: it counts there).
+
 After the last round, :meth:`RoundLog.summary` writes one line with the rounds run, the last
 accuracy, the total time and the bytes sent and received.
 """
@@ -95,10 +99,15 @@ class RoundLog:
     """
 
     def __init__(self, node: str, rounds: int,
-                 peers: Callable[[], Mapping[str, PeerTrack]] | None = None) -> None:
+                 peers: Callable[[], Mapping[str, PeerTrack]] | None = None,
+                 traffic: Callable[[], tuple[int, int]] | None = None) -> None:
         self.node = node
         self.rounds = rounds
         self.peers = peers
+        #: the transport's bytes sent and received so far, over all neighbours: the round's
+        #: bytes where the report has none (a runner that does not count them)
+        self.traffic = traffic
+        self._traffic = traffic() if traffic is not None else (0, 0)
         self.started = time.monotonic()
         self.done = 0
         self.accuracy: float | None = None
@@ -114,8 +123,14 @@ class RoundLog:
         accuracy, loss = _finite(report.accuracy), _finite(report.test_loss)
         if accuracy is not None:
             self.accuracy = accuracy
-        self.bytes_sent += report.bytes_sent
-        self.bytes_received += report.bytes_received
+        sent, received = report.bytes_sent, report.bytes_received
+        if self.traffic is not None:
+            now = self.traffic()
+            if not sent and not received:
+                sent, received = now[0] - self._traffic[0], now[1] - self._traffic[1]
+            self._traffic = now
+        self.bytes_sent += sent
+        self.bytes_received += received
         counts = self._late_counts()
         late = sorted(j for j, n in counts.items() if n > self._late.get(j, 0))
         self._late = counts
@@ -125,13 +140,12 @@ class RoundLog:
                  "missing %s, late %s; sent %s, received %s", self.node, report.round,
                  self.rounds, evaluated, report.exchange_s, report.train_s,
                  _names(report.used), _names(report.missing), _names(late),
-                 size(report.bytes_sent), size(report.bytes_received),
+                 size(sent), size(received),
                  extra={"unlimited": True, "rounds": self.rounds, "accuracy": accuracy,
                         "loss": loss, "exchange_s": round(report.exchange_s, 4),
                         "train_s": round(report.train_s, 4), "used": list(report.used),
                         "missing": list(report.missing), "late": late,
-                        "bytes_sent": report.bytes_sent,
-                        "bytes_received": report.bytes_received})
+                        "bytes_sent": sent, "bytes_received": received})
 
     def summary(self) -> None:
         """The line at the end of the run: rounds, final accuracy, total time, bytes."""
