@@ -180,8 +180,11 @@ def _no_daemon(target: str, auth: ControlAuth, exc: Exception, as_json: bool = F
     elif not _is_loopback(target):
         hint += ("; an exposed control port speaks TLS: pass --peers FILE, or --ca FILE and "
                  "--server-name NODE_ID")
-    _fail(f"no dacflnode daemon answers at {target} ({hint}): {exc}", as_json,
-          target=target)
+    said = f"no dacflnode daemon answers at {target}"
+    detail = str(exc).removeprefix(said).strip()  # the call's own words, said once
+    if detail.startswith("(") and detail.endswith(")"):
+        detail = detail[1:-1]
+    _fail(f"{said}{': ' + detail if detail else ''} ({hint})", as_json, target=target)
 
 
 def _call(address: str, auth: ControlAuth,

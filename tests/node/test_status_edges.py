@@ -103,8 +103,9 @@ def test_status_json_without_a_daemon_prints_a_json_error_and_exits_1():
     assert proc.returncode == 1
     data = json.loads(proc.stdout)
     assert data["target"] == f"127.0.0.1:{port}"
-    assert data["error"].startswith(f"no dacflnode daemon answers at 127.0.0.1:{port} (")
-    assert proc.stderr.startswith("error: no dacflnode daemon answers")
+    assert data["error"].startswith(f"no dacflnode daemon answers at 127.0.0.1:{port}: ")
+    assert data["error"].endswith("(is it running? pass --target HOST:PORT or --peers FILE)")
+    assert proc.stderr == f"error: {data['error']}\n"  # one line, said once
 
 
 LONG = "node-1.dacflnode-peers.federated-learning.svc.cluster.local:7000"
