@@ -32,8 +32,8 @@ double-escape.
 **Two formats** (``dacflnode start --log-format``), for the console and the file alike:
 
 * ``text`` (the default): :data:`LINE_FORMAT`, for people.
-* ``json``: one JSON object per line, for log collectors, with exactly the keys of
-  :data:`JSON_KEYS` in that order:
+* ``json``: one JSON object per line, for log collectors, with every key of
+  :data:`JSON_KEYS`, first and in that order:
 
   ``time``
       when the record was made, ISO 8601 in UTC with milliseconds (``2026-05-04T12:00:00.123Z``);
@@ -53,16 +53,23 @@ double-escape.
       on a refusal, its reason code (``round-passed``, ``not-neighbour``, … the
       :class:`~dacflnode.wire.errors.Reason` values of docs/wire-format.md), else null;
   ``message``
-      the line the text format writes after the logger's name;
+      the line the text format writes after the logger's name, less a leading ``"<node>: "``
+      where ``node`` names that node already;
   ``traceback``
       the traceback of a logged exception, or null.
 
-  A key whose value is not known is null, never left out. A call site can give the fields
-  itself with ``extra={"round": t, "neighbour": peer, "event": "...", ...}``; otherwise they are
-  read off the record's arguments by its format string, through :data:`EVENTS`. Fields are
-  checked like arguments (a sender id with a newline is escaped and cut as in the message), and
-  :func:`json.dumps` writes every control and non-ASCII character as a ``\\u`` escape, so a
-  peer's value can neither end a JSON line nor reach the operator's terminal unescaped.
+  A line about a round's figures (the per-round line and the summary of
+  :mod:`dacflnode.node.round_log`) carries them after these keys, as the keys of
+  :data:`VALUE_KEYS` it has (``rounds``, ``accuracy``, ``loss``, ``exchange_s``, ``train_s``,
+  ``used``, ``missing``, ``late``, ``bytes_sent``, ``bytes_received``, ``seconds``).
+
+  A key of :data:`JSON_KEYS` whose value is not known is null, never left out. A call site can
+  give the fields itself with ``extra={"round": t, "neighbour": peer, "event": "...", ...}``;
+  otherwise they are read off the record's arguments by its format string, through
+  :data:`EVENTS`. Fields are checked like arguments (a sender id with a newline is escaped and
+  cut as in the message), and :func:`json.dumps` writes every control and non-ASCII character
+  as a ``\\u`` escape, so a peer's value can neither end a JSON line nor reach the operator's
+  terminal unescaped.
 """
 
 from __future__ import annotations
@@ -110,6 +117,13 @@ JSON_KEYS = ("time", "level", "logger", "node", "round", "neighbour", "event", "
              "message", "traceback")
 #: The fields a record carries beside its message (``extra=``, or read off its arguments).
 FIELDS = ("node", "round", "neighbour", "event", "reason")
+#: Figures a record may carry with ``extra=`` (the per-round line and the summary of
+#: :mod:`dacflnode.node.round_log`): a JSON line writes those it has after :data:`JSON_KEYS`.
+VALUE_KEYS = ("rounds", "accuracy", "loss", "exchange_s", "train_s", "used", "missing", "late",
+              "bytes_sent", "bytes_received", "seconds")
+#: A record given ``extra={UNLIMITED: True}`` is not rate-limited: for lines the node writes at
+#: its own pace (one per round), never because of what a peer sends.
+UNLIMITED = "unlimited"
 
 #: The guard's own line: how many records of one format string it dropped, and the last of them.
 SUPPRESSED = "suppressed %d similar messages, the last: %s"
@@ -214,6 +228,10 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
     "%s: %s": ("failed", {"node": 0}),
     "%s: cannot start: %s": ("start_failed", {"node": 0}),
     "%s: run complete: %d/%d rounds; final model %s": ("run_complete", {"node": 0, "round": 1}),
+    "%s: round %d/%d: %s; exchange %.2fs, train %.2fs; neighbours used %s, missing %s, late %s; "
+    "sent %s, received %s": ("round", {"node": 0, "round": 1}),
+    "%s: finished %d/%d rounds in %s; final accuracy %s; sent %s, received %s":
+        ("summary", {"node": 0, "round": 1}),
     "%s: the final model %s %s: writing it again from the checkpoint":
         ("final_rewritten", {"node": 0}),
     "%s %s; resuming from the previous checkpoint %s (round %d) instead%s":
@@ -342,7 +360,7 @@ class LogGuard(logging.Filter):
                 if w.suppressed:
                     due.append(w.summary())
                 w.start, w.passed, w.suppressed = now, 0, 0
-            allowed = w.passed < self.count
+            allowed = w.passed < self.count or bool(getattr(record, UNLIMITED, False))
             if allowed:
                 w.passed += 1
             else:
@@ -480,10 +498,24 @@ class JsonFormatter(logging.Formatter):
             "neighbour": fields.get("neighbour"),
             "event": fields.get("event"),
             "reason": fields.get("reason"),
-            "message": one_line(record.getMessage(), MAX_MESSAGE_CHARS),
+            "message": _without_node(one_line(record.getMessage(), MAX_MESSAGE_CHARS),
+                                     fields.get("node", self.node)),
             "traceback": tb or None,
         }
+        for name in VALUE_KEYS:
+            value = getattr(record, name, None)
+            if value is not None:
+                line[name] = ([_field_value(v) for v in value] if isinstance(value, list)
+                              else _field_value(value))
         return json.dumps(line, ensure_ascii=True, default=str)
+
+
+def _without_node(message: str, node: object) -> str:
+    """``message`` without a leading ``"<node>: "`` where ``node`` is the record's node field
+    (the JSON line names it already)."""
+    if isinstance(node, str) and node and message.startswith(node + ": "):
+        return message[len(node) + 2:]
+    return message
 
 
 def make_formatter(log_format: LogFormat, node: str | None = None) -> logging.Formatter:

@@ -126,8 +126,10 @@ def _is_loopback(address: str) -> bool:
 
 
 def control_endpoint(target: str | None, peers_file: str | None, token: str | None,
-                     ca: str | None, server_name: str | None) -> tuple[str, ControlAuth]:
-    """The control address and how to authenticate to it (see the module docstring)."""
+                     ca: str | None, server_name: str | None, as_json: bool = False
+                     ) -> tuple[str, ControlAuth]:
+    """The control address and how to authenticate to it (see the module docstring); with
+    ``as_json``, an unreadable token file is also reported as a JSON object on stdout."""
     from dacflnode.transport.control_types import ControlAuth
 
     address = target or DEFAULT_CONTROL
@@ -143,10 +145,9 @@ def control_endpoint(target: str | None, peers_file: str | None, token: str | No
             try:
                 token = client_token(node)
             except OSError as exc:
-                click.echo(f"error: cannot read the control token {token_file(node.state_dir)} "
-                           f"of {peers_file}: {exc.strerror or exc}: run as the node's user "
-                           "(the file is readable by it only), or pass --token", err=True)
-                sys.exit(1)
+                _fail(f"cannot read the control token {token_file(node.state_dir)} of "
+                      f"{peers_file}: {exc.strerror or exc}: run as the node's user (the file "
+                      "is readable by it only), or pass --token", as_json, target=address)
         if node.tls is not None and not _is_loopback(address) and ca is None:
             ca_bytes = _read(node.tls.ca, "node.tls.ca")
             server_name = server_name or node.id
@@ -162,7 +163,18 @@ def _read(path: Path, what: str) -> bytes:
         raise click.UsageError(f"{what}: cannot read {path}: {exc.strerror}") from exc
 
 
-def _no_daemon(target: str, auth: ControlAuth, exc: Exception) -> NoReturn:
+def _fail(message: str, as_json: bool, **fields: object) -> NoReturn:
+    """Exit 1 after one error line on stderr; with ``as_json``, a JSON object on stdout too
+    (``{"error": message, ...fields}``), so that a script reading stdout gets JSON whatever
+    happened."""
+    click.echo(f"error: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps({"error": message, **fields}))
+    sys.exit(1)
+
+
+def _no_daemon(target: str, auth: ControlAuth, exc: Exception, as_json: bool = False
+               ) -> NoReturn:
     hint = "is it running? pass --target HOST:PORT or --peers FILE"
     if auth.ca is not None:
         hint += "; with TLS, check that it serves TLS and that its certificate names " + \
@@ -170,31 +182,32 @@ def _no_daemon(target: str, auth: ControlAuth, exc: Exception) -> NoReturn:
     elif not _is_loopback(target):
         hint += ("; an exposed control port speaks TLS: pass --peers FILE, or --ca FILE and "
                  "--server-name NODE_ID")
-    click.echo(f"error: no dacflnode daemon answers at {target} ({hint})", err=True)
-    click.echo(f"  {exc}", err=True)
-    sys.exit(1)
+    said = f"no dacflnode daemon answers at {target}"
+    detail = str(exc).removeprefix(said).strip()  # the call's own words, said once
+    if detail.startswith("(") and detail.endswith(")"):
+        detail = detail[1:-1]
+    _fail(f"{said}{': ' + detail if detail else ''} ({hint})", as_json, target=target)
 
 
 def _call(address: str, auth: ControlAuth,
-          make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run one Control call; a missing daemon or a refused token is one clear line, exit 1."""
+          make: Callable[[], Coroutine[Any, Any, T]], as_json: bool = False) -> T:
+    """Run one Control call; a missing daemon or a refused token is one clear line, exit 1
+    (and, with ``as_json``, a JSON error object on stdout)."""
     from dacflnode.transport.errors import PeerUnavailable
     from dacflnode.transport.grpc_control import ControlUnauthenticated
 
     try:
         return asyncio.run(make())
     except PeerUnavailable as exc:
-        _no_daemon(address, auth, exc)
+        _no_daemon(address, auth, exc, as_json)
     except ControlUnauthenticated as exc:
         if exc.token_sent:
-            click.echo(f"error: {exc}: check --token, {TOKEN_ENV} or node.control_token of "
-                       "the peers file; a token read from STATE_DIR/control.token is only good "
-                       "until the node restarts: run the command again", err=True)
-        else:
-            click.echo(f"error: {exc}: pass --peers FILE (the node's peers file: run as the "
-                       "node's user, the token is read from its STATE_DIR/control.token), or "
-                       f"--token TOKEN or {TOKEN_ENV}", err=True)
-        sys.exit(1)
+            _fail(f"{exc}: check --token, {TOKEN_ENV} or node.control_token of the peers file; "
+                  "a token read from STATE_DIR/control.token is only good until the node "
+                  "restarts: run the command again", as_json, target=address)
+        _fail(f"{exc}: pass --peers FILE (the node's peers file: run as the node's user, the "
+              f"token is read from its STATE_DIR/control.token), or --token TOKEN or "
+              f"{TOKEN_ENV}", as_json, target=address)
 
 
 target_option = click.option("--target", help=f"Control address of the node [default: "
@@ -238,9 +251,9 @@ def _status_view(data: dict[str, Any]) -> Group:
     not zero (else one line says so)."""
     table = _status_table(data)
     faults = Table(title="faults per neighbour", title_justify="left")
-    faults.add_column("neighbour")
-    for _, title in FAULT_COLUMNS:
-        faults.add_column(title, justify="right")
+    faults.add_column("neighbour", overflow="fold")
+    for _, title in FAULT_COLUMNS:  # a narrow terminal wraps the titles, never cuts them
+        faults.add_column(title, justify="right", overflow="fold")
     any_fault = False
     for nb in data["neighbours"]:
         counts = [int(nb.get(key, 0)) for key, _ in FAULT_COLUMNS]
@@ -252,11 +265,52 @@ def _status_view(data: dict[str, Any]) -> Group:
     return Group(table)
 
 
+def _status_console() -> Console:
+    """The console ``status`` prints to: the terminal's width on a terminal; piped, as wide as
+    the content needs (never cut at 80 columns)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=400)
+
+
+#: The phases of a node that has finished, as ``status`` last saw it.
+FINISHED_PHASES = ("done", "left")
+
+
+def _ended(last: dict[str, Any], address: str, peers_file: str | None, watched_since: float,
+           as_json: bool) -> NoReturn:
+    """``status --watch`` lost the node: a node that had finished, or whose final model was
+    written while watching, is done (exit 0); anything else is an error (exit 1)."""
+    node, done, total, phase = last["node_id"], last["round"], last["rounds_total"], last["phase"]
+    finished = phase in FINISHED_PHASES or done >= total
+    if not finished and peers_file:
+        from dacflnode.node.checkpoint import FINAL_MODEL
+        from dacflnode.node.peers import load_peers
+
+        final = load_peers(peers_file).node.state_dir / FINAL_MODEL
+        with contextlib.suppress(OSError):
+            finished = final.stat().st_mtime >= watched_since
+    if not finished:
+        _fail(f"{node} stopped answering at {address} in round {done}/{total} ({phase}): it was "
+              "stopped, failed or is cut off; see its STATE_DIR/daemon.log", as_json,
+              node_id=node, round=done, rounds_total=total, phase=phase)
+    state = "left" if phase == "left" else "done"
+    if as_json:
+        click.echo(json.dumps({"node_id": node, "state": state, "round": done,
+                               "rounds_total": total, "phase": phase}))
+    else:
+        what = "left the network" if state == "left" else f"finished its {total} rounds"
+        click.echo(f"{node}: {state} ({what}; last seen in round {done}/{total}, {phase}; the "
+                   "daemon has exited)")
+    sys.exit(0)
+
+
 def _status_table(data: dict[str, Any]) -> Table:
     table = Table(title=f"{data['node_id']}  {data['algorithm']}  round {data['round']}/"
                         f"{data['rounds_total']}  {data['phase']}", title_justify="left")
     for col in ("neighbour", "address", "state", "last round", "received", "sent", "latency"):
-        table.add_column(col)
+        # a narrow terminal folds the ids and addresses onto more lines: nothing is cut
+        wide = col in ("neighbour", "address")
+        table.add_column(col, overflow="fold", no_wrap=not wide)
     for nb in data["neighbours"]:
         state = nb.get("state") or "—"
         table.add_row(nb["node_id"], nb["address"],
@@ -315,8 +369,13 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
            interval: float, token: str | None, ca: str | None, server_name: str | None) -> None:
     """Show a running node: round, phase, neighbours, last accuracy and loss.
 
-    Per neighbour: its state (active, absent, gone, left), rounds it missed, its states that
-    came too late, its calls refused, and one-sided uses of the edge that were undone.
+    Per neighbour: its state (active, unreachable, absent, gone, left, quarantined), rounds it
+    missed, its states that came too late, its calls refused, and one-sided uses of the edge
+    that were undone.
+
+    With --watch, a node that finishes its rounds (and exits) ends the watch with its last
+    status and "done", exit 0; one that stops answering before that, exit 1. With --json,
+    errors are JSON too ({"error": ...} on stdout, exit 1).
 
     The node's user needs nothing but --peers: the token is read from the node's
     STATE_DIR/control.token (or node.control_token). Other users get nothing.
@@ -327,14 +386,26 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
       dacflnode status --peers cluster/node-0.yaml --watch
       dacflnode status --target 127.0.0.1:8000 --token "$(cat cluster/node-0/control.token)"
     """
+    import time
+
+    from dacflnode.transport.base import PeerUnavailable
     from dacflnode.transport.grpc_control import fetch_status
 
-    addr, auth = control_endpoint(target, peers_file, token, ca, server_name)
-    console = Console()
+    addr, auth = control_endpoint(target, peers_file, token, ca, server_name, as_json)
+    console = _status_console()
+    since = time.time()
 
-    async def show() -> None:
+    async def show() -> dict[str, Any] | None:
+        """Print the status (until interrupted, with --watch); the last status seen when the
+        node stopped answering after it had answered."""
+        last: dict[str, Any] | None = None
         while True:
-            data = (await fetch_status(addr, auth=auth)).to_json()
+            try:
+                data = (await fetch_status(addr, auth=auth)).to_json()
+            except PeerUnavailable:
+                if last is None:
+                    raise
+                return last
             if as_json:
                 click.echo(json.dumps(data))
             else:
@@ -342,11 +413,15 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
                     console.clear()
                 console.print(_status_view(data))
             if not watch:
-                return
+                return None
+            last = data
             await asyncio.sleep(interval)
 
+    ended = None
     with contextlib.suppress(KeyboardInterrupt):
-        _call(addr, auth, show)
+        ended = _call(addr, auth, show, as_json)
+    if ended is not None:
+        _ended(ended, addr, peers_file, since, as_json)
 
 
 @click.command()
@@ -373,7 +448,8 @@ def metrics(target: str | None, peers_file: str | None, fmt: str, token: str | N
     from dacflnode.transport.grpc_control import fetch_metrics
 
     addr, auth = control_endpoint(target, peers_file, token, ca, server_name)
-    click.echo(_call(addr, auth, lambda: fetch_metrics(addr, fmt, auth=auth)).rstrip("\n"))
+    click.echo(_call(addr, auth, lambda: fetch_metrics(addr, fmt, auth=auth),
+                     as_json=fmt == "json").rstrip("\n"))
 
 
 @click.command()

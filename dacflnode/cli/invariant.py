@@ -46,6 +46,10 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
     the one-sided edge uses the checkpoints can decide (docs/faults.md). Nodes at different
     rounds (a running network) give an estimate only, and the output says so.
 
+    The output folder of `dacflnode simulate --out DIR` (or its node folders), which holds no
+    checkpoints, is judged from what the simulator wrote in DIR/summary.json: the residual over
+    the nodes that finished, per algorithm that keeps the invariant.
+
     The verdict, "holds: R ≤ TOLERANCE" or "BROKEN: ..." with every reason, is the last line
     (and "verdict"/"holds" in --json). Exit status 0 when it holds; 1 when it does not: the
     resolved residual is above --tolerance, a pending correction is left unresolved, or a
@@ -54,6 +58,7 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
     \b
     Examples:
       dacflnode invariant runs/cluster/node-*
+      dacflnode invariant runs/sim              # a simulator's output folder
       dacflnode invariant --live cluster/*.yaml
       dacflnode invariant --peers cluster/node-0.yaml --peers cluster/node-1.yaml --json
     """
@@ -71,6 +76,9 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
     if live and state_sources:
         raise click.UsageError("--live asks running nodes: give peers files, not "
                                f"{state_sources[0][0]}")
+    if not live and not peers and state_sources:
+        _simulator_output([Path(source) for _, source in state_sources
+                           if isinstance(source, Path)], tolerance, as_json)
     skipped: list[Skipped] = []
     if live:
         fetched, skipped = _fetch_live(peers, token)
@@ -102,6 +110,53 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
                                "verdict": judged.text}))
     else:
         _print(report, skipped)
+        click.echo(judged.text)
+    sys.exit(0 if judged.holds else 1)
+
+
+def _simulator_output(paths: list[Path], tolerance: float, as_json: bool) -> None:
+    """Where every path is a folder of one simulator output without checkpoints (the simulator
+    writes none): report the invariant of its summary, the verdict, and exit. Otherwise
+    return, and the checkpoints are read."""
+    from dacflnode.node.checkpoint import CHECKPOINT
+    from dacflnode.node.invariant import (
+        read_simulator_invariant,
+        simulator_summary,
+        simulator_verdict,
+    )
+
+    if any(not p.is_dir() or (p / CHECKPOINT).exists() for p in paths):
+        return
+    summaries = {simulator_summary(p) for p in paths}
+    if None in summaries:
+        return
+    if len(summaries) > 1:
+        raise click.UsageError("these folders belong to different simulator outputs: "
+                               f"{', '.join(sorted(str(s) for s in summaries))}; give one")
+    (summary,) = summaries
+    assert summary is not None
+    try:
+        found = read_simulator_invariant(summary)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        if as_json:
+            click.echo(json.dumps({"error": str(exc), "holds": False,
+                                   "verdict": f"BROKEN: {exc}"}))
+        sys.exit(1)
+    judged = simulator_verdict(found, tolerance)
+    if as_json:
+        click.echo(json.dumps({**found.to_json(), "tolerance": tolerance,
+                               "holds": judged.holds, "verdict": judged.text}))
+    else:
+        click.echo(f"simulator output {summary.parent} (from {summary.name}; the simulator "
+                   "writes no checkpoints)")
+        for name, residual in found.residuals.items():
+            over = found.nodes.get(name)
+            where = "" if over is None else f" over the {over} node(s) that finished"
+            value = "—" if residual is None else format(residual, ".3g")
+            click.echo(f"{name}: residual |Σx − Σtracked| / |Σtracked|{where}: {value}")
+        for name in found.untracked:
+            click.echo(f"{name}: tracks its own x, no invariant to check")
         click.echo(judged.text)
     sys.exit(0 if judged.holds else 1)
 

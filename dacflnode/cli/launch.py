@@ -8,8 +8,6 @@ from typing import Any
 
 import click
 import yaml
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import (
@@ -23,7 +21,7 @@ from dacflnode.cli.options import (
 
 @click.command(cls=GroupedCommand, option_groups={
     "out_dir": "output", "as_json": "output", "quiet": "output", "tls_dir": "network",
-    "faults_file": "runtime"})
+    "faults_file": "runtime", "fresh": "output"})
 @cluster_run_options(topology="ring; complete for 2 nodes")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="DIR/<node-id>/ gets metrics.jsonl, final.safetensors, daemon.log.")
@@ -36,20 +34,29 @@ from dacflnode.cli.options import (
                    "(copied to DIR/faults.yaml); `simulate --faults FILE` gives the same models. "
                    "Crash, leave and join events are refused: on real daemons, kill -9 a node, "
                    "`dacflnode stop --drain` it, or start it later.")
+@click.option("--fresh", is_flag=True,
+              help="Start over in DIR: delete what an earlier run left there (each node's "
+                   "metrics.jsonl, checkpoints, final model and logs, and summary.json). "
+                   "Without it, an earlier run is resumed from its checkpoints, or refused "
+                   "when it cannot be.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
 def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: str | None,
-           faults_file: str | None, as_json: bool, quiet: bool, **options: Any) -> None:
+           faults_file: str | None, fresh: bool, as_json: bool, quiet: bool,
+           **options: Any) -> None:
     """Start a real local cluster: one `dacflnode start` process per node on 127.0.0.1.
 
     Takes the run options of `simulate` that daemons use (graph topologies only, ring when not
     given; the algorithms dacfl and cdsgd, each as a cluster of its own) and leaves the same
-    files. Ctrl-C stops every node gracefully.
+    files. Ctrl-C stops every node gracefully, each at a checkpoint: the same command again
+    resumes the run from there (a finished run just prints its summary). An earlier run in DIR
+    with other settings is refused: give its options, or --fresh to start over.
 
     \b
     Examples:
       dacflnode launch --nodes 4 --rounds 5 --out runs/cluster
+      dacflnode launch --nodes 4 --rounds 5 --out runs/cluster --fresh   # start over
       dacflnode launch --nodes 3 --dataset synthetic --rounds 3 --out runs/tiny --json
       dacflnode launch --nodes 3 --rounds 3 --tls runs/certs --out runs/tls
       dacflnode launch --nodes 4 --topology ring --rounds 12 --dataset synthetic \\
@@ -57,6 +64,15 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
       dacflnode launch --config examples/own-data/tables/run.yaml \\
           --data-root runs/wine-devices --out runs/wine   # each node on DIR/<node-id>/
     """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     from dacflnode.node.launcher import launch as run_launch
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
@@ -68,7 +84,7 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
     cfg = config_from_options(options)
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
+                  TextColumn("{task.fields[status]}"), TimeRemainingColumn(), console=console,
                   disable=quiet) as bar:
         tasks = {n: bar.add_task(f"{n} x{cfg.nodes}", total=cfg.rounds, status="starting")
                  for n in cfg.algorithm}
@@ -81,10 +97,15 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
             summary = run_launch(cfg, out_dir, progress, round_deadline=round_deadline,
                                  hello_timeout=hello_timeout,
                                  tls_dir=Path(tls_dir) if tls_dir else None,
-                                 faults=faults_file, daemon_settings=daemon_settings)
+                                 faults=faults_file, daemon_settings=daemon_settings,
+                                 fresh=fresh)
         except RuntimeError as exc:
             click.echo(f"error: {exc}", err=True)
             raise SystemExit(1) from exc
+        except KeyboardInterrupt:
+            bar.stop()
+            _interrupted(Path(out_dir), cfg.nodes, cfg.rounds, cfg.algorithm)
+            raise SystemExit(130) from None
     if as_json:
         click.echo(json.dumps(summary))
         return
@@ -94,6 +115,23 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
                    f"{100 * final['avg_acc']:.2f}%, Var of Acc {1e4 * final['var_acc']:.3f} %², "
                    f"{result['wall_s']:.1f}s")
     click.echo(f"results in {out_dir}/ (<node-id>/metrics.jsonl, final.safetensors, daemon.log)")
+
+
+def _interrupted(root: Path, nodes: int, rounds: int, algorithms: tuple[str, ...]) -> None:
+    """After Ctrl-C: where each algorithm's nodes stopped, and how to go on."""
+    from dacflnode.node.launcher import checkpointed_rounds
+
+    click.echo("interrupted: every node was stopped at a checkpoint", err=True)
+    for name, reached in checkpointed_rounds(root, nodes, algorithms).items():
+        if not reached:
+            click.echo(f"  {name}: not started (no checkpoint)", err=True)
+            continue
+        low, high = min(reached.values()), max(reached.values())
+        at = f"round {low}" if low == high else f"rounds {low} to {high}"
+        click.echo(f"  {name}: {len(reached)} of {nodes} node(s) checkpointed, at {at} of "
+                   f"{rounds}", err=True)
+    click.echo(f"to resume, run the same command again (the nodes go on from their "
+               f"checkpoints in {root}/); to start over, add --fresh", err=True)
 
 
 def _file_sets(config_file: str | None, key: str) -> bool:

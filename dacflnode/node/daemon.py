@@ -65,7 +65,8 @@ from dacflnode.node.data import (
 )
 from dacflnode.node.membership import PeerState
 from dacflnode.node.peers import PeersFile, read_metrics_token
-from dacflnode.node.runner import NodeRunner, NodeSetup
+from dacflnode.node.round_log import RoundLog
+from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.security.certs import check_node_material
@@ -180,12 +181,16 @@ class Daemon:
         stats = runner.transport.stats if runner is not None else {}
         tracks = runner.peers if runner is not None else {}
         receiver = self.receiver
+        ready = getattr(runner.transport, "channel_ready", None) if runner is not None else None
         for nb in pf.neighbours:
             s = stats.get(nb.id)
             track = tracks.get(nb.id)
             state = track.state.value if track else ""
-            if state == PeerState.ACTIVE and s is not None and not s.connected:
-                state = UNREACHABLE  # stopped, restarting or cut off: its last call failed
+            if state == PeerState.ACTIVE and s is not None and (
+                    not s.connected  # its last call failed
+                    or (track is not None and track.consecutive > 0)  # silent last round
+                    or (ready is not None and ready(nb.id) is False)):  # its end closed
+                state = UNREACHABLE  # stopped, restarting or cut off
             neighbours.append(NeighbourInfo(
                 nb.id, nb.address, s.connected if s else False,
                 s.last_round_received if s else -1, s.bytes_received if s else 0,
@@ -460,8 +465,20 @@ class Daemon:
             return counts
 
         self.refusal_counts = refusal_counts
-        runner.on_round = lambda r: self.metrics.observe_round(
-            r.seconds, r.exchange_s, r.train_s, r.train_loss)
+        def traffic() -> tuple[int, int]:
+            stats = list(transport.stats.values())
+            return (sum(s.bytes_sent for s in stats), sum(s.bytes_received for s in stats))
+
+        round_log = RoundLog(pf.node.id, pf.run.rounds, lambda: runner.peers, traffic)
+        chained = runner.on_round
+
+        def on_round(r: RoundReport) -> None:
+            if chained is not None:
+                chained(r)
+            self.metrics.observe_round(r.seconds, r.exchange_s, r.train_s, r.train_loss)
+            round_log(r)
+
+        runner.on_round = on_round
         if self._stop_early:
             runner.request_stop()
         elif self._leave_early:
@@ -481,6 +498,8 @@ class Daemon:
                      pf.node.health)
         try:
             await runner.run()
+            if round_log.done:
+                round_log.summary()
             if runner.phase == "left":
                 log.info("%s: left the network after round %d", pf.node.id, runner.round)
         except Exception as exc:  # a refused handshake, a broken model file, ...

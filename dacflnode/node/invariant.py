@@ -26,6 +26,7 @@ Pure functions over typed data; reading files and fetching live checkpoints is t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -316,3 +317,95 @@ def verdict(report: InvariantReport | None, skipped: Sequence[Skipped],
     if reasons:
         return Verdict(False, "BROKEN: " + "; ".join(reasons))
     return Verdict(True, f"holds: {residual:.2g} ≤ {tolerance:.2g}")
+
+
+# ---------------------------------------------------------------- simulator output
+#: The summary a simulator (``dacflnode simulate --out DIR``) writes at the top of ``DIR``.
+SUMMARY = "summary.json"
+
+
+@dataclass(frozen=True)
+class SimulatorInvariant:
+    """The invariant a simulator run wrote in its summary: per algorithm that keeps one (DACFL's
+    tracker), the residual over the nodes that finished; the others track their own ``x``."""
+
+    summary: Path
+    #: algorithm → the relative residual over the nodes that finished (``None``: none finished)
+    residuals: Mapping[str, float | None]
+    #: algorithm → how many nodes the final residual is over (``None``: not written)
+    nodes: Mapping[str, int | None]
+    #: the run's algorithms that track their own ``x`` (no invariant to check)
+    untracked: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": "simulator", "summary": str(self.summary),
+                "residuals": dict(self.residuals), "nodes": dict(self.nodes),
+                "untracked": list(self.untracked)}
+
+
+def simulator_summary(path: Path) -> Path | None:
+    """The simulator summary that the folder ``path`` belongs to: ``path`` is the output folder
+    itself, a node's folder in it, or a node's folder of one of its algorithms (several
+    algorithms: ``DIR/<algorithm>/<node-id>``); ``None`` when there is none, or when the
+    summary is that of daemons (``dacflnode launch``), which leave checkpoints to read."""
+    if not path.is_dir():
+        return None
+    for folder in (path, path.parent, path.parent.parent):
+        candidate = folder / SUMMARY
+        if candidate.is_file():
+            try:
+                summary = json.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+            algorithms = summary.get("algorithms") if isinstance(summary, dict) else None
+            if not isinstance(algorithms, dict) or any(
+                    isinstance(a, dict) and a.get("engine") == "daemon"
+                    for a in algorithms.values()):
+                return None
+            return candidate
+    return None
+
+
+def read_simulator_invariant(summary_path: Path) -> SimulatorInvariant:
+    """What the simulator summary ``summary_path`` says of the invariant; ``ValueError`` naming
+    the file when it says nothing of it (written by an older dacflnode) or is damaged."""
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        algorithms = list(summary["algorithms"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{summary_path} is not a simulator summary ({exc})") from exc
+    written = summary.get("invariant")
+    if not isinstance(written, dict):
+        raise ValueError(f"{summary_path} holds no invariant (written by an older dacflnode): "
+                         "run `dacflnode simulate` again, or give the daemons' state folders")
+    residuals: dict[str, float | None] = {}
+    nodes: dict[str, int | None] = {}
+    for name in algorithms:
+        entry = written.get(name)
+        if not isinstance(entry, dict):
+            continue
+        final = entry.get("final")
+        residuals[name] = float(final) if isinstance(final, int | float) else None
+        counts = entry.get("nodes")
+        nodes[name] = (int(counts[-1]) if isinstance(counts, list) and counts
+                       and isinstance(counts[-1], int) else None)
+    untracked = tuple(name for name in algorithms if name not in residuals)
+    return SimulatorInvariant(summary_path, residuals, nodes, untracked)
+
+
+def simulator_verdict(found: SimulatorInvariant, tolerance: float = TOLERANCE) -> Verdict:
+    """The verdict on a simulator run: it holds when every algorithm that keeps the invariant
+    ended with a residual of at most ``tolerance`` over the nodes that finished."""
+    if not found.residuals:
+        return Verdict(False, "not applicable: no algorithm of this run keeps the invariant ("
+                       f"{', '.join(found.untracked)} track their own x)")
+    reasons = []
+    for name, residual in found.residuals.items():
+        if residual is None:
+            reasons.append(f"{name}: no node finished the run")
+        elif not residual <= tolerance:
+            reasons.append(f"{name}: residual {residual:.2g} > {tolerance:.2g}")
+    if reasons:
+        return Verdict(False, "BROKEN: " + "; ".join(reasons))
+    worst = max(r for r in found.residuals.values() if r is not None)
+    return Verdict(True, f"holds: {worst:.2g} ≤ {tolerance:.2g}")

@@ -34,12 +34,31 @@ from dacflnode.algorithms.topology import GRAPH_KINDS
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
+from dacflnode.logs import LOG_FILE_BACKUPS
+from dacflnode.node.checkpoint import (
+    CHECKPOINT,
+    CHECKPOINT_DAMAGED,
+    CHECKPOINT_PREV,
+    FINAL_MODEL,
+)
 from dacflnode.node.cluster import cluster_graph, generate_cluster, node_ids
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.faults import check_for_daemons, load_fault_plan
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
+from dacflnode.node.peers import load_peers
 
 LaunchProgress = Callable[[str, int, int, float | None], None]
+
+#: What a run leaves in each node's folder: an earlier run is found by them, ``--fresh``
+#: deletes them (nothing else: the folder may hold the user's own files, or a data cache).
+NODE_OUTPUTS = (METRICS_FILE, CHECKPOINT, CHECKPOINT_PREV, CHECKPOINT_DAMAGED, FINAL_MODEL,
+                "daemon.out", "daemon.log",
+                *(f"daemon.log.{i}" for i in range(1, LOG_FILE_BACKUPS + 1)))
+#: The files of an earlier run that show it got somewhere (logs alone do not).
+RESULTS = (METRICS_FILE, CHECKPOINT, CHECKPOINT_PREV, FINAL_MODEL)
+#: What ``--fresh`` says, in every refusal to resume.
+FRESH_HINT = ("run the same command with --fresh to start over (it deletes that run's metrics, "
+              "checkpoints, final models and logs)")
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -124,8 +143,7 @@ async def run_cluster(
     node_dirs = [out_dir / p.stem for p in paths]
     for d in node_dirs:
         make_dir(d)
-        for stale in (METRICS_FILE, "checkpoint.safetensors", "final.safetensors"):
-            (d / stale).unlink(missing_ok=True)
+    prepare_resume(node_dirs, {p.stem: p for p in paths})
     env = dict(os.environ)
     if run.threads is None:  # share the cores instead of oversubscribing them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
@@ -159,6 +177,109 @@ async def run_cluster(
     return summary
 
 
+def checkpoint_round(path: Path) -> tuple[int, dict[str, str]]:
+    """The round and the metadata of the checkpoint file ``path``, read from its header alone;
+    ``ValueError`` when it is not a checkpoint."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = dict(f.metadata() or {})
+        return int(meta["round"]), meta
+    except (SafetensorError, OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable checkpoint ({exc})") from exc
+
+
+def earlier_run(node_dirs: list[Path]) -> dict[str, int] | None:
+    """The round each node of an earlier run in ``node_dirs`` checkpointed (``None``: no
+    earlier run there). Raises :class:`ConfigError` naming ``--fresh`` when that run cannot
+    be resumed: a node has results but no readable checkpoint."""
+    if not any((d / name).exists() for d in node_dirs for name in RESULTS):
+        return None
+    without = [d for d in node_dirs
+               if not (d / CHECKPOINT).exists() and not (d / CHECKPOINT_PREV).exists()]
+    if without:
+        found = {d.name: [name for name in RESULTS if (d / name).exists()] for d in without}
+        why = "; ".join(f"{node} has {', '.join(names)} but no checkpoint"
+                        for node, names in found.items() if names)
+        if not why:
+            others = [d.name for d in node_dirs if d not in without]
+            why = (f"no checkpoint of {', '.join(found)}, while {', '.join(others)} "
+                   f"checkpointed")
+        raise ConfigError("--out", f"{node_dirs[0].parent} holds an earlier run that cannot "
+                                   f"be resumed: {why}; {FRESH_HINT}")
+    rounds = {}
+    for d in node_dirs:
+        path = d / CHECKPOINT if (d / CHECKPOINT).exists() else d / CHECKPOINT_PREV
+        try:
+            rounds[d.name] = checkpoint_round(path)[0]
+        except ValueError as exc:
+            raise ConfigError("--out", f"{d.parent} holds an earlier run that cannot be "
+                                       f"resumed: {exc}; {FRESH_HINT}") from exc
+    return rounds
+
+
+def prepare_resume(node_dirs: list[Path], peers: Mapping[str, Path]) -> dict[str, int] | None:
+    """Get ``node_dirs`` ready for the daemons of peers files ``peers`` (by node id) to resume
+    an earlier run from its checkpoints: refuse (:class:`ConfigError` naming ``--fresh``) one
+    they could not resume, a checkpoint of other settings included; cut each node's
+    ``metrics.jsonl`` back to its checkpoint's round (a round it logged but did not
+    checkpoint is run again, and logged once). The rounds of the earlier run, or ``None``."""
+    rounds = earlier_run(node_dirs)
+    if rounds is None:
+        return None
+    for d in node_dirs:
+        pf = load_peers(peers[d.name])
+        path = d / CHECKPOINT if (d / CHECKPOINT).exists() else d / CHECKPOINT_PREV
+        meta = checkpoint_round(path)[1]
+        # own data: the fingerprint holds the data's contract, known once the daemon reads the
+        # data; the daemon refuses a checkpoint of another run itself
+        if not pf.run.own_data and meta.get("run_fingerprint") != pf.run_fingerprint():
+            raise ConfigError("--out", f"{d.parent} holds an earlier run with other settings "
+                                       f"({d.name} checkpointed round {rounds[d.name]}); resume "
+                                       f"it with the options it was started with, or "
+                                       f"{FRESH_HINT}")
+    for d in node_dirs:
+        lines = read_metrics(d / METRICS_FILE)
+        kept = [line for line in lines if int(line.get("round", 0)) <= rounds[d.name]]
+        if len(kept) != len(lines):
+            write_text(d / METRICS_FILE, "".join(json.dumps(x) + "\n" for x in kept),
+                       LOG_MODE)
+    return rounds
+
+
+def clear_outputs(root: Path, nodes: int, algorithms: tuple[str, ...]) -> list[Path]:
+    """Delete what a run of ``algorithms`` over ``nodes`` nodes left in ``root`` (``--fresh``):
+    each node's :data:`NODE_OUTPUTS` and the summary; the files deleted."""
+    folders = [root / name for name in algorithms] if len(algorithms) > 1 else [root]
+    deleted = []
+    for folder in folders:
+        for path in [folder / node / name for node in node_ids(nodes) for name in NODE_OUTPUTS]:
+            if path.is_file():
+                path.unlink()
+                deleted.append(path)
+    for path in (root / "summary.json",):
+        if path.is_file():
+            path.unlink()
+            deleted.append(path)
+    return deleted
+
+
+def checkpointed_rounds(root: Path, nodes: int, algorithms: tuple[str, ...]
+                        ) -> dict[str, dict[str, int]]:
+    """Per algorithm, the round each node's checkpoint in ``root`` holds (nodes without a
+    readable checkpoint left out): what a resumed launch starts from."""
+    out: dict[str, dict[str, int]] = {}
+    for name in algorithms:
+        folder = root / name if len(algorithms) > 1 else root
+        rounds = {}
+        for node in node_ids(nodes):
+            with contextlib.suppress(ValueError):
+                rounds[node] = checkpoint_round(folder / node / CHECKPOINT)[0]
+        out[name] = rounds
+    return out
+
+
 def launch(
     run: RunConfig, out_dir: str | Path, progress: LaunchProgress | None = None,
     round_deadline: float = DAEMON_DEFAULTS.round_deadline,
@@ -166,8 +287,14 @@ def launch(
     tls_dir: Path | None = None,
     faults: str | Path | None = None,
     daemon_settings: Mapping[str, Any] | None = None,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """Run every algorithm of ``run`` as a real cluster; write and return the summary.
+
+    An earlier run in ``out_dir`` (stopped by Ctrl-C, or finished) is resumed from its nodes'
+    checkpoints, or refused with a :class:`ConfigError` naming ``--fresh`` where it cannot be
+    (other settings, a node without a checkpoint): its files are never overwritten silently.
+    ``fresh``: delete what an earlier run left there first, and start over.
 
     ``tls_dir``: the nodes talk mutual TLS with the certificates there (created when missing).
     ``faults``: a fault plan file (drop and cut events) that every daemon plays; it is checked
@@ -184,6 +311,12 @@ def launch(
     for name in run.algorithm:
         check_algorithm(name)
     root = Path(out_dir)
+    if fresh:
+        clear_outputs(root, run.nodes, run.algorithm)
+    else:  # refuse before any daemon starts (the settings are checked per algorithm later)
+        for name in run.algorithm:
+            folder = root / name if len(run.algorithm) > 1 else root
+            earlier_run([folder / node for node in node_ids(run.nodes)])
     plan_file: Path | None = None
     if faults is not None:
         ids = node_ids(run.nodes)

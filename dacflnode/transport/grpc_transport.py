@@ -582,6 +582,18 @@ class GrpcTransport(Transport):
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
+    def channel_ready(self, peer: str) -> bool | None:
+        """Whether the channel to ``peer`` is connected now, as grpc knows it without trying to
+        connect (a neighbour that stopped closed its end: the channel is no longer ready);
+        ``None`` before the node first called it, and while it connects."""
+        channel = self._channels.get(peer)
+        if channel is None or self._state == "stopped":
+            return None
+        state = channel.get_state()
+        if state is grpc.ChannelConnectivity.CONNECTING:
+            return None
+        return state is grpc.ChannelConnectivity.READY
+
     def _stats(self, peer: str) -> PeerStats:
         return self.stats.setdefault(peer, PeerStats())  # a peer added to `peers` later
 

@@ -207,3 +207,64 @@ def test_live_fetches_each_nodes_checkpoint_and_skips_those_that_do_not_answer(
 
     refused = run("invariant", "--live", "--token", TOKEN + "-wrong", str(peers[0]))
     assert refused.exit_code == 1 and "refused the control token" in refused.output
+
+
+# ---------------------------------------------------------------- simulator output
+SIM = ["simulate", "--dataset", "synthetic", "--nodes", "3", "--rounds", "2", "--model",
+       "tiny-cnn", "--synthetic-train", "300", "--synthetic-test", "60", "--topology", "ring"]
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished two-algorithm simulator run (dacfl keeps the invariant, cdsgd does not)."""
+    out = tmp_path_factory.mktemp("sim") / "run"
+    result = CliRunner().invoke(cli, [*SIM, "--algorithm", "dacfl,cdsgd", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_finished_simulator_output_gets_a_verdict_instead_of_no_checkpoint(simulated):
+    for paths in ([simulated], [simulated / "dacfl" / "node-0", simulated / "dacfl" / "node-1"]):
+        result = run("invariant", *map(str, paths))
+        assert result.exit_code == 0, result.output
+        assert "no checkpoint yet" not in result.output
+        lines = result.output.splitlines()
+        assert lines[-1].startswith("holds: ") and lines[-1].endswith(" ≤ 2e-06")
+        assert any(x.startswith("dacfl: residual ") and "over the 3 node(s)" in x for x in lines)
+        assert "cdsgd: tracks its own x, no invariant to check" in lines
+    data = json.loads(run("invariant", "--json", str(simulated)).stdout)
+    assert data["holds"] is True and data["verdict"].startswith("holds: ")
+    assert data["source"] == "simulator" and data["untracked"] == ["cdsgd"]
+    assert 0 <= data["residuals"]["dacfl"] <= 2e-6 and data["tolerance"] == 2e-6
+
+
+def test_a_simulator_residual_above_the_tolerance_breaks_the_verdict(simulated, tmp_path):
+    summary = json.loads((simulated / "summary.json").read_text())
+    summary["invariant"]["dacfl"]["final"] = 3e-4
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    result = run("invariant", str(tmp_path))
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == "BROKEN: dacfl: residual 0.0003 > 2e-06"
+    assert run("invariant", "--tolerance", "1e-3", str(tmp_path)).exit_code == 0
+
+
+def test_a_simulator_summary_without_the_invariant_says_to_run_it_again(simulated, tmp_path):
+    summary = json.loads((simulated / "summary.json").read_text())
+    del summary["invariant"]  # as an older dacflnode wrote it
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    result = run("invariant", "--json", str(tmp_path))
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["holds"] is False and "holds no invariant" in data["error"]
+    assert "run `dacflnode simulate` again" in data["error"]
+
+
+def test_a_run_of_algorithms_without_a_tracker_has_no_invariant_to_hold(simulated, tmp_path):
+    summary = json.loads((simulated / "summary.json").read_text())
+    summary["algorithms"] = {"cdsgd": summary["algorithms"]["cdsgd"]}
+    summary["invariant"] = {}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    result = run("invariant", str(tmp_path))
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == ("not applicable: no algorithm of this run keeps "
+                                              "the invariant (cdsgd track their own x)")

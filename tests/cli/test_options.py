@@ -11,7 +11,7 @@ from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 OWN_OPTIONS = {
     "simulate": {"config_file", "out_dir", "as_json", "quiet", "faults_file", "gone_after",
                  "ray_address", "ray_workers"},
-    "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir", "faults_file"},
+    "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir", "faults_file", "fresh"},
     "topology": {
         "config_file", "out_dir", "as_json", "hosts", "base_port", "ports",
         "control_base_port", "control_ports", "metrics_ports", "metrics_host", "listen_host",
@@ -87,7 +87,8 @@ def test_help_shows_the_declared_defaults():
     result = CliRunner().invoke(cli, ["simulate", "--help"], terminal_width=200)
     text = " ".join(result.output.split())
     assert "Communication rounds. [default: 100]" in text
-    assert "--shards-per-node" in text and "[default: 0.001; 0.005 for cifar10; 0.05 for synthetic]" in text
+    assert "--shards-per-node" in text
+    assert "[default: 0.001; 0.005 for cifar10; 0.05 for synthetic]" in text
 
 
 def test_a_bad_config_file_gets_one_line_with_the_dotted_key_and_the_file(tmp_path, capsys):
