@@ -99,6 +99,35 @@ def margins(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bytes a node sends per round (log scale) against the final Average of Acc, one point
+    per run, one marker per split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for split, marker, label in (("iid", "o", "i.i.d."), ("shards", "s", "non-i.i.d. (2 shards)")):
+        mine = [r for r in rows if r["split"] == split]
+        if not mine:
+            continue
+        ax.scatter([r["bytes_per_round"] / 2**20 for r in mine],
+                   [100 * r["accuracy"] for r in mine], marker=marker, label=label)
+        for r in mine:
+            ax.annotate(r["compression"], (r["bytes_per_round"] / 2**20, 100 * r["accuracy"]),
+                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("MB a node sends per round (log scale)")
+    ax.set_ylabel("Average of Acc (%) at the last round")
+    ax.set_title("DACFL on Fashion-MNIST, 10 nodes, dense: compressors")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,6 +145,8 @@ def main() -> int:
     ap.add_argument("--no-non-iid", action="store_true", help="skip the non-i.i.d. runs")
     ap.add_argument("--out", type=Path, default=None,
                     help="keep every run's output folder here (default: a temporary folder)")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="draw bytes per round against accuracy into this PNG file")
     args = ap.parse_args()
     if args.quick:
         args.steps = args.steps or 30
@@ -142,6 +173,8 @@ def main() -> int:
     compare(rows)
     if not args.json:
         print(json.dumps(rows, indent=1))
+    if args.plot is not None:
+        plot(rows, args.plot)
     found = margins(rows)
     ratio = min(found.values()) if found else 0.0
     emit_result("compression", ratio, 1.0, True, as_json=args.json, runs=rows, margins=found,

@@ -217,6 +217,15 @@ EVENTS: Mapping[str, tuple[str, Mapping[str, int]]] = {
         ("metrics_token_refused", {}),
     "%s: %s refused this node's round-%d state (%s); not retried":
         ("state_refused_by_neighbour", {"node": 0, "neighbour": 1, "round": 2, "reason": 3}),
+    "%s: round %d: pulled the full public copy of %s":
+        ("copy_pulled", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: round %d: the update of %s cannot be applied: %s":
+        ("copy_update_refused", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: round %d: could not pull the public copy of %s: %s; not mixed this round":
+        ("copy_pull_failed", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: round %d: the public copy of %s is refused: %s":
+        ("copy_refused", {"node": 0, "round": 1, "neighbour": 2}),
+    "%s: compression %s, CHOCO step %g": ("compression", {"node": 0}),
     "%s: refused the round-%d state of %s (%s); the round goes on without it":
         ("state_refused", {"node": 0, "round": 1, "neighbour": 2, "reason": 3}),
     "%s: edge to %s quarantined in round %d after %d refused states; it is not mixed again in "
