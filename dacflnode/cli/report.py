@@ -58,11 +58,18 @@ def _pct(value: float | None, scale: float, unit: str, fmt: str) -> str:
     return "—" if value is None else f"{scale * value:{fmt}}{unit}"
 
 
+def _size(value: float | None) -> str:
+    """Payload bytes a node sent per round, as MB (2^20 bytes) or kB."""
+    if value is None:
+        return "—"
+    return f"{value / 2**20:.2f} MB" if value >= 2**20 else f"{value / 2**10:.1f} kB"
+
+
 def _print(rows: list[dict[str, Any]]) -> None:
     """A plain-text table (aligned columns, one line per run) that reads the same in a terminal,
     a pipe or a CI log."""
     header = ("run", "algorithm", "nodes", "rounds", "Average of Acc", "Var of Acc",
-              "residual ‖x−ω‖", "mean round")
+              "residual ‖x−ω‖", "mean round", "sent per round")
     lines = [header]
     for r in rows:
         at = "" if r["final_round"] in (None, r["rounds"]) else f" (round {r['final_round']})"
@@ -72,6 +79,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
             _pct(r["var_acc"], 1e4, " %²", ".3f"),
             _pct(r["consensus_residual"], 1, "", ".4g"),
             _pct(r["mean_round_s"], 1, " s", ".3f"),
+            _size(r.get("bytes_sent_per_round")),
         ))
     _table(lines, left=2)
     for r in rows:

@@ -97,7 +97,9 @@ class Run:
             "train_loss": s["final"]["train_loss"],
             "consensus_residual": _finite_or_none(s["final"]["consensus_residual"]),
             "mean_round_s": None if mean_s is None else round(mean_s, 4),
-            "curve": {"round": s["rounds"], "avg_acc": s["avg_acc"], "var_acc": s["var_acc"]},
+            "bytes_sent_per_round": s["final"].get("bytes_sent_per_round"),
+            "curve": {"round": s["rounds"], "avg_acc": s["avg_acc"], "var_acc": s["var_acc"],
+                      "bytes_sent": s.get("bytes_sent", [])},
             "per_node": self.per_node(),
         }
 

@@ -33,7 +33,8 @@ def metrics_line(node: str, r: int, algorithm: str, residual: float) -> dict[str
     base = {"round": r, "node": node, "algorithm": algorithm, "lr": 0.05, "train_loss": 1.0,
             "samples": 100, "accuracy": 0.1 * r + 0.01 * int(node[-1]), "test_loss": 1.0,
             "consensus_residual": residual, "neighbours_used": [], "neighbours_missing": [],
-            "alone_rounds": 0, "refused_states": 0, "exchange_s": 0.01, "train_s": 0.1,
+            "alone_rounds": 0, "refused_states": 0, "bytes_sent": 0, "bytes_received": 0,
+            "exchange_s": 0.01, "train_s": 0.1,
             "seconds": 0.1 * r, "data_size": 30, "class_counts": {"a": 30}}
     return {k: base[k] for k in LINE_KEYS}
 

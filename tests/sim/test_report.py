@@ -18,7 +18,8 @@ def line(node: str, r: int, algorithm: str = "dacfl", **kw: Any) -> dict[str, An
         "round": r, "node": node, "algorithm": algorithm, "lr": 0.05, "train_loss": 2.0 / r,
         "samples": 100, "accuracy": 0.1 * r + 0.01 * int(node[-1]), "test_loss": 1.0,
         "consensus_residual": 1.0 / r, "neighbours_used": [], "neighbours_missing": [],
-        "alone_rounds": 0, "refused_states": 0, "exchange_s": 0.01, "train_s": 0.1,
+        "alone_rounds": 0, "refused_states": 0, "bytes_sent": 1000 * r, "bytes_received": 900,
+        "exchange_s": 0.01, "train_s": 0.1,
         "seconds": 0.1 * r,
         "data_size": 30 + int(node[-1]), "class_counts": {"a": 10, "b": 20 + int(node[-1])},
     }
