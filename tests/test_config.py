@@ -243,3 +243,32 @@ def test_the_reference_lists_every_setting_with_its_scope():
         for d in schema.fields_of(cls):
             row = next(line for line in text.splitlines() if line.startswith(f"| `{d.name}` |"))
             assert f"| {d.setting.scope.value}" in row and d.setting.help in row
+
+
+@pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "int8", "topk:0.01", "randk:0.5"])
+def test_every_documented_compression_is_accepted(spec):
+    assert RunConfig(compression=spec).validate().compression == spec
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("zip", "unknown compression"), ("topk", "needs the fraction"), ("topk:0", "(0, 1]"),
+    ("randk:abc", "a number"), ("int8:4", "takes no parameter")])
+def test_a_bad_compression_is_one_clear_error(spec, says):
+    with pytest.raises(ConfigError, match="compression") as caught:
+        RunConfig(compression=spec).validate()
+    assert says in str(caught.value)
+
+
+def test_compression_is_refused_with_clipped_mixing_and_with_fedavg():
+    with pytest.raises(ConfigError, match="CHOCO-Gossip, not mixing clipped"):
+        RunConfig(compression="int8", mixing="clipped").validate()
+    with pytest.raises(ConfigError, match="fedavg"):
+        RunConfig(compression="int8", algorithm=("dacfl", "fedavg")).validate()
+
+
+def test_the_consensus_step_defaults_to_the_compressors_and_can_be_set():
+    assert RunConfig().consensus_gamma() is None
+    assert RunConfig(compression="int8").consensus_gamma() == 1.0
+    assert RunConfig(compression="topk:0.01").consensus_gamma() < 0.1
+    assert RunConfig(compression="topk:0.01", consensus_step=0.3).consensus_gamma() == 0.3
+    assert RunConfig(compression="int8").mixing_rule(None).kind == "choco"
