@@ -22,14 +22,15 @@ EXACT = 1e-6
 POINTS = 0.02
 
 
-_UNTOUCHED: dict[str, Outcome] = {}
+_UNTOUCHED: dict[tuple[str, str], Outcome] = {}
 
 
 def untouched(cfg: RunConfig) -> Outcome:
-    """The run without poison (once per topology in this module)."""
-    if cfg.topology not in _UNTOUCHED:
-        _UNTOUCHED[cfg.topology] = play(cfg, [], data=load(cfg), timeout=120)
-    return _UNTOUCHED[cfg.topology]
+    """The run without poison (once per topology and compression in this module)."""
+    key = (cfg.topology, cfg.compression)
+    if key not in _UNTOUCHED:
+        _UNTOUCHED[key] = play(cfg, [], data=load(cfg), timeout=120)
+    return _UNTOUCHED[key]
 
 
 def attack(cfg: RunConfig, rounds: list[int], scale: float) -> Outcome:
@@ -56,3 +57,13 @@ def test_a_member_poisoning_every_round_is_quarantined_and_the_honest_stay_exact
     assert len(hit.quarantined) == (2 if cfg is RING else 3)  # by each of its neighbours
     assert abs(hit.mean_accuracy - base.mean_accuracy) <= POINTS
     assert hit.invariant is not None and hit.invariant <= EXACT  # among the honest nodes
+
+
+@pytest.mark.parametrize("compression", ["int8", "topk:0.05"])
+def test_a_compressed_runs_guard_judges_copies_and_quarantines_a_poisoning_member(compression):
+    cfg = replace(RING, compression=compression)
+    base, hit = untouched(cfg), attack(cfg, [3, cfg.rounds - 1], 50.0)
+    assert {peer for _, peer in hit.quarantined} == {"node-2"}
+    assert len(hit.quarantined) == 2
+    assert abs(hit.mean_accuracy - base.mean_accuracy) <= POINTS
+    assert hit.invariant is not None and hit.invariant <= EXACT
