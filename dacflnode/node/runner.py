@@ -697,7 +697,7 @@ class NodeRunner:
                     pass  # pulled in full already
                 elif copies.applies(message):
                     copies.commit(await loop.run_in_executor(executor, copies.decode, message))
-                elif pull:
+                elif pull and message.kind is Kind.STATE:  # (a leaving node's: never mixed)
                     full = await self.transport.pull(
                         j, message.round, timeout=max(0.0, min(deadline - time.monotonic(),
                                                                DEFAULT_PULL_TIMEOUT)),
@@ -770,7 +770,8 @@ class NodeRunner:
                              [j for j in handovers if j not in received], alive)
         if not mixed and self.active(t):
             self.alone_rounds += 1
-        late = [j for j in missing if (t, j) not in self._refused]
+        # (a state that came but whose public copy could not be matched was logged as such)
+        late = [j for j in missing if (t, j) not in self._refused and j not in received]
         if late:
             log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
                         setup.node_id, t, ", ".join(late))
