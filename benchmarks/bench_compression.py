@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -63,9 +64,16 @@ def config(args: argparse.Namespace, split: str, compression: str) -> RunConfig:
 
 def run_one(args: argparse.Namespace, split: str, compression: str, root: Path) -> dict[str, Any]:
     out = root / f"{split}-{compression.replace(':', '-')}"
-    started = time.perf_counter()
-    summary = run_experiment(config(args, split, compression), out)
-    wall = time.perf_counter() - started
+    cfg = config(args, split, compression)
+    summary = _finished(out, cfg)
+    if summary is not None:  # kept from an earlier invocation with --out: not run again
+        wall = float(summary["wall_s"])
+    else:
+        if out.exists():
+            shutil.rmtree(out)  # an interrupted run: its metrics lines would be appended to
+        started = time.perf_counter()
+        summary = run_experiment(cfg, out)
+        wall = time.perf_counter() - started
     result = summary["algorithms"]["dacfl"]
     invariant = summary.get("invariant", {}).get("dacfl", {}).get("final")
     return {
@@ -75,6 +83,15 @@ def run_one(args: argparse.Namespace, split: str, compression: str, root: Path) 
         "invariant": invariant,
         "s_per_round": round(wall / args.rounds, 2),
     }
+
+
+def _finished(out: Path, cfg: RunConfig) -> dict[str, Any] | None:
+    """The summary of a finished run of ``cfg`` in ``out``, if there is one."""
+    try:
+        summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("config") == json.loads(json.dumps(cfg.to_json())) else None
 
 
 def compare(rows: list[dict[str, Any]]) -> None:
@@ -144,7 +161,8 @@ def main() -> int:
                     help="comma-separated compressors to run (with none), e.g. int8,topk:0.01")
     ap.add_argument("--no-non-iid", action="store_true", help="skip the non-i.i.d. runs")
     ap.add_argument("--out", type=Path, default=None,
-                    help="keep every run's output folder here (default: a temporary folder)")
+                    help="keep every run's output folder here (default: a temporary folder);"
+                         " a run already finished there with the same settings is reused")
     ap.add_argument("--plot", type=Path, default=None,
                     help="draw bytes per round against accuracy into this PNG file")
     args = ap.parse_args()
