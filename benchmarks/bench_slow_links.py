@@ -117,10 +117,12 @@ def shape(ns: str, dev: str, rate: str, delay_ms: float) -> bool:
 
 
 @contextmanager
-def lab(prefix: str, subnet: str, nodes: int, rate: str, delay_ms: float) -> Iterator[Lab]:
+def lab(prefix: str, subnet: str, nodes: int, rate: str, delay_ms: float,
+        downlink: bool) -> Iterator[Lab]:
     """``nodes`` namespaces ``{prefix}-n{i}`` at ``{subnet}.{i + 1}/24``, bridged in
-    ``{prefix}-hub``, both ends of each veth shaped to ``rate``; every namespace (and with it
-    every link) is deleted on exit, whatever ends the block."""
+    ``{prefix}-hub``, each node's ``eth0`` (and with ``downlink`` the hub's end of its veth
+    too) shaped to ``rate``; every namespace (and with it every link) is deleted on exit,
+    whatever ends the block."""
     check_lab_tools()
     hub = f"{prefix}-hub"
     created: list[str] = []
@@ -145,7 +147,8 @@ def lab(prefix: str, subnet: str, nodes: int, rate: str, delay_ms: float) -> Ite
             sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
             sh("ip", "-n", ns, "link", "set", "eth0", "up")
             netem.append(shape(ns, "eth0", rate, delay_ms))  # the node's uplink
-            netem.append(shape(hub, f"port{i}", rate, delay_ms))  # its downlink
+            if downlink:
+                netem.append(shape(hub, f"port{i}", rate, delay_ms))  # its downlink
             namespaces.append(ns)
             ips.append(ip)
         qdisc = sh("tc", "-n", namespaces[0], "qdisc", "show", "dev", "eth0").strip()
@@ -207,23 +210,115 @@ def run_cluster(args: argparse.Namespace, lab_: Lab, compression: str, root: Pat
                     ["ip", "netns", "exec", ns, sys.executable, "-m", "dacflnode", "start",
                      "--peers", str(path)],
                     stdout=subprocess.DEVNULL, stderr=err, env=env))
-        codes: list[int | None] = []
-        for p in procs:
-            try:
-                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
+        # the link counters when every node has written its last round's line: what the
+        # rounds sent, apart from the closing exchanges that follow them
+        tx_rounds: list[int] | None = None
+        rounds_end = None
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if tx_rounds is None and all(
+                    len(read_metrics(root / f"node-{i}" / "metrics.jsonl")) >= args.rounds
+                    for i in range(args.nodes)):
+                tx_rounds = [link_tx(ns) for ns in lab_.namespaces]
+                rounds_end = time.monotonic()
+            time.sleep(0.5)
+        codes = [p.poll() for p in procs]
     finally:
         stop(procs)
     wall = time.monotonic() - started
-    tx = [link_tx(ns) - before for ns, before in zip(lab_.namespaces, tx_before, strict=True)]
+    tx_end = [link_tx(ns) for ns in lab_.namespaces]
+    if tx_rounds is None or rounds_end is None:  # a node failed: reported below
+        tx_rounds, rounds_end = tx_end, time.monotonic()
+    tx = [a - b for a, b in zip(tx_rounds, tx_before, strict=True)]
+    closing_tx = [a - b for a, b in zip(tx_end, tx_rounds, strict=True)]
     for i, code in enumerate(codes):
         if code != 0:
             tail = (root / f"node-{i}.stderr").read_text()[-2000:]
             raise RuntimeError(f"{compression}: node-{i} "
                                f"{'did not finish in time' if code is None else f'exited {code}'}"
                                f" (stderr in {root}/node-{i}.stderr):\n{tail}")
-    return summarize(args, compression, root, wall, tx)
+    row = summarize(args, compression, root, wall, tx)
+    row["closing_s"] = round(wall - (rounds_end - started), 1)
+    row["closing_link_mb_per_node"] = round(statistics.median(closing_tx) / 2**20, 2)
+    per_neighbour = row["bytes_sent_per_round"] // 2  # a ring: two neighbours
+    raw = raw_ring(lab_, per_neighbour, ports[0] + 5)
+    row["raw_tcp_ring_s"] = round(raw, 3)
+    return row
+
+
+RAW_NODE = """
+import socket, sys, threading, time
+port, size, peers = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("0.0.0.0", port))
+srv.listen(8)
+print("listening", flush=True)
+sys.stdin.readline()
+got = []
+def serve():
+    conn, _ = srv.accept()
+    n = 0
+    while True:
+        b = conn.recv(1 << 20)
+        if not b:
+            break
+        n += len(b)
+    got.append(n)
+def send(host):
+    for _ in range(200):
+        try:
+            s = socket.create_connection((host, port), timeout=60)
+            break
+        except OSError:
+            time.sleep(0.05)
+    s.sendall(bytes(size))
+    s.shutdown(socket.SHUT_WR)
+    s.recv(1)
+    s.close()
+t0 = time.perf_counter()
+threads = [threading.Thread(target=serve) for _ in peers]
+threads += [threading.Thread(target=send, args=(h,)) for h in peers]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(time.perf_counter() - t0, sum(got), flush=True)
+"""
+
+
+def raw_ring(lab_: Lab, size: int, port: int) -> float:
+    """The same exchange as plain TCP: every node sends ``size`` bytes to each of its two ring
+    neighbours at once over the same shaped links (one connection each, no framing); the median
+    over nodes of the time until a node has received both and sent both."""
+    n = len(lab_.namespaces)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for i, ns in enumerate(lab_.namespaces):
+            peers = [lab_.ips[(i + 1) % n], lab_.ips[(i - 1) % n]]
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", ns, sys.executable, "-c", RAW_NODE, str(port),
+                 str(size), *peers], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for p in procs:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "listening":
+                raise RuntimeError("a raw TCP ring node did not start")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        times = []
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            seconds, received = out.split()
+            if int(received) != 2 * size:
+                raise RuntimeError(f"raw TCP ring: received {received} bytes, not {2 * size}")
+            times.append(float(seconds))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=COMMAND_TIMEOUT)
+    return float(statistics.median(times))
 
 
 def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
@@ -250,7 +345,8 @@ def summarize(args: argparse.Namespace, compression: str, root: Path, wall: floa
         if missing:
             raise RuntimeError(f"{compression}: node-{i} mixed without a neighbour in rounds "
                                f"{missing}: raise --round-deadline")
-    measured = [m for node in lines for m in node if m["round"] >= 2]
+    last = measured_last(args.rounds)
+    measured = [m for node in lines for m in node if 2 <= m["round"] <= last]
 
     def median(key: str) -> float:
         return float(statistics.median(float(m[key]) for m in measured))
@@ -271,14 +367,22 @@ def summarize(args: argparse.Namespace, compression: str, root: Path, wall: floa
         "link_bytes_per_payload_byte": round(sum(tx) / payload_total, 4) if payload_total else None,
         "accuracy": round(statistics.mean(float(a) for a in accuracy), 4)
         if all(a is not None for a in accuracy) else None,
+        "last_round_s": round(statistics.median(float(node[-1]["seconds"]) for node in lines), 3),
         "wall_s": round(wall, 1),
     }
+
+
+def measured_last(rounds: int) -> int:
+    """The last measured round: the one before the last, which also evaluates (evaluation is
+    the same work whatever crosses the link), where at least round 2 stays."""
+    return rounds - 1 if rounds >= 3 else rounds
 
 
 def table(rows: list[dict[str, Any]], lab_: Lab, args: argparse.Namespace) -> None:
     shaping = ("netem" if lab_.netem else
                "tbf (the kernel has no sch_netem: rate only, no delay or loss)")
-    print(f"{args.nodes} daemons in network namespaces, ring, every veth end at {args.rate} "
+    links = "every node's uplink" if args.shape == "uplink" else "both ends of every veth"
+    print(f"{args.nodes} daemons in network namespaces, ring, {links} at {args.rate} "
           f"via {shaping}")
     print(f"  node eth0: {lab_.qdisc}")
     data = ("Fashion-MNIST" if run_config(args, "none").dataset == "fashion-mnist"
@@ -286,13 +390,15 @@ def table(rows: list[dict[str, Any]], lab_: Lab, args: argparse.Namespace) -> No
     print(f"fmnist-cnn, {data}, {args.local_steps} local steps of 20, "
           f"{args.rounds} rounds per compressor; medians over nodes, rounds 2..{args.rounds}")
     head = (f"{'compression':>12} {'round s':>8} {'exchange s':>10} {'train s':>8} "
-            f"{'MB sent/round':>13} {'wire s':>7} {'link/payload':>12} {'none ÷':>7}")
+            f"{'MB sent/round':>13} {'wire s':>7} {'raw TCP s':>9} {'link/payload':>12} "
+            f"{'closing s':>9} {'none ÷':>7}")
     print(head)
     base = rows[0]["round_s"]
     for r in rows:
         print(f"{r['compression']:>12} {r['round_s']:>8.2f} {r['exchange_s']:>10.2f} "
               f"{r['train_s']:>8.2f} {r['bytes_sent_per_round'] / 2**20:>13.3f} "
-              f"{r['wire_s']:>7.2f} {r['link_bytes_per_payload_byte'] or 0:>12.3f} "
+              f"{r['wire_s']:>7.2f} {r['raw_tcp_ring_s']:>9.2f} "
+              f"{r['link_bytes_per_payload_byte'] or 0:>12.3f} {r['closing_s']:>9.1f} "
               f"{base / r['round_s']:>6.2f}x")
 
 
@@ -306,12 +412,16 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_standard_args(parser)
     parser.add_argument("--nodes", type=int, default=5, help="daemons, one per namespace")
     parser.add_argument("--rounds", type=int, default=6,
-                        help="rounds per compressor (3 with --quick); round 1 is not measured")
+                        help="rounds per compressor (4 with --quick); round 1 and the last,"
+                             " evaluating round are not measured")
     parser.add_argument("--local-steps", type=int, default=2,
                         help="mini-batches of 20 a node trains per round")
     parser.add_argument("--compressors", default=",".join(COMPRESSORS),
                         help="comma-separated values of the compression setting; none first")
-    parser.add_argument("--rate", default="10mbit", help="link rate of every veth end (tc units)")
+    parser.add_argument("--rate", default="10mbit", help="link rate (tc units)")
+    parser.add_argument("--shape", choices=("uplink", "both"), default="uplink",
+                        help="uplink: each node's eth0 sends at --rate (an edge uplink; the "
+                             "hub forwards freely); both: the hub's end of each veth too")
     parser.add_argument("--delay-ms", type=float, default=20.0,
                         help="one-way delay per veth end where the kernel has netem (skipped, "
                              "and said so, where it has not)")
@@ -332,7 +442,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="write the daemons' state folders here and keep them")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds = 3
+        args.rounds = 4
         args.eval_samples = min(args.eval_samples, 500)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: round 1 is not measured")
@@ -358,7 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     try:
-        with lab(prefix, subnet, args.nodes, args.rate, args.delay_ms) as made:
+        with lab(prefix, subnet, args.nodes, args.rate, args.delay_ms,
+                 args.shape == "both") as made:
             if not made.netem:
                 print(f"note: this kernel has no netem qdisc (sch_netem): links are shaped by "
                       f"tbf at {args.rate}, rate only; --delay-ms {args.delay_ms:g} and loss "
@@ -385,7 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     emit_result("slow_links", speedup[SUBJECT], TARGET, True, as_json=args.json,
                 rows=rows, speedup=speedup, nodes=args.nodes, graph="ring", rate=args.rate,
                 netem=netem, delay_ms=args.delay_ms if netem else None, qdisc=qdisc,
-                rounds=args.rounds, local_steps=args.local_steps, measured_rounds="2..R",
+                rounds=args.rounds, local_steps=args.local_steps, shape=args.shape,
+                measured_rounds=f"2..{measured_last(args.rounds)}",
                 dataset=run_config(args, "none").dataset)
     return 0
 
