@@ -388,7 +388,8 @@ def table(rows: list[dict[str, Any]], lab_: Lab, args: argparse.Namespace) -> No
     data = ("Fashion-MNIST" if run_config(args, "none").dataset == "fashion-mnist"
             else "synthetic 1x28x28 images")
     print(f"fmnist-cnn, {data}, {args.local_steps} local steps of 20, "
-          f"{args.rounds} rounds per compressor; medians over nodes, rounds 2..{args.rounds}")
+          f"{args.rounds} rounds per compressor; medians over nodes, rounds "
+          f"2..{measured_last(args.rounds)}")
     head = (f"{'compression':>12} {'round s':>8} {'exchange s':>10} {'train s':>8} "
             f"{'MB sent/round':>13} {'wire s':>7} {'raw TCP s':>9} {'link/payload':>12} "
             f"{'closing s':>9} {'none ÷':>7}")
