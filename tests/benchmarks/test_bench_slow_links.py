@@ -63,7 +63,7 @@ def test_a_node_that_mixed_without_a_neighbour_fails_the_run_with_what_to_change
 
 def test_a_node_that_stopped_early_fails_the_run(tmp_path):
     write_node(tmp_path, 0, [(1.0, 1.0, 10)])
-    with pytest.raises(RuntimeError, match="not 1..3"):
+    with pytest.raises(RuntimeError, match=r"not 1\.\.3"):
         bench.summarize(args_for(3, nodes=1), "int8", tmp_path, wall=10.0, tx=[10])
 
 
