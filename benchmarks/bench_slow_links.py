@@ -3,12 +3,12 @@
 
 Every node is a real ``dacflnode start`` in its own Linux network namespace, with one interface
 ``eth0`` (``10.<a>.<b>.<i+1>/24``), the end of a veth pair whose other end is a port of a bridge
-in a hub namespace. Both ends of every veth are shaped to ``--rate`` (10 Mbit/s): the node's
-``eth0`` (its uplink) and the hub's port (its downlink), with ``netem rate R delay D`` where the
-kernel has ``sch_netem`` and ``tbf rate R burst 32kb latency 400ms`` (rate only; the delay is
-skipped and the output says so) where it has not. The graph is a ring (degree 2, the degree the
-issue's "21 s per round on a 10 Mbit/s uplink" figure assumes): every node sends its round
-message to two neighbours over one shaped uplink.
+in a hub namespace. Each node's uplink (what its ``eth0`` sends) is shaped to ``--rate`` (10
+Mbit/s), with ``netem rate R delay D`` where the kernel has ``sch_netem`` and ``tbf rate R burst
+32kb latency 400ms`` (rate only; the delay is skipped and the output says so) where it has not;
+``--shape both`` shapes the hub's end of each veth (the node's downlink) too. The graph is a
+ring (degree 2, the degree the issue's "21 s per round on a 10 Mbit/s uplink" figure assumes):
+every node sends its round message to two neighbours over one shaped uplink.
 
 The run: the paper's CNN (``fmnist-cnn``, 1 663 754 parameters; 13.3 MB of ``omega`` + ``x``
 per neighbour uncompressed) on Fashion-MNIST from ``/usr/share/datasets/fashion-mnist`` (or
@@ -18,20 +18,24 @@ the same cluster again for each compressor of ``--compressors`` (``none``, ``int
 ``topk:0.01``), one after the other in the same namespaces, in this one run. Evaluation runs only
 after the last round, on ``--eval-samples`` test images.
 
-Per compressor, from the nodes' ``metrics.jsonl`` lines of rounds 2 … R (round 1 is left out:
+Per compressor, from the nodes' ``metrics.jsonl`` lines of rounds 2 … R−1 (round 1 is left out:
 it includes the first dial of every neighbour and the first training step's allocations, and a
-node that finished loading its data first waits there for the slowest): the median round time
+node that finished loading its data first waits there for the slowest; round R evaluates, the
+same work whatever the link carries, and is reported apart): the median round time
 (``seconds``), the median ``exchange_s`` and ``train_s``, the payload bytes a node sent per round
 (``bytes_sent``, the median), the time those bytes need at the link rate (``wire_s``: the floor
 a round cannot beat), and the bytes that really left each node's ``eth0`` per round (IP + TCP +
-HTTP/2 + gRPC framing included) against the payload. ``ratio`` (``--json``) = median round time
-of ``none`` ÷ that of ``topk:0.01``, target ≥ 3.0 (issue 18); ``none`` ÷ ``int8`` is in
-``speedup``.
+HTTP/2 + gRPC framing included) against the payload, the same bytes sent as plain TCP over the
+same links (``raw_tcp_ring_s``), and the time and link bytes of the closing exchanges after the
+last round. ``ratio`` (``--json``) = median round time of ``none`` ÷ that of ``topk:0.01``,
+target ≥ 3.0 (issue 18); ``none`` ÷ ``int8`` is in ``speedup``. A compressor whose cluster
+fails is reported in ``failed`` with its error (no ratio without ``topk:0.01``: 0, not met).
 
-``--quick``: 3 rounds per compressor (rounds 2 and 3 measured), a smaller evaluation; about 3
-minutes on 2 cores, most of it the uncompressed rounds (≈ 21 s each at 10 Mbit/s) and the
-daemons' start-up. Needs root, ``ip`` and ``tc`` (iproute2); every namespace it creates carries
-the process id in its name and is deleted on exit, also on Ctrl-C, SIGTERM and errors.
+``--quick``: 4 rounds per compressor (rounds 2 and 3 measured), a smaller evaluation; about 8
+minutes on 2 cores, most of it the uncompressed rounds (≈ 21 s each at 10 Mbit/s), their
+closing exchanges and the daemons' start-up. Needs root, ``ip`` and ``tc`` (iproute2); every
+namespace it creates carries the process id in its name and is deleted on exit, also on Ctrl-C,
+SIGTERM and errors.
 
     sudo .venv/bin/python benchmarks/bench_slow_links.py --quick --json
     sudo .venv/bin/python benchmarks/bench_slow_links.py --rounds 6 --keep /tmp/slow-links
