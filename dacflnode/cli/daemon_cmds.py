@@ -388,7 +388,7 @@ def status(target: str | None, peers_file: str | None, as_json: bool, watch: boo
     """
     import time
 
-    from dacflnode.transport.base import PeerUnavailable
+    from dacflnode.transport.errors import PeerUnavailable
     from dacflnode.transport.grpc_control import fetch_status
 
     addr, auth = control_endpoint(target, peers_file, token, ca, server_name, as_json)

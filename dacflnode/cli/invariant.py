@@ -170,7 +170,7 @@ def _fetch_live(peers_files: list[str], token: str | None
     """Each node's checkpoint bytes (``None``: it has none yet), fetched concurrently; the nodes
     that did not answer, or refused the token, are skipped."""
     from dacflnode.node.invariant import Skipped
-    from dacflnode.transport.base import PeerUnavailable
+    from dacflnode.transport.errors import PeerUnavailable
     from dacflnode.transport.grpc_control import (
         ControlCallFailed,
         ControlUnauthenticated,

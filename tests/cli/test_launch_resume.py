@@ -62,10 +62,17 @@ def test_ctrl_c_says_how_to_resume_and_the_same_command_resumes(tmp_path):
     stopped = {n: rounds_of(out, n) for n in ("node-0", "node-1")}
     assert all(0 < len(r) < 60 for r in stopped.values()), stopped
 
-    again = subprocess.run([*args, "--json"], capture_output=True, text=True, env=ENV,
-                           timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["algorithms"]["dacfl"]["rounds"] == list(range(1, 61))
+    # its own group too: if it ever runs out of time, its daemons go with it
+    again = subprocess.Popen([*args, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=ENV, start_new_session=True)
+    try:
+        out_text, err_text = again.communicate(timeout=600)
+    finally:
+        if again.poll() is None:
+            os.killpg(again.pid, signal.SIGKILL)
+            again.wait()
+    assert again.returncode == 0, err_text
+    assert json.loads(out_text)["algorithms"]["dacfl"]["rounds"] == list(range(1, 61))
     for node, before in stopped.items():
         assert rounds_of(out, node) == list(range(1, 61))  # each round once, none lost
         assert "resuming from round" in (out / node / "daemon.log").read_text()
