@@ -57,13 +57,17 @@ def config(args: argparse.Namespace, split: str, compression: str) -> RunConfig:
         cfg = replace(cfg, shards_per_node=2)
     if args.steps:
         cfg = replace(cfg, local_steps=args.steps)
+    if args.consensus_step is not None and compression != "none":
+        cfg = replace(cfg, consensus_step=args.consensus_step)
     if args.eval_samples:
         cfg = replace(cfg, eval_samples=args.eval_samples)
     return cfg
 
 
 def run_one(args: argparse.Namespace, split: str, compression: str, root: Path) -> dict[str, Any]:
-    out = root / f"{split}-{compression.replace(':', '-')}"
+    step = "" if args.consensus_step is None or compression == "none" else (
+        f"-step{args.consensus_step:g}")
+    out = root / f"{split}-{compression.replace(':', '-')}{step}"
     cfg = config(args, split, compression)
     summary = _finished(out, cfg)
     if summary is not None:  # kept from an earlier invocation with --out: not run again
@@ -158,8 +162,13 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=DATA,
                     help=f"Fashion-MNIST folder (default {DATA})")
     ap.add_argument("--only", default=None,
-                    help="comma-separated compressors to run (with none), e.g. int8,topk:0.01")
+                    help="comma-separated compressors to run on both splits (with none), e.g."
+                         " int8,topk:0.1 (default: every compressor on i.i.d., none, int8 and"
+                         " topk:0.01 on non-i.i.d.)")
     ap.add_argument("--no-non-iid", action="store_true", help="skip the non-i.i.d. runs")
+    ap.add_argument("--no-iid", action="store_true", help="skip the i.i.d. runs")
+    ap.add_argument("--consensus-step", type=float, default=None,
+                    help="CHOCO's step for every compressed run (default: each compressor's)")
     ap.add_argument("--out", type=Path, default=None,
                     help="keep every run's output folder here (default: a temporary folder);"
                          " a run already finished there with the same settings is reused")
@@ -173,10 +182,10 @@ def main() -> int:
         print(f"Fashion-MNIST is not in {args.data}: apt-get install -y dataset-fashion-mnist, "
               "or pass --data", file=sys.stderr)
         return 2
-    wanted = None if args.only is None else {"none", *args.only.split(",")}
-    plan = [("iid", c) for c in IID] + ([] if args.no_non_iid else
-                                        [("shards", c) for c in NON_IID])
-    plan = [(s, c) for s, c in plan if wanted is None or c in wanted]
+    iid, non_iid = (IID, NON_IID) if args.only is None else (
+        ("none", *args.only.split(",")),) * 2
+    plan = ([] if args.no_iid else [("iid", c) for c in iid]) + (
+        [] if args.no_non_iid else [("shards", c) for c in non_iid])
     rows = []
     with tempfile.TemporaryDirectory(prefix="dacfl-compression-") as scratch:
         root = args.out if args.out is not None else Path(scratch)
