@@ -269,6 +269,7 @@ def test_compression_is_refused_with_clipped_mixing_and_with_fedavg():
 def test_the_consensus_step_defaults_to_the_compressors_and_can_be_set():
     assert RunConfig().consensus_gamma() is None
     assert RunConfig(compression="int8").consensus_gamma() == 1.0
-    assert RunConfig(compression="topk:0.01").consensus_gamma() < 0.1
+    topk = RunConfig(compression="topk:0.01").consensus_gamma()
+    assert topk is not None and topk < 0.1
     assert RunConfig(compression="topk:0.01", consensus_step=0.3).consensus_gamma() == 0.3
     assert RunConfig(compression="int8").mixing_rule(None).kind == "choco"
