@@ -37,9 +37,12 @@ def test_a_compressed_cluster_with_a_drop_ends_with_the_simulators_models(tmp_pa
             s["bytes_sent"] for s in read_metrics(tmp_path / "sim" / node / "metrics.jsonl"))
     node1 = read_metrics(tmp_path / "cluster" / "node-1" / "metrics.jsonl")
     assert node1[2]["neighbours_missing"] == ["node-0"]  # the drop was played
-    # round 3: node-1's copy of node-0 missed round 2's update, so it pulled the full copy
-    # (two float32 vectors, 4x an int8 update of them) besides its neighbours' two updates
-    assert node1[3]["bytes_received"] > 2 * node1[4]["bytes_received"]
+    # node-1's copy of node-0 missed round 2's update, so it pulled node-0's full copy in
+    # round 3, and no other copy moved (which round's line counts a byte depends on timing: a
+    # state pushed early lands in the round before, so the log says what was pulled)
+    logs = {i: (tmp_path / "cluster" / f"node-{i}" / "daemon.log").read_text() for i in range(4)}
+    assert "node-1: round 3: pulled the full public copy of node-0" in logs[1]
+    assert sum(text.count("pulled the full public copy") for text in logs.values()) == 1
     # fewer bytes than full states, about 4x for int8
     sent = full["algorithms"]["dacfl"]["final"]["bytes_sent_per_round"]
     compressed = simulated["algorithms"]["dacfl"]["final"]["bytes_sent_per_round"]
