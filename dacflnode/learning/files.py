@@ -74,8 +74,10 @@ def atomic_save(tensors: Mapping[str, torch.Tensor], path: Path, meta: Mapping[s
                 *, keep_previous: Path | None = None) -> None:
     """Write ``tensors`` (and their :func:`checksum`) to ``path``: to a temporary file, flushed
     to disk, read back and verified, then renamed over ``path``. With ``keep_previous``, the
-    file ``path`` held before is first renamed to ``keep_previous``, so a verified file exists
-    at every moment (:func:`read_verified` of either)."""
+    file ``path`` held before becomes ``keep_previous`` first: hard-linked there, so ``path``
+    names a verified file at every moment (a process killed between the steps leaves the old
+    file at ``path``, never no file); on a file system without hard links it is renamed, and
+    for that instant only ``keep_previous`` holds one (:func:`read_verified` of either)."""
     contiguous = {k: v.contiguous() for k, v in tensors.items()}
     tmp = path.with_name(path.name + ".tmp")
     prepare_file(tmp, SECRET_MODE)  # save_file truncates it and keeps the mode
@@ -87,10 +89,26 @@ def atomic_save(tensors: Mapping[str, torch.Tensor], path: Path, meta: Mapping[s
     except CorruptFile as exc:  # the storage did not keep what was written: an I/O error
         raise OSError(errno.EIO, f"did not read back as written ({exc})", str(tmp)) from exc
     if keep_previous is not None:
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(path, keep_previous)
+        _keep_as(path, keep_previous)
     os.replace(tmp, path)
     _sync_dir(path.parent)
+
+
+def _keep_as(path: Path, previous: Path) -> None:
+    """Make ``previous`` name the file ``path`` names, leaving ``path`` in place where the file
+    system has hard links (see :func:`atomic_save`)."""
+    link = previous.with_name(previous.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()
+    try:
+        os.link(path, link)
+    except FileNotFoundError:
+        return  # nothing to keep: the first save
+    except OSError:  # no hard links here (FAT, some network file systems)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(path, previous)
+        return
+    os.replace(link, previous)
 
 
 def _sync_dir(directory: Path) -> None:

@@ -236,3 +236,40 @@ def test_a_write_that_does_not_read_back_is_an_io_error_and_keeps_the_old_file(
     assert failed.value.errno == errno.EIO and "did not read back" in str(failed.value)
     assert read_checkpoint(path).state.round == 4  # the newest is still the last good one
     assert not (tmp_path / CHECKPOINT_PREV).exists()
+
+
+def test_the_newest_checkpoint_exists_at_every_moment_of_a_save(tmp_path, monkeypatch):
+    """A node killed anywhere inside a save leaves a checkpoint at ``checkpoint.safetensors``:
+    the one it replaces is hard-linked to ``checkpoint.prev.safetensors``, not renamed there."""
+    save(tmp_path, 4)
+    newest = tmp_path / CHECKPOINT
+    seen: list[bool] = []
+    real_replace = files.os.replace
+
+    def watching(src: object, dst: object) -> None:
+        seen.append(newest.exists())
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files.os, "replace", watching)
+    save(tmp_path, 5)
+    assert seen and all(seen)
+    assert read_checkpoint(newest).state.round == 5
+    assert read_checkpoint(tmp_path / CHECKPOINT_PREV).state.round == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_PREV, CHECKPOINT]
+
+
+def test_without_hard_links_the_replaced_checkpoint_is_renamed_to_the_previous(
+        tmp_path, monkeypatch):
+    """A file system without hard links (FAT on an SD card): the old newest is renamed to
+    ``checkpoint.prev.safetensors`` instead, and both still hold the rounds they should."""
+    save(tmp_path, 4)
+    save(tmp_path, 5)
+
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(files.os, "link", no_links)
+    save(tmp_path, 6)
+    assert read_checkpoint(tmp_path / CHECKPOINT).state.round == 6
+    assert read_checkpoint(tmp_path / CHECKPOINT_PREV).state.round == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_PREV, CHECKPOINT]
