@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -244,13 +245,13 @@ def test_the_newest_checkpoint_exists_at_every_moment_of_a_save(tmp_path, monkey
     save(tmp_path, 4)
     newest = tmp_path / CHECKPOINT
     seen: list[bool] = []
-    real_replace = files.os.replace
+    real_replace = os.replace
 
     def watching(src: object, dst: object) -> None:
         seen.append(newest.exists())
         real_replace(src, dst)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(files.os, "replace", watching)
+    monkeypatch.setattr(os, "replace", watching)
     save(tmp_path, 5)
     assert seen and all(seen)
     assert read_checkpoint(newest).state.round == 5
@@ -268,7 +269,7 @@ def test_without_hard_links_the_replaced_checkpoint_is_renamed_to_the_previous(
     def no_links(src: object, dst: object) -> None:
         raise OSError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(files.os, "link", no_links)
+    monkeypatch.setattr(os, "link", no_links)
     save(tmp_path, 6)
     assert read_checkpoint(tmp_path / CHECKPOINT).state.round == 6
     assert read_checkpoint(tmp_path / CHECKPOINT_PREV).state.round == 5
