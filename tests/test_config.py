@@ -272,4 +272,4 @@ def test_the_consensus_step_defaults_to_the_compressors_and_can_be_set():
     topk = RunConfig(compression="topk:0.01").consensus_gamma()
     assert topk is not None and topk < 0.1
     assert RunConfig(compression="topk:0.01", consensus_step=0.3).consensus_gamma() == 0.3
-    assert RunConfig(compression="int8").mixing_rule(None).kind == "choco"
+    assert RunConfig(compression="int8").mixing_rule(None).rule == "choco"

@@ -528,18 +528,18 @@ class RunConfig:
     def topology_spec(self) -> TopologySpec:
         from dacflnode.algorithms.topology import TopologySpec, load_matrix_file
 
-        kind = (
+        topology = (
             "custom"
             if self.mixing_matrix and self.topology in ("dense", "custom")
             else self.topology
         )
         matrix = (
             load_matrix_file(self.mixing_matrix)
-            if kind == "custom" and self.mixing_matrix
+            if topology == "custom" and self.mixing_matrix
             else None
         )
         return TopologySpec(
-            kind=kind,
+            topology=topology,
             nodes=self.nodes,
             seed=self.seed,
             time_varying=self.time_varying,

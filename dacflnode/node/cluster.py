@@ -70,7 +70,7 @@ def cluster_graph(
     if kind == "edge-list" and not edge_list:
         raise ConfigError("edge_list", "kind 'edge-list' needs an edge list file (--edge-list)")
     spec = TopologySpec(
-        kind=kind,
+        topology=kind,
         nodes=nodes,
         seed=run.seed,
         degree=run.degree,

@@ -230,7 +230,7 @@ class Simulation:
         if self.alg.global_model:
             raise ConfigError("faults", f"a {event} event needs each node's own model; "
                               f"{self.alg.name} evaluates the network average")
-        kind = cfg.topology_spec().kind
+        kind = cfg.topology_spec().topology
         if kind not in GRAPH_KINDS:
             raise ConfigError("faults", f"a {event} event needs a graph topology (Metropolis "
                               f"weights that follow the nodes), not '{kind}'")
@@ -252,7 +252,7 @@ class Simulation:
             rows = MatrixRows(self.ids, lambda t: server)
             return rows, everyone, rows.active
         schedule = MixingSchedule(self.cfg.topology_spec())
-        if schedule.spec.kind not in GRAPH_KINDS:
+        if schedule.spec.topology not in GRAPH_KINDS:
             rows = MatrixRows(self.ids, schedule.matrix)
             return rows, everyone, rows.active
         base = schedule.base_edges()
@@ -353,7 +353,7 @@ class _Records:
         #: per-round sums only when faults are played or the mixing is not exact (a healthy
         #: run of exact mixing keeps Σ x = Σ tracked)
         self._tracks = sim.alg.tracked_field != "x" and (
-            sim.faults is not None or sim.alg.mixing.kind != "exact")
+            sim.faults is not None or sim.alg.mixing.rule != "exact")
 
     def add(self, node: str, report: RoundReport, state: NodeState) -> None:
         if report.round <= self._done:

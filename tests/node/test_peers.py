@@ -93,7 +93,7 @@ def test_defaults_control_state_dir_share_and_nodes(tmp_path):
 
 def test_time_varying_neighbours_follow_the_simulators_graph(tmp_path):
     pf = load_peers(write(tmp_path, FULL))
-    sched = MixingSchedule(TopologySpec(kind="ring", nodes=4, time_varying=2, drop_prob=0.4))
+    sched = MixingSchedule(TopologySpec(topology="ring", nodes=4, time_varying=2, drop_prob=0.4))
     assert pf.base_edges() == sched.base_edges()
     for t in range(12):
         expected = sorted(f"node-{j if i == 1 else i}" for i, j in sched.edges(t) if 1 in (i, j))

@@ -28,7 +28,7 @@ import torch
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import NORMALIZATION, Dataset
 from dacflnode.learning.owndata import factory, images, tables
-from dacflnode.learning.owndata.contract import KINDS, DataContract
+from dacflnode.learning.owndata.contract import FORMS, DataContract
 
 IMAGE_NORMALIZATION: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {
     1: NORMALIZATION["fashion-mnist"],
@@ -41,7 +41,7 @@ BAD_FILE_POLICIES = ("fail", "skip")
 
 @dataclass(frozen=True)
 class LocalData(Dataset):
-    """One device's own data: a :class:`Dataset` (``name`` is the source kind, ``num_classes``
+    """One device's own data: a :class:`Dataset` (``name`` is the data's form, ``num_classes``
     the run's class count) and what describes it.
 
     ``contract``: the run's :class:`DataContract` as these files fulfil it. ``histogram`` and
@@ -72,7 +72,7 @@ class LocalData(Dataset):
     def summary(self) -> dict[str, object]:
         """A JSON-able description (what ``dacflnode data check --json`` prints)."""
         return {
-            "kind": self.contract.kind,
+            "kind": self.contract.form,
             "source": self.source,
             "test_source": self.test_source,
             "classes": list(self.contract.classes),
@@ -128,11 +128,11 @@ def normalize_images(u8: np.ndarray) -> torch.Tensor:
     return x.div_(255.0).sub_(m).div_(s)
 
 
-def _check_shape(kind: str, input_shape: Sequence[int] | None) -> tuple[int, ...] | None:
+def _check_shape(form: str, input_shape: Sequence[int] | None) -> tuple[int, ...] | None:
     if input_shape is None:
         return None
     shape = tuple(int(s) for s in input_shape)
-    if kind == "folder":
+    if form == "folder":
         if len(shape) != 3 or shape[0] not in (1, 3) or min(shape) < 1:
             raise ConfigError("channels", f"an image folder's input shape is (C, H, W) with "
                                              f"C = 1 or 3, got {shape}")
@@ -142,7 +142,7 @@ def _check_shape(kind: str, input_shape: Sequence[int] | None) -> tuple[int, ...
 
 
 def load_local_data(
-    kind: str,
+    form: str,
     root: str | Path,
     *,
     classes: Sequence[str],
@@ -160,8 +160,8 @@ def load_local_data(
 ) -> LocalData:
     """Load this device's own data.
 
-    ``kind``
-        ``"folder"``, ``"table"`` or ``"python"`` (:data:`~.contract.KINDS`).
+    ``form``
+        ``"folder"``, ``"table"`` or ``"python"`` (:data:`~.contract.FORMS`).
     ``root``
         The device's training data: a folder of class subfolders; a CSV/Parquet file or a folder
         of them; for ``python``, whatever the factory reads (passed to it as ``data_root``).
@@ -194,9 +194,9 @@ def load_local_data(
 
     Every bad input raises :class:`ConfigError` with one line naming the file and what to do.
     """
-    if kind not in KINDS:
-        raise ConfigError("dataset", f"unknown data source {kind!r} (choose from "
-                                     f"{', '.join(KINDS)})")
+    if form not in FORMS:
+        raise ConfigError("dataset", f"unknown data source {form!r} (choose from "
+                                     f"{', '.join(FORMS)})")
     if on_bad not in BAD_FILE_POLICIES:
         raise ConfigError("bad_files", f"must be one of {', '.join(BAD_FILE_POLICIES)}, got "
                                           f"{on_bad!r}")
@@ -206,15 +206,15 @@ def load_local_data(
                                      "(folder names, or a table's label values)")
     if len(set(class_names)) != len(class_names):
         raise ConfigError("classes", f"class names repeat: {list(class_names)}")
-    shape = _check_shape(kind, input_shape)
+    shape = _check_shape(form, input_shape)
     if not 0.0 <= float(holdout) < 1.0:
         raise ConfigError("holdout", f"must be a fraction in [0, 1), got {holdout!r}")
     cache = Path(cache_dir) if cache_dir is not None else None
-    if kind == "folder":
+    if form == "folder":
         return _load_folder(Path(root), None if test_root is None else Path(test_root),
                             class_names, shape, resize, holdout, seed, cache, on_bad, workers,
                             progress)
-    if kind == "table":
+    if form == "table":
         return _load_table(Path(root), None if test_root is None else Path(test_root),
                            class_names, shape, label_column, holdout, seed)
     spec = factory if factory is not None else str(root)

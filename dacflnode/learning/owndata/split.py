@@ -55,7 +55,7 @@ class Source:
     features (``None`` for an image folder, whose files are copied), labels, and the test split
     when there is one."""
 
-    kind: str  # "builtin" | "folder" | "table"
+    form: str  # "builtin" | "folder" | "table"
     classes: tuple[str, ...]
     labels: np.ndarray
     x: np.ndarray | None
@@ -232,7 +232,7 @@ def split_data(
     columns = src.feature_names or tuple(f"x{j}" for j in range(
         int(np.prod(src.x.shape[1:])) if src.x is not None else 0))
     x_rows: np.ndarray | None = src.x
-    if fmt == "table" and src.kind == "folder":
+    if fmt == "table" and src.form == "folder":
         decoded = images.load_folder(src.root or Path(source), src.classes, None, resize=False,
                                      field="source", cache_dir=None)
         if decoded.bad:
@@ -241,7 +241,7 @@ def split_data(
         x_rows = decoded.images
         columns = tuple(f"x{j}" for j in range(int(np.prod(x_rows.shape[1:]))))
     for node, index in zip(ids, parts, strict=True):
-        if fmt == "folder" and src.kind == "folder":
+        if fmt == "folder" and src.form == "folder":
             assert src.root is not None
             for i in index:
                 rel = src.files[int(i)]
