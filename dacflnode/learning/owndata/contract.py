@@ -9,8 +9,11 @@ are not, :meth:`DataContract.difference` says what differs in one line.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from dacflnode.errors import ConfigError
 
 FORMS = ("folder", "table", "python")
 """The forms of a device's own data."""
@@ -109,6 +112,18 @@ class DataContract:
             if mine != theirs:
                 return f"{other_name} has {what} {theirs}, this run {mine}"
         return None
+
+
+def class_labels(classes: Sequence[str], found: Iterable[str],
+                 refusal: Callable[[str], str]) -> dict[str, int]:
+    """The label of each class name: its index in the run's ``classes``. A name in ``found``
+    (the class names the files hold) that is not one of them is refused with a
+    :class:`ConfigError` on ``classes``, whose text ``refusal(name)`` writes."""
+    labels = {name: i for i, name in enumerate(classes)}
+    for name in found:
+        if name not in labels:
+            raise ConfigError("classes", refusal(name))
+    return labels
 
 
 def _shape(shape: tuple[int, ...]) -> str:
