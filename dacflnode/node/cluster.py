@@ -41,12 +41,8 @@ from dacflnode.node.peers import (
     parse_peers,
 )
 from dacflnode.node.peers_yaml import dump_peers
+from dacflnode.node.run_graph import node_ids
 from dacflnode.security.certs import tls_files, write_certs
-
-
-def node_ids(n: int) -> list[str]:
-    """The ids of a generated cluster (the simulator's ids too)."""
-    return [f"node-{i}" for i in range(n)]
 
 
 def check_kind(kind: str) -> str:

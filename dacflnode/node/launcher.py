@@ -41,11 +41,12 @@ from dacflnode.node.checkpoint import (
     CHECKPOINT_PREV,
     FINAL_MODEL,
 )
-from dacflnode.node.cluster import cluster_graph, generate_cluster, node_ids
+from dacflnode.node.cluster import cluster_graph, generate_cluster
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.faults import check_for_daemons, load_fault_plan
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
 from dacflnode.node.peers import load_peers
+from dacflnode.node.run_graph import node_ids
 
 LaunchProgress = Callable[[str, int, int, float | None], None]
 

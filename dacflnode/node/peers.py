@@ -40,7 +40,7 @@ file.
 When ``run.members`` and ``run.edges`` are given, the graph is the edges, indexed by the order of
 the members: node ``members[i]`` is node ``i`` of the simulator, so a time-varying run
 (``run.time_varying > 0``) drops the same edges in the same rounds as ``dacflnode simulate`` does
-(:func:`~dacflnode.algorithms.topology.active_edges`). ``run.topology`` and its parameters then
+(:class:`~dacflnode.node.run_graph.RunGraph`). ``run.topology`` and its parameters then
 only record how the edges were drawn.
 
 Exposure is checked at load (``docs/security.md``): a ``node.listen`` reachable from other hosts
@@ -70,7 +70,7 @@ from typing import Any
 import yaml
 
 from dacflnode.algorithms import graphs
-from dacflnode.algorithms.topology import TOPOLOGIES, active_edges
+from dacflnode.algorithms.topology import TOPOLOGIES
 from dacflnode.config import schema
 from dacflnode.config.daemon import DaemonSettings
 from dacflnode.config.fingerprint import fingerprint_data, run_fingerprint
@@ -85,6 +85,7 @@ from dacflnode.node.addresses import (
     parse_address,
 )
 from dacflnode.node.daemon_algorithms import DAEMON_ALGORITHMS, check_algorithm
+from dacflnode.node.run_graph import RunGraph
 from dacflnode.security.certs import NODE_ID_RE, check_node_id
 from dacflnode.security.tls import TlsFiles
 
@@ -177,21 +178,24 @@ class PeersFile:
             len(self.daemon.members), ((index[a], index[b]) for a, b in self.daemon.edges)
         )
 
+    def run_graph(self) -> RunGraph | None:
+        """``run.members`` and ``run.edges`` as the run's graph (None when no edges are given)."""
+        base = self.base_edges()
+        if base is None:
+            return None
+        return RunGraph.of(self.daemon.members, base, self.run.time_varying, self.run.seed,
+                           self.run.drop_prob)
+
     def active_neighbour_ids(self, t: int) -> list[str]:
         """The neighbours this node exchanges with in round ``t``, sorted.
 
-        All of them for a static run; for ``run.time_varying = k > 0`` the ones whose edge
-        :func:`~dacflnode.algorithms.topology.active_edges` keeps in epoch ``t // k`` — the
-        subgraph the simulator uses in round ``t``.
+        All of them for a static run; for ``run.time_varying = k > 0`` the ones the run's graph
+        keeps in round ``t`` (:meth:`RunGraph.active_neighbours`, the simulator's rule too).
         """
-        k = self.run.time_varying
-        base = self.base_edges()
-        if k <= 0 or base is None:
+        graph = self.run_graph()
+        if self.run.time_varying <= 0 or graph is None:
             return sorted(self.neighbour_ids())
-        members = self.daemon.members
-        me = members.index(self.node.id)
-        edges = active_edges(len(members), base, self.run.seed, t // k, self.run.drop_prob)
-        return sorted(members[j if i == me else i] for i, j in edges if me in (i, j))
+        return graph.active_neighbours(self.node.id, t)
 
     def run_fingerprint(self, contract: str | None = None) -> str:
         """SHA-256 (hex) of the settings every node of a run must share.

@@ -24,8 +24,9 @@ from dacflnode.learning.partition import partition
 from dacflnode.node.data import cache_dir_in, own_node_data
 from dacflnode.node.faults import FaultPlan
 from dacflnode.node.metrics_log import summarize
+from dacflnode.node.run_graph import node_ids
 from dacflnode.sim.engine import RayTarget
-from dacflnode.sim.simulator import ProgressFn, Simulation, node_ids
+from dacflnode.sim.simulator import ProgressFn, Simulation
 
 
 def run_experiment(

@@ -56,8 +56,10 @@ from dacflnode.node.checkpoint import Checkpoint
 from dacflnode.node.copies import SharedDecodes, compression_for, wire_parts
 from dacflnode.node.data import DataInfo, NodeDataSet, class_counts, contract_difference_all
 from dacflnode.node.faults import Crash, FaultPlan
+from dacflnode.node.invariant import relative_residual
 from dacflnode.node.metrics_log import METRICS_FILE
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
+from dacflnode.node.run_graph import RunGraph, node_ids
 from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
 from dacflnode.sim.engine import Engine, NodeData, OnLoopThread, RayTarget, make_engine
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage
@@ -67,10 +69,6 @@ from dacflnode.wire.state_guard import ABSURD_RATIO
 
 #: The run fingerprint every simulated node announces (they all share one configuration).
 SIMULATION_RUN = "simulation"
-
-
-def node_ids(n: int) -> list[str]:
-    return [f"node-{i}" for i in range(n)]
 
 
 def graph_edges(cfg: RunConfig) -> list[tuple[str, str]] | None:
@@ -262,12 +260,11 @@ class Simulation:
                       for i in range(n)}
         if not self.cfg.time_varying:
             return Metropolis(), neighbours, None
-        index = {node: i for i, node in enumerate(self.ids)}
+        graph = RunGraph.of(self.ids, base, self.cfg.time_varying, self.cfg.seed,
+                            self.cfg.drop_prob)  # a daemon's rule (PeersFile.active_neighbour_ids)
 
         def active(node: str) -> Callable[[int], list[str]]:
-            me = index[node]
-            return lambda t: sorted(self.ids[j if i == me else i]
-                                    for i, j in schedule.edges(t) if me in (i, j))
+            return lambda t: graph.active_neighbours(node, t)
 
         return Metropolis(), neighbours, active
 
@@ -329,7 +326,7 @@ class Simulation:
             sum_t = t if sum_t is None else sum_t + t
         if sum_x is None or sum_t is None:
             return None
-        return _relative(sum_x, sum_t)
+        return relative_residual(sum_x, sum_t)
 
 
 class _Records:
@@ -390,7 +387,7 @@ class _Records:
             accuracy=None if any(a is None for a in accs) else
             [float(a) for a in accs if a is not None],
             nodes=[j for j in self.sim.ids if j in done],
-            invariant=None if sums is None else _relative(*sums),
+            invariant=None if sums is None else relative_residual(*sums),
         )
         self._done = round_
         self.result.records.append(record)
@@ -566,13 +563,6 @@ def _check_contracts(ids: Sequence[str], shares: Sequence[NodeDataSet]) -> None:
 def _round_of(runners: Mapping[str, NodeRunner], node: str) -> Callable[[], int]:
     """The round ``node``'s runner is in (its inbox's window), once the runner exists."""
     return lambda: runners[node].round
-
-
-def _relative(sum_x: torch.Tensor, sum_tracked: torch.Tensor) -> float:
-    """``|Σ x − Σ tracked| / |Σ tracked|``."""
-    scale = float(torch.linalg.vector_norm(sum_tracked))
-    gap = float(torch.linalg.vector_norm(sum_x - sum_tracked))
-    return gap / scale if scale > 0 else gap
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
