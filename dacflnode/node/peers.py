@@ -59,7 +59,6 @@ Addresses are parsed in :mod:`dacflnode.node.addresses`, the algorithm policy li
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -67,19 +66,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dacflnode.algorithms import graphs
 from dacflnode.algorithms.topology import TOPOLOGIES
 from dacflnode.config import schema
 from dacflnode.config.daemon import DaemonSettings
 from dacflnode.config.fingerprint import fingerprint_data, run_fingerprint
+from dacflnode.config.reader import FileErrors, describe, read_yaml, type_name
 from dacflnode.config.run import RunConfig, config_from_mapping
 from dacflnode.errors import ConfigError, MixingMatrixError
 from dacflnode.node.addresses import (
     CONTROL_HOST,
     CONTROL_PORT_OFFSET,
-    file_error,
     format_address,
     is_loopback,
     parse_address,
@@ -214,15 +211,7 @@ class PeersFile:
 # ---------------------------------------------------------------------------------------- loading
 def load_peers(path: str | Path) -> PeersFile:
     """Read and check a peers file (see the module docstring)."""
-    file = Path(path).expanduser().absolute()
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ConfigError("peers", f"cannot read {file}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("peers", f"in {file}: not valid YAML: {exc}") from exc
+    file, data = read_yaml(path, "peers")
     return parse_peers(data, file)
 
 
@@ -238,9 +227,8 @@ class _Parser:
     def __init__(self, file: Path) -> None:
         self.file = file
         self.base = file.parent
-
-    def err(self, field: str, message: str) -> ConfigError:
-        return file_error(field, self.file, message)
+        self.errors = FileErrors(file)
+        self.err = self.errors.error
 
     # ------------------------------------------------------------------ generic helpers
     def mapping(
@@ -250,24 +238,12 @@ class _Parser:
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
-            raise self.err(where, f"expected a mapping, got {_kind(value)}")
-        allowed = tuple(allowed)
-        out: dict[str, Any] = {}
-        for raw_key, item in value.items():
-            key = str(raw_key).replace("-", "_")
-            field = f"{prefix}{raw_key}"
-            if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise self.err(field, f"unknown key (expected one of {', '.join(allowed)}){hint}")
-            if key in out:
-                raise self.err(field, "given twice (snake_case and kebab-case)")
-            out[key] = item
-        return out
+            raise self.err(where, f"expected a mapping, got {describe(value)}")
+        return self.errors.keys(value, where, allowed, prefix)
 
     def ident(self, value: Any, field: str) -> str:
         if isinstance(value, bool) or not isinstance(value, str | int):
-            raise self.err(field, f"expected a node id, got {_kind(value)}")
+            raise self.err(field, f"expected a node id, got {describe(value)}")
         text = str(value).strip()
         if not NODE_ID_RE.fullmatch(text):
             raise self.err(
@@ -291,7 +267,7 @@ class _Parser:
 
     def listing(self, value: Any, field: str) -> list[Any]:
         if not isinstance(value, list):
-            raise self.err(field, f"expected a list, got {_kind(value)}")
+            raise self.err(field, f"expected a list, got {describe(value)}")
         return value
 
     # ------------------------------------------------------------------ sections
@@ -461,7 +437,7 @@ class _Parser:
             return None
         # never echo the value: it is a secret
         if not isinstance(value, str):
-            raise self.err(field, f"expected a string, got {_kind_of(value)}")
+            raise self.err(field, f"expected a string, got {type_name(value)}")
         if not _TOKEN_RE.fullmatch(value):
             raise self.err(
                 field,
@@ -703,18 +679,3 @@ def read_metrics_token(path: Path, peers_file: Path) -> str:
                           f"{_TOKEN_MIN} printable ASCII characters without spaces (got "
                           f"{len(token)} characters)")
     return token
-
-
-def _kind_of(value: Any) -> str:
-    """The type of ``value``, never the value itself (for secrets)."""
-    return "nothing" if value is None else type(value).__name__
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
