@@ -264,8 +264,8 @@ def coerce(d: Declared, value: Any) -> Any:
         # names with choices (algorithms) are case-blind; free names (classes) keep their case
         fold = str.lower if d.setting.choices is not None else str
         return tuple(fold(str(v).strip()) for v in items if str(v).strip())
-    kind = d.base
-    if kind is bool:
+    base = d.base
+    if base is bool:
         if isinstance(value, bool):
             return value
         if str(value).lower() in ("true", "yes", "1", "on"):
@@ -273,14 +273,14 @@ def coerce(d: Declared, value: Any) -> Any:
         if str(value).lower() in ("false", "no", "0", "off"):
             return False
         raise ConfigError(name, f"expected true or false, got {value!r}")
-    if kind is int:
+    if base is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ConfigError(name, f"expected an integer, got {value!r}")
         try:
             return int(value)
         except (TypeError, ValueError):
             raise ConfigError(name, f"expected an integer, got {value!r}") from None
-    if kind is float:
+    if base is float:
         try:
             number = float(value) if not isinstance(value, bool) else math.nan
         except (TypeError, ValueError):
@@ -288,7 +288,7 @@ def coerce(d: Declared, value: Any) -> Any:
         if not math.isfinite(number):
             raise ConfigError(name, f"expected a number, got {value!r}")
         return number
-    if kind is str:
+    if base is str:
         if isinstance(value, Mapping | list):
             raise ConfigError(name, f"expected a single value, got {value!r}")
         return str(value)

@@ -275,7 +275,7 @@ class FaultPlan:
             _check_event(event, f"faults[{i}]", errors, ids, rounds)
         if edges is not None:
             self._check_edges(errors, edges)
-        self._check_lives(errors)
+        self._check_node_events(errors)
         return self
 
     def _check_edges(self, errors: FileErrors, edges: Iterable[tuple[str, str]]) -> None:
@@ -303,7 +303,7 @@ class FaultPlan:
                         f"{a} -- {b} is not an edge of this run's graph ({a}'s neighbours: "
                         f"{near}), so this entry would never happen: name an edge of the graph")
 
-    def _check_lives(self, errors: FileErrors) -> None:
+    def _check_node_events(self, errors: FileErrors) -> None:
         """Per node: one join, one leave, crashes that do not overlap, all while it runs."""
         first: dict[tuple[str, str], int] = {}
         for i, event in enumerate(self.events):

@@ -228,10 +228,10 @@ class Simulation:
         if self.alg.global_model:
             raise ConfigError("faults", f"a {event} event needs each node's own model; "
                               f"{self.alg.name} evaluates the network average")
-        kind = cfg.topology_spec().kind
-        if kind not in GRAPH_KINDS:
+        topology = cfg.topology_spec().kind
+        if topology not in GRAPH_KINDS:
             raise ConfigError("faults", f"a {event} event needs a graph topology (Metropolis "
-                              f"weights that follow the nodes), not '{kind}'")
+                              f"weights that follow the nodes), not '{topology}'")
         if cfg.engine == "batched":
             raise ConfigError("engine", f"the batched engine trains all nodes at once, which a "
                               f"{event} event does not allow; use sequential (or auto)")
@@ -293,9 +293,9 @@ class Simulation:
         self.runners = []
         started = time.perf_counter()
         try:
-            async with asyncio.TaskGroup() as lives:
+            async with asyncio.TaskGroup() as tasks:
                 for node in self.ids:
-                    lives.create_task(nodes.life(node))
+                    tasks.create_task(nodes.play(node))
         except ExceptionGroup as failed:
             # a shared trainer hands its one error to every node: report it once, as itself
             raise _first_leaf(failed) from failed
@@ -398,7 +398,7 @@ class _Records:
 class _Nodes:
     """The nodes of one run: their transports and runners, and the fault plan's node events.
 
-    A node's life (:meth:`life`) starts its runner, with the others or, for a joiner, when they
+    Playing a node (:meth:`play`) starts its runner, with the others or, for a joiner, when they
     reach its join round; a crash cancels the runner at the start of its round (the transport
     goes down with it) and, with a restart, a new runner resumes from the crashed one's last
     completed round once the others reach the restart round; a leave asks the runner to drain
@@ -482,7 +482,9 @@ class _Nodes:
         self.transports[node] = transport
         return runner
 
-    async def life(self, node: str) -> None:
+    async def play(self, node: str) -> None:
+        """Run ``node`` from its start (or join) to its end, through the plan's crashes,
+        restarts and leave."""
         plan = self.plan
         join = plan.join_round(node) if plan is not None else None
         leave = plan.leave_round(node) if plan is not None else None
