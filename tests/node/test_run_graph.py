@@ -4,10 +4,12 @@ from dataclasses import replace
 
 from dacflnode.algorithms.topology import MixingSchedule
 from dacflnode.config import RunConfig
+from dacflnode.learning.datasets import load_dataset
+from dacflnode.learning.partition import partition
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.peers import load_peers
 from dacflnode.node.run_graph import RunGraph, node_ids
-from dacflnode.sim.simulator import graph_edges
+from dacflnode.sim.simulator import Simulation, graph_edges
 
 RUN = RunConfig(dataset="synthetic", nodes=12, rounds=3, topology="random-regular", degree=3,
                 time_varying=2, drop_prob=0.4, seed=5)
@@ -38,6 +40,23 @@ def test_each_daemon_exchanges_in_each_round_with_the_neighbours_the_run_graph_g
     assert changed  # the graph does vary, so the comparison covers dropped edges
     # ids sort as text: node-10 before node-2, on both sides
     assert graph.active_neighbours("node-1", 0) == sorted(graph.active_neighbours("node-1", 0))
+
+
+def test_the_simulator_follows_the_same_rule():
+    cfg = replace(RUN, model="tiny-cnn", synthetic_train=240, synthetic_test=40, device="cpu",
+                  engine="sequential")
+    data = load_dataset("synthetic", synthetic_train=cfg.synthetic_train,
+                        synthetic_test=cfg.synthetic_test, seed=cfg.seed)
+    sim = Simulation(cfg, "dacfl", data, partition(data.train_y, cfg.nodes, "iid", seed=cfg.seed))
+    assert sim.ids == node_ids(cfg.nodes)
+    base = MixingSchedule(cfg.topology_spec()).base_edges()
+    assert base is not None
+    graph = RunGraph.of(sim.ids, base, cfg.time_varying, cfg.seed, cfg.drop_prob)
+    _, _, active = sim._topology()  # what each simulated node's setup is given
+    assert active is not None
+    for node in sim.ids:
+        assert [active(node)(t) for t in range(10)] == \
+            [graph.active_neighbours(node, t) for t in range(10)]
 
 
 def test_a_static_run_graph_is_its_base_graph():
