@@ -66,8 +66,8 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
           --data-root devices/ --test-root devices/test/ --out runs/own   # DIR/<node-id>/
     """
     from dacflnode.errors import ConfigError
+    from dacflnode.learning.names import node_ids
     from dacflnode.node.faults import load_fault_plan
-    from dacflnode.node.run_graph import node_ids
     from dacflnode.sim.engine import RayTarget
     from dacflnode.sim.experiment import run_experiment
     from dacflnode.sim.simulator import graph_edges

@@ -26,6 +26,7 @@ from dacflnode.algorithms.topology import GRAPH_KINDS, MATRIX_KINDS, MixingSched
 from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, SECRET_MODE, make_dir, write_text
+from dacflnode.learning.names import node_ids
 from dacflnode.node.addresses import (
     CONTROL_HOST,
     CONTROL_PORT_OFFSET,
@@ -41,7 +42,6 @@ from dacflnode.node.peers import (
     parse_peers,
 )
 from dacflnode.node.peers_yaml import dump_peers
-from dacflnode.node.run_graph import node_ids
 from dacflnode.security.certs import tls_files, write_certs
 
 

@@ -4,7 +4,9 @@ One definition for the daemon (:class:`~dacflnode.node.peers.PeersFile`) and the
 (:mod:`dacflnode.sim.simulator`), so that ``launch`` and ``simulate`` drop the same edges in the
 same rounds:
 
-* node ``i`` of a generated or simulated run is ``node-i`` (:func:`node_ids`);
+* node ``i`` of a generated or simulated run is ``node-i``
+  (:func:`~dacflnode.learning.names.node_ids`, which ``dacflnode data split`` names its folders
+  with too);
 * in a time-varying run (``time_varying = k > 0``) a node exchanges in round ``t`` with its
   neighbours over the edges :func:`~dacflnode.algorithms.topology.active_edges` keeps in epoch
   ``t // k``, in id order (:meth:`RunGraph.active_neighbours`).
@@ -17,11 +19,6 @@ from dataclasses import dataclass
 
 from dacflnode.algorithms import graphs
 from dacflnode.algorithms.topology import active_edges
-
-
-def node_ids(n: int) -> list[str]:
-    """The ids of the ``n`` nodes of a generated cluster or a simulation: ``node-0`` …"""
-    return [f"node-{i}" for i in range(n)]
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from dacflnode.filemodes import make_dir
 from dacflnode.learning.datasets import Dataset, eval_subset
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
+from dacflnode.learning.names import node_ids
 from dacflnode.learning.train import pick_device
 from dacflnode.node.checkpoint import Checkpoint
 from dacflnode.node.copies import SharedDecodes, compression_for, wire_parts
@@ -59,7 +60,7 @@ from dacflnode.node.faults import Crash, FaultPlan
 from dacflnode.node.invariant import relative_residual
 from dacflnode.node.metrics_log import METRICS_FILE
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
-from dacflnode.node.run_graph import RunGraph, node_ids
+from dacflnode.node.run_graph import RunGraph
 from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
 from dacflnode.sim.engine import Engine, NodeData, OnLoopThread, RayTarget, make_engine
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage

@@ -36,12 +36,12 @@ from typing import Any
 import pytest
 
 from dacflnode.config import RunConfig
+from dacflnode.learning.names import node_ids
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.invariant import compute_invariant, read_snapshot
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers
-from dacflnode.node.run_graph import node_ids
 from dacflnode.transport.control_types import ControlAuth
 from dacflnode.transport.grpc_control import request_stop
 from tests.node.cluster_helpers import control_of

@@ -1,14 +1,17 @@
-"""The run's graph by node id, defined once for the daemon's peers files and the simulator."""
+"""The run's node ids and graph, defined once for the daemon's peers files, the simulator and a
+data split."""
 
 from dataclasses import replace
 
 from dacflnode.algorithms.topology import MixingSchedule
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import load_dataset
+from dacflnode.learning.names import node_ids
+from dacflnode.learning.owndata.split import split_data
 from dacflnode.learning.partition import partition
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.peers import load_peers
-from dacflnode.node.run_graph import RunGraph, node_ids
+from dacflnode.node.run_graph import RunGraph
 from dacflnode.sim.simulator import Simulation, graph_edges
 
 RUN = RunConfig(dataset="synthetic", nodes=12, rounds=3, topology="random-regular", degree=3,
@@ -18,6 +21,12 @@ RUN = RunConfig(dataset="synthetic", nodes=12, rounds=3, topology="random-regula
 def test_node_i_is_named_node_i():
     assert node_ids(3) == ["node-0", "node-1", "node-2"]
     assert node_ids(0) == []
+
+
+def test_a_data_split_names_its_device_folders_as_the_run_names_its_nodes(tmp_path):
+    result = split_data("synthetic", tmp_path / "devices", nodes=3, fmt="table")
+    assert list(result.nodes) == node_ids(3)
+    assert all((tmp_path / "devices" / node).is_dir() for node in node_ids(3))
 
 
 def test_a_generated_cluster_and_the_simulator_name_the_same_nodes_and_edges(tmp_path):
