@@ -39,6 +39,7 @@ from dacflnode.algorithms.topology import GRAPH_KINDS
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
+from dacflnode.learning.names import node_ids
 from dacflnode.logs import LOG_FILE_BACKUPS
 from dacflnode.node.checkpoint import (
     CHECKPOINT,
@@ -46,7 +47,7 @@ from dacflnode.node.checkpoint import (
     CHECKPOINT_PREV,
     FINAL_MODEL,
 )
-from dacflnode.node.cluster import cluster_graph, generate_cluster, node_ids
+from dacflnode.node.cluster import cluster_graph, generate_cluster
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.faults import check_for_daemons, load_fault_plan
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize

@@ -27,6 +27,7 @@ from PIL import Image
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, write_text
 from dacflnode.learning.datasets import DATASETS, NORMALIZATION, load_dataset
+from dacflnode.learning.names import node_ids
 from dacflnode.learning.owndata import images, tables
 from dacflnode.learning.partition import partition
 
@@ -87,10 +88,6 @@ class SplitResult:
             "test_samples": self.test_count,
             "run_settings": self.run_settings,
         }
-
-
-def node_ids(n: int) -> tuple[str, ...]:
-    return tuple(f"node-{i}" for i in range(n))
 
 
 def _to_uint8(x: np.ndarray, dataset: str) -> np.ndarray:
@@ -224,7 +221,7 @@ def split_data(
                                     "table")
     parts = partition(src.labels, nodes, scheme, seed=seed, alpha=alpha,
                       shards_per_node=shards_per_node)
-    ids = node_ids(nodes)
+    ids = tuple(node_ids(nodes))
     make_dir(out)
     total = sum(len(p) for p in parts) + (0 if src.test_labels is None else len(src.test_labels))
     done = [0]
