@@ -351,10 +351,10 @@ def test_every_logging_call_names_its_event_and_gives_only_known_fields():
                 bad_name.append(where)
         elif not isinstance(event, ast.JoinedStr):  # f"{call}_refused": still named here
             bad_name.append(where)
-    assert no_event == [], "give these logging calls extra={\"event\": \"<what_happened>\", " \
-                           "...} with the node, round, neighbour and reason they are about"
+    assert no_event == [], f"give these logging calls extra={{'event': '<what_happened>', ...}} " \
+                           f"with the node, round, neighbour and reason they are about: {no_event}"
     assert unknown == [], f"not a field of dacflnode.logs.FIELDS or VALUE_KEYS: {unknown}"
-    assert bad_name == [], "an event is a lower-case name with underscores, written at the call"
+    assert bad_name == [], f"an event is a lower-case name with underscores: {bad_name}"
 
 
 def test_every_module_logs_under_its_own_name():
