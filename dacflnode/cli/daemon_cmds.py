@@ -47,7 +47,7 @@ T = TypeVar("T")
               type=click.Choice(["text", "json"]),
               help="Of stderr and STATE_DIR/daemon.log: text lines, or one JSON object per line "
                    "with time, level, logger, node, round, neighbour, event, reason, message, "
-                   "traceback (null where not known; see dacflnode/logs.py).")
+                   "traceback (null where not known; see dacflnode/logs/json_format.py).")
 @click.option("--insecure", is_flag=True,
               help="Allow a non-loopback node.listen without node.tls (the same as "
                    "node.insecure: true): neighbours are then not authenticated.")

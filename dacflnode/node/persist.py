@@ -41,7 +41,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-log = logging.getLogger("dacflnode.node")
+log = logging.getLogger(__name__)
 
 #: Errors that no retry within seconds can fix.
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -147,6 +147,7 @@ class Persister:
                         err.errno, str(path)) from exc
                 wait = self.pause * 2 ** (attempt - 1)
                 log.warning("%s: writing the %s to %s failed: %s; trying again in %.1fs",
-                            self.node_id, what, path, reason, wait)
+                            self.node_id, what, path, reason, wait,
+                            extra={"event": "write_retry", "node": self.node_id})
                 self.retried += 1
                 self.sleep(wait)

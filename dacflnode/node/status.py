@@ -15,7 +15,6 @@ end in ``_total``, durations are histograms. docs/operations.md lists them.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Iterator
 
@@ -34,8 +33,6 @@ from dacflnode.node.metrics_http import METRICS_PATH, MetricsServer
 from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
 
 __all__ = ["METRICS_PATH", "MetricsServer", "NeighbourInfo", "NodeMetrics", "NodeStatus"]
-
-log = logging.getLogger("dacflnode.metrics")
 
 #: The phases a node goes through (:attr:`NodeRunner.phase`, ``failed`` set by the daemon);
 #: ``dacfl_phase{phase}`` is 1 for the current one and 0 for the others.

@@ -44,7 +44,7 @@ AUTH_METADATA_KEY = "authorization"
 #: log); the next line says how many were not logged.
 REFUSAL_LOG_INTERVAL = 1.0
 
-log = logging.getLogger("dacflnode.control")
+log = logging.getLogger(__name__)
 
 
 class ControlUnauthenticated(Exception):
@@ -158,7 +158,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         if now - self._last_log >= REFUSAL_LOG_INTERVAL:
             log.warning("control call from %.100r refused: missing or wrong token%s",
                         context.peer(), f" ({self._unlogged} more not logged)"
-                        if self._unlogged else "")
+                        if self._unlogged else "", extra={"event": "control_refused"})
             self._last_log, self._unlogged = now, 0
         else:
             self._unlogged += 1

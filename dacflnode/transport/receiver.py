@@ -80,7 +80,7 @@ from dacflnode.wire.codec import (
 )
 from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, WireError
 
-log = logging.getLogger("dacflnode.transport")
+log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 #: Seconds a push stream may send nothing before it is cut (a healthy sender writes a 1 MiB
@@ -259,7 +259,9 @@ class Receiver:
             if call == "push" and exc.reason is Reason.ROUND_PASSED:
                 self.late_by[who] += 1
         log.warning("%s from %r (peer %r, round %d) refused: %s: %s (%s)", call, who, peer,
-                    round_, exc.code, exc.detail, exc.reason)
+                    round_, exc.code, exc.detail, exc.reason,
+                    extra={"event": f"{call}_refused", "round": round_ if round_ >= 0 else None,
+                           "neighbour": who, "reason": exc.reason})
 
     # ------------------------------------------------------------------ Hello
     def hello(

@@ -64,8 +64,11 @@ def start_cluster(
 
 
 def start_node(path: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    """The daemon of the peers file ``path``; its stderr goes to ``<peers file>.stderr`` (a pipe
+    nobody reads would stop the daemon once its log fills the pipe's 64 KiB)."""
+    with path.with_suffix(".stderr").open("ab") as err:
+        return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
+                                stdout=subprocess.DEVNULL, stderr=err, env=ENV)
 
 
 def wait_all(procs, timeout=120) -> list[int]:

@@ -28,7 +28,7 @@ from dacflnode.wire.errors import REASON_METADATA_KEY, Reason
 P = 40
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
-LOGGER = "dacflnode.transport"
+LOGGER = "dacflnode.transport.receiver"
 
 
 def message(sender: str, round_: int, seed: int = 0, size: int = P) -> RoundMessage:

@@ -29,7 +29,7 @@ from tests.transport.test_grpc_bad_input import same
 P = 700_000  # 2 x 2.8 MB: three 1 MiB chunks and a short one per tensor
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
-LOGGER = "dacflnode.transport"
+LOGGER = "dacflnode.transport.receiver"
 
 
 def message(sender: str, round_: int, seed: int = 0) -> RoundMessage:

@@ -30,7 +30,7 @@ from dacflnode.wire.errors import Reason
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
-LOGGER = "dacflnode.transport"
+LOGGER = "dacflnode.transport.receiver"
 
 
 def message(sender: str, round_: int = 0, seed: int = 0) -> RoundMessage:

@@ -146,7 +146,7 @@ async def test_a_valid_certificate_of_one_member_cannot_speak_as_another(pki, bo
     # carol's own certificate, but every message says it comes from alice
     spoof = client("alice", bob, material(pki, "carol"))
     try:
-        with caplog.at_level(logging.WARNING, logger="dacflnode.transport"):
+        with caplog.at_level(logging.WARNING, logger="dacflnode.transport.receiver"):
             with pytest.raises(HandshakeRefused):
                 await spoof.hello("bob")
             with pytest.raises(WireError) as err:
@@ -215,7 +215,7 @@ async def serve_control(tls: TlsMaterial | None, token: str | None
 async def test_a_control_call_without_its_token_is_unauthenticated(caplog):
     server, provider, address = await serve_control(None, TOKEN)
     try:
-        with caplog.at_level(logging.WARNING, logger="dacflnode.control"):
+        with caplog.at_level(logging.WARNING, logger="dacflnode.transport.grpc_control"):
             with pytest.raises(ControlUnauthenticated) as missing:
                 await request_stop(address)
             with pytest.raises(ControlUnauthenticated) as wrong:

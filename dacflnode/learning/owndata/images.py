@@ -191,7 +191,8 @@ def _write_cache(cache_dir: Path, root: Path, key: str, decoded: DecodedFolder) 
                    SECRET_MODE)
         os.replace(tmp, meta_path)
     except OSError as err:
-        logger.warning("could not cache the decoded images in %s: %s", meta_path.parent, err)
+        logger.warning("could not cache the decoded images in %s: %s", meta_path.parent, err,
+                       extra={"event": "data_cache_unwritable"})
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
@@ -284,7 +285,8 @@ def load_folder(
     if cache_dir is not None:
         cached = _read_cache(cache_dir, root, key, len(files))
         if cached is not None:
-            logger.info("%s: %d decoded images read from the cache", root, len(cached.labels))
+            logger.info("%s: %d decoded images read from the cache", root, len(cached.labels),
+                        extra={"event": "data_cache_hit"})
             return cached
     images, bad_idx, mismatched = decode_folder(root, files, shape, resize, workers=workers,
                                                 progress=progress)
