@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from dacflnode.transport.errors import PeerUnavailable as PeerUnavailable
-from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage
 from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
 from dacflnode.wire.state_guard import StateGuard
 
 #: How long a :meth:`Transport.pull` waits by default, in seconds.
@@ -122,7 +122,7 @@ class PeerStats:
     """Per-neighbour counters shown by ``dacflnode status``.
 
     ``bytes_sent`` and ``bytes_received`` count the payload bytes (the tensors' bytes, as
-    :attr:`~dacflnode.wire.codec.RoundMessage.payload_bytes`) of every state moved with the
+    :attr:`~dacflnode.wire.message.RoundMessage.payload_bytes`) of every state moved with the
     neighbour: pushes out and in, pulls served and made (state and copy pulls), the same in
     every transport, so a runner can take per-round differences.
     """

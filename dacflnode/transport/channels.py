@@ -4,7 +4,7 @@ Only this module and ``grpc_*.py`` import grpc. The options, and why:
 
 ``grpc.max_send_message_length`` / ``grpc.max_receive_message_length`` (8 MiB)
     A round's state travels as ~1 MiB :class:`StateChunk` messages (see
-    :mod:`dacflnode.wire.codec`), so no single gRPC message is ever large; the limit is set
+    :mod:`dacflnode.wire`), so no single gRPC message is ever large; the limit is set
     explicitly (the default receive limit is 4 MiB) with headroom for the header and for a
     sender using larger chunks, while still bounding what one message can make a node allocate.
 

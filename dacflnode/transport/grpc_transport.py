@@ -45,7 +45,7 @@ PullState are registered with hand-made (de)serializers (:func:`add_neighbor_ser
 tensors and hashed from that copy, in a worker thread while the chunk before it is sent
 (:meth:`~dacflnode.transport.outgoing.ChunkStream.prefetched`); the checksum follows the data in
 the stream's trailer. A received data chunk is parsed as a view of the received bytes
-(:func:`~dacflnode.wire.codec.parse_chunk`), whose payload is then copied, hashed and summed
+(:func:`~dacflnode.wire.fast_path.parse_chunk`), whose payload is then copied, hashed and summed
 straight into the receive buffer in a worker thread while the next chunk is received
 (:class:`~dacflnode.transport.receiver.Assembler`). The bytes on the wire are exactly
 protobuf's, so a peer using the generated stubs reads and writes the same streams.
@@ -94,17 +94,11 @@ from dacflnode.transport.receiver import (
     Receiver,
 )
 from dacflnode.transport.slots import Call, CallSlots, PoolKey, peer_host
-from dacflnode.wire.codec import (
-    CHUNK_BYTES,
-    Chunk,
-    CompressedSpec,
-    Decoder,
-    RoundMessage,
-    chunk_size,
-    parse_chunk,
-    serialize_chunk,
-)
+from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
+from dacflnode.wire.fast_path import Chunk, chunk_size, parse_chunk, serialize_chunk
+from dacflnode.wire.message import CHUNK_BYTES, RoundMessage
+from dacflnode.wire.validation import CompressedSpec
 
 #: Deadline of one Hello call, in seconds.
 HELLO_TIMEOUT = 5.0
@@ -380,7 +374,7 @@ _CUT_NOW = frozenset({Reason.IDLE, Reason.TOO_SLOW, Reason.PREEMPTED, Reason.TOO
 
 def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) -> None:
     """Serve ``dacfl.v1.Neighbor`` on ``server`` with hand-made handlers: PushState's chunks
-    are parsed by :func:`~dacflnode.wire.codec.parse_chunk` (a data chunk's payload stays a
+    are parsed by :func:`~dacflnode.wire.fast_path.parse_chunk` (a data chunk's payload stays a
     view of the received bytes), PullState sends the bytes :meth:`Receiver.pull_serialized`
     made, and Hello and PullState read their request as a stream (of one message: see
     :class:`NeighborServicer`), so that a call that never sends it is cut at the first-message
@@ -410,7 +404,7 @@ def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) ->
 class NeighborCalls:
     """The ``dacfl.v1.Neighbor`` calls on one channel: ``hello`` as generated; ``push`` takes
     serialized chunks (bytes, as :meth:`ChunkStream.serialized` makes them) and ``pull``
-    yields chunks as :func:`~dacflnode.wire.codec.parse_chunk` returns them."""
+    yields chunks as :func:`~dacflnode.wire.fast_path.parse_chunk` returns them."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.hello = neighbor_pb2_grpc.NeighborStub(channel).Hello

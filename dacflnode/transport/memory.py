@@ -13,7 +13,7 @@ A :class:`MemoryNetwork` delivers in one of two ways:
     A push skips encoding, chunking and checksumming: the peer's receiver validates the
     message's fields exactly as it validates a header (sender, round, degree, tensor names,
     dtypes and shapes; same status codes, same :class:`~dacflnode.wire.errors.Reason`) and puts
-    the very :class:`~dacflnode.wire.codec.RoundMessage` the sender pushed, with the sender's
+    the very :class:`~dacflnode.wire.message.RoundMessage` the sender pushed, with the sender's
     tensor objects, into its inbox. Pulls hand over the published message the same way. Every
     receiver therefore treats delivered tensors as read-only (the node runner only reads them
     to mix), and a sender never mutates a message after pushing it. Byte counters count the
@@ -50,8 +50,9 @@ from dacflnode.transport.handshake import (
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.pulling import pull_decoder, pull_expectation
 from dacflnode.transport.receiver import Receiver, check_message
-from dacflnode.wire.codec import CompressedSpec, RoundMessage
 from dacflnode.wire.errors import WireError
+from dacflnode.wire.message import RoundMessage
+from dacflnode.wire.validation import CompressedSpec
 
 
 class MemoryNetwork:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dacflnode.wire.codec import CompressedSpec, Decoder, Expectation
+from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.errors import Reason, Refusal
+from dacflnode.wire.validation import CompressedSpec, Expectation
 
 
 def pull_expectation(

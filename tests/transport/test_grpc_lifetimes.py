@@ -21,8 +21,8 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, PeerUnavailable, TransportClosed
 from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls, unreachable
-from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import REASON_METADATA_KEY
+from dacflnode.wire.message import RoundMessage
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from dacflnode.transport.pulling import pull_decoder
-from dacflnode.wire.codec import RoundMessage, WireError, encode
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.encoder import encode
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import RoundMessage
 
 TENSORS = {"x": (8,)}
 

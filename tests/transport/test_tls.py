@@ -35,8 +35,8 @@ from dacflnode.transport.grpc_control import (
     status_to_proto,
 )
 from dacflnode.transport.grpc_transport import GrpcTransport
-from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import WireError
+from dacflnode.wire.message import RoundMessage
 
 P = 16
 TENSORS = {"omega": (P,), "x": (P,)}
