@@ -15,14 +15,21 @@ declared ``group``; a command names the sections of its own options.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from dacflnode.config import DaemonSettings, RunConfig, config_from_mapping, load_yaml_config
-from dacflnode.config.schema import OPTION_GROUPS, Declared, fields_of
+from dacflnode.config.schema import (
+    OPTION_GROUPS,
+    Declared,
+    check,
+    field_of,
+    fields_of,
+    from_mapping,
+)
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -182,6 +189,40 @@ def daemon_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for d in reversed(daemon_option_fields()):
         func = daemon_option(d)(func)
     return func
+
+
+def daemon_setting_option(name: str) -> Decorator:
+    """The option of the daemon setting ``name`` alone, for a command that plays that part
+    of a daemon (``simulate --gone-after``); check its value with :func:`daemon_settings`."""
+    return daemon_option(field_of(DaemonSettings, name))
+
+
+def daemon_settings(values: Mapping[str, Any]) -> DaemonSettings:
+    """The daemon settings ``values`` (by name) over the defaults, checked as a peers file's
+    are (:class:`~dacflnode.errors.ConfigError` naming the setting)."""
+    settings = from_mapping(DaemonSettings, values)
+    check(settings)
+    return settings
+
+
+def pop_daemon_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """The daemon settings among a cluster command's ``options``, taken out of them (they go
+    to every peers file, beside the run settings)."""
+    return {d.name: options.pop(d.name) for d in daemon_option_fields() if d.name in options}
+
+
+def out_dir_option(text: str) -> Decorator:
+    """``--out DIR`` (``out_dir``, required): the folder a command writes into; ``text``: its
+    help."""
+    return click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+                        help=text)
+
+
+def choice_option(flag: str, choices: Sequence[str], default: str, text: str) -> Decorator:
+    """``flag`` taking one of ``choices``, ``default`` when not given (shown in ``--help``);
+    ``text``: its help."""
+    return click.option(flag, type=click.Choice(choices), default=default, show_default=True,
+                        help=text)
 
 
 def config_from_options(options: dict[str, Any]) -> RunConfig:

@@ -15,8 +15,12 @@ from dacflnode.cli.options import (
     cluster_run_options,
     config_from_options,
     daemon_options,
+    out_dir_option,
+    pop_daemon_settings,
 )
 from dacflnode.errors import ConfigError
+from dacflnode.node.addresses import CONTROL_PORT_OFFSET
+from dacflnode.node.peers import METRICS_PORT_OFFSET
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -41,13 +45,7 @@ def _ports(value: str | None, field: str) -> list[int] | None:
     "control_ports": "network", "metrics_ports": "network", "metrics_host": "network",
     "listen_host": "network", "tls_dir": "network", "insecure": "network"})
 @click.argument("kind", metavar="KIND")
-@click.option(
-    "--out",
-    "out_dir",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Write DIR/<node-id>.yaml, one peers file per node.",
-)
+@out_dir_option("Write DIR/<node-id>.yaml, one peers file per node.")
 @click.option(
     "--hosts",
     default="127.0.0.1",
@@ -65,12 +63,13 @@ def _ports(value: str | None, field: str) -> list[int] | None:
 @click.option(
     "--control-base-port",
     type=int,
-    help="Node i's control port is this + i on 127.0.0.1. [default: listen port + 1000]",
+    help="Node i's control port is this + i on 127.0.0.1. "
+    f"[default: listen port + {CONTROL_PORT_OFFSET}]",
 )
 @click.option("--control-ports", help="Comma list of control ports, one per node.")
 @click.option("--metrics-ports",
               help="Comma list of Prometheus /metrics ports, one per node (default: listen port"
-                   " + 2000, or none when --control-ports is given).")
+                   f" + {METRICS_PORT_OFFSET}, or none when --control-ports is given).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               help="Address the /metrics endpoints listen on (another host's scraper needs"
                    " 0.0.0.0 or the node's address; then every node requires one bearer"
@@ -143,13 +142,11 @@ def topology_cmd(
           --data-root /data/photos --test-root /data/test --out cluster  # node-i: DIR/node-i
     """
     from dacflnode.algorithms.graphs import read_edge_list
-    from dacflnode.cli.options import daemon_option_fields
     from dacflnode.node.cluster import check_kind, generate_cluster
     from dacflnode.node.peers import parse_peers
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
-    daemon_settings = {d.name: options.pop(d.name) for d in daemon_option_fields()
-                       if d.name in options}
+    daemon_settings = pop_daemon_settings(options)
     kind = check_kind(kind.strip().lower())
     given_topology = options.get("topology")
     if given_topology is not None and given_topology != kind:

@@ -15,10 +15,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
+from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.errors import PeerUnavailable as PeerUnavailable
+from dacflnode.transport.pulling import pull_expectation
 from dacflnode.wire.errors import Reason, Refusal, WireError
 from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
 from dacflnode.wire.state_guard import StateGuard
+from dacflnode.wire.validation import CompressedSpec, Expectation
 
 #: How long a :meth:`Transport.pull` waits by default, in seconds.
 DEFAULT_PULL_TIMEOUT = 30.0
@@ -135,6 +138,12 @@ class PeerStats:
     #: round states accepted from the neighbour (pushed or pulled), and pushes it accepted
     messages_received: int = 0
     messages_sent: int = 0
+
+    def answered(self, started: float) -> None:
+        """Count a call to the neighbour, begun at ``started`` (``time.perf_counter()``), that
+        it answered: it is connected, and the call's round trip is its latency."""
+        self.latency_ms = (time.perf_counter() - started) * 1000.0
+        self.connected = True
 
 
 @dataclass
@@ -303,8 +312,13 @@ class Inbox:
 class Transport(ABC):
     """Moves round messages between this node and its neighbours."""
 
+    identity: Identity
     inbox: Inbox
     stats: dict[str, PeerStats]
+    #: This node's tensor set (name -> shape, float32), and a compressed run's (part name ->
+    #: dtype, shape): what pushes and state pulls carry.
+    tensors: dict[str, tuple[int, ...]]
+    compressed: CompressedSpec | None
 
     @abstractmethod
     async def start(self) -> None:
@@ -329,7 +343,6 @@ class Transport(ABC):
         :class:`TransportClosed`."""
         raise NotImplementedError
 
-    @abstractmethod
     async def pull(
         self,
         peer: str,
@@ -348,4 +361,14 @@ class Transport(ABC):
         :attr:`~dacflnode.wire.errors.Reason.NOT_KEPT` if the peer does not keep that round
         or copy). ``expect_tensors`` defaults to this node's own tensor set.
         """
+        tensors = self.tensors if expect_tensors is None else expect_tensors
+        expect = pull_expectation(peer, round_, tensors, self.compressed, copy_id)
+        request = pb.PullRequest(requester=self.identity.node_id, round=round_, copy_id=copy_id)
+        return await self._pull(peer, request, expect, timeout)
+
+    @abstractmethod
+    async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,
+                    timeout: float) -> RoundMessage:
+        """Ask ``peer`` for what ``request`` names and return the answer once ``expect``
+        accepts it (see :meth:`pull`, which makes both)."""
         raise NotImplementedError

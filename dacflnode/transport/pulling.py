@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.errors import Reason, Refusal
 from dacflnode.wire.validation import CompressedSpec, Expectation
 
@@ -33,10 +32,3 @@ def pull_expectation(
     return Expectation(senders={peer}, tensors=tensors, accept_round=only,
                        compressed=compressed)
 
-
-def pull_decoder(
-    peer: str, round_: int, tensors: Mapping[str, tuple[int, ...]],
-    compressed: CompressedSpec | None = None, copy_id: int = 0,
-) -> Decoder:
-    """A decoder that accepts only what :func:`pull_expectation` accepts."""
-    return Decoder(pull_expectation(peer, round_, tensors, compressed, copy_id))

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from dacflnode.wire.errors import Reason, WireError
 
@@ -50,6 +51,8 @@ PER_ADDRESS = 16
 
 #: A pool: ("cert", ids), ("address", host) or ("claim", id, host).
 PoolKey = tuple[str, ...]
+#: What :func:`drop_call` files calls under.
+K = TypeVar("K")
 
 
 def peer_host(peer: str) -> str:
@@ -167,19 +170,24 @@ class CallSlots:
         if key is None:
             return
         call.pool = None
-        calls = self._pools.get(key)
-        if calls is None:
-            return
-        if call in calls:
-            calls.remove(call)
-        if not calls:
-            del self._pools[key]
+        drop_call(self._pools, key, call)
+
+
+def drop_call(calls: dict[K, list[Call]], key: K, call: Call) -> None:
+    """Remove ``call`` from the calls of ``key`` in ``calls``, and ``key`` once it has none."""
+    held = calls.get(key)
+    if held is None:
+        return
+    if call in held:
+        held.remove(call)
+    if not held:
+        del calls[key]
 
 
 def _who(key: PoolKey) -> str:
-    kind = key[0]
-    if kind == "cert":
+    known_by = key[0]  # how the caller is known: its certificate, or the id it claimed
+    if known_by == "cert":
         return f"the certificate of {key[1]!r}"
-    if kind == "claim":
+    if known_by == "claim":
         return f"{key[1]!r} at {key[2]!r}"
     return f"{key[1]!r}"

@@ -208,12 +208,12 @@ class Decoder:
         if isinstance(chunk, memoryview):  # a data chunk's payload (parse_chunk)
             self.feed(chunk)
             return
-        kind = chunk.WhichOneof("part")
-        if kind == "header":
+        part = chunk.WhichOneof("part")
+        if part == "header":
             self.header(chunk.header)
-        elif kind == "data":
+        elif part == "data":
             self.feed(chunk.data)
-        elif kind == "trailer":
+        elif part == "trailer":
             self.trailer(chunk.trailer)
         else:
             raise WireError("INVALID_ARGUMENT", "empty chunk", Reason.BAD_HEADER)

@@ -119,13 +119,16 @@ def check_copy(expect: Expectation, copy_next: int) -> None:
 
 
 def check_log(
-    expect: Expectation, round_: int, kind: int, used_log: UsedLog, anchors: Sequence[int]
+    expect: Expectation, round_: int, state_kind: int, used_log: UsedLog,
+    anchors: Sequence[int],
 ) -> None:
-    """Check a message's bookkeeping fields (before anything is allocated): a known kind, at
-    most :data:`MAX_USED_LOG` earlier rounds with at most ``max_degree`` names each, at most
-    :data:`MAX_ANCHORS` anchor rounds, none of them in the past."""
-    if kind not in Kind.__members__.values():
-        raise WireError("INVALID_ARGUMENT", f"unknown state kind {kind}", Reason.BAD_HEADER)
+    """Check a message's bookkeeping fields (before anything is allocated): a known
+    :class:`~dacflnode.wire.message.Kind` of state, at most :data:`MAX_USED_LOG` earlier rounds
+    with at most ``max_degree`` names each, at most :data:`MAX_ANCHORS` anchor rounds, none of
+    them in the past."""
+    if state_kind not in Kind.__members__.values():
+        raise WireError("INVALID_ARGUMENT", f"unknown state kind {state_kind}",
+                        Reason.BAD_HEADER)
     if len(used_log) > MAX_USED_LOG or len(anchors) > MAX_ANCHORS:
         raise WireError("INVALID_ARGUMENT", f"used_log of {len(used_log)} rounds or "
                         f"{len(anchors)} anchors: too many", Reason.BAD_HEADER)
