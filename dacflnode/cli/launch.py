@@ -13,9 +13,8 @@ from dacflnode.algorithms.graphs import RING_MIN_NODES
 from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import (
     GroupedCommand,
-    cluster_run_options,
+    cluster_options,
     config_from_options,
-    daemon_options,
     out_dir_option,
     pop_daemon_settings,
 )
@@ -25,9 +24,8 @@ from dacflnode.config import RunConfig, load_yaml_config
 @click.command(cls=GroupedCommand, option_groups={
     "out_dir": "output", "as_json": "output", "quiet": "output", "tls_dir": "network",
     "faults_file": "runtime", "fresh": "output"})
-@cluster_run_options(topology="ring; complete for 2 nodes")
+@cluster_options(topology="ring; complete for 2 nodes")
 @out_dir_option("DIR/<node-id>/ gets metrics.jsonl, final.safetensors, daemon.log.")
-@daemon_options
 @click.option("--tls", "tls_dir", type=click.Path(file_okay=False),
               help="Mutual TLS between the nodes, with the certificates in TLS_DIR (created "
                    "when missing, as `dacflnode certs` does).")

@@ -170,25 +170,21 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def cluster_run_options(**default_text: str) -> Decorator:
-    """``--config`` and one option per run setting a daemon uses, with the values a daemon
-    runs; ``default_text`` (by setting name) says what the command uses when not given."""
+def cluster_options(**default_text: str) -> Decorator:
+    """The options of a command that runs daemons: ``--config`` and one option per run setting
+    a daemon uses, with the values a daemon runs (``default_text``, by setting name, says what
+    the command uses when not given), then one per daemon setting (``--round-deadline``,
+    ``--hello-timeout``, ...; see :func:`pop_daemon_settings`)."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         options = [_CONFIG_OPTION, *(run_option(d, True, default_text)
-                                     for d in run_option_fields(cluster=True))]
+                                     for d in run_option_fields(cluster=True)),
+                   *map(daemon_option, daemon_option_fields())]
         for option in reversed(options):
             func = option(func)
         return func
 
     return decorate
-
-
-def daemon_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """One option per daemon setting (``--round-deadline``, ``--hello-timeout``)."""
-    for d in reversed(daemon_option_fields()):
-        func = daemon_option(d)(func)
-    return func
 
 
 def daemon_setting_option(name: str) -> Decorator:

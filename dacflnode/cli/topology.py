@@ -12,9 +12,8 @@ import yaml
 from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import (
     GroupedCommand,
-    cluster_run_options,
+    cluster_options,
     config_from_options,
-    daemon_options,
     out_dir_option,
     pop_daemon_settings,
 )
@@ -96,9 +95,8 @@ def _ports(value: str | None, field: str) -> list[int] | None:
     help="Write node.insecure: true, which lets a node listen on a non-loopback address"
     " without TLS (anyone who reaches it can push or pull models).",
 )
-@daemon_options
 @click.option("--json", "as_json", is_flag=True, help="Print the nodes as a JSON list.")
-@cluster_run_options(topology="KIND")
+@cluster_options(topology="KIND")
 @config_errors
 def topology_cmd(
     kind: str,

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
@@ -138,6 +138,11 @@ class PeerStats:
     #: round states accepted from the neighbour (pushed or pulled), and pushes it accepted
     messages_received: int = 0
     messages_sent: int = 0
+
+    def received(self, nbytes: int) -> None:
+        """Count a state of ``nbytes`` payload bytes accepted from the neighbour."""
+        self.bytes_received += nbytes
+        self.messages_received += 1
 
     def answered(self, started: float) -> None:
         """Count a call to the neighbour, begun at ``started`` (``time.perf_counter()``), that
@@ -312,13 +317,21 @@ class Inbox:
 class Transport(ABC):
     """Moves round messages between this node and its neighbours."""
 
-    identity: Identity
-    inbox: Inbox
-    stats: dict[str, PeerStats]
-    #: This node's tensor set (name -> shape, float32), and a compressed run's (part name ->
-    #: dtype, shape): what pushes and state pulls carry.
-    tensors: dict[str, tuple[int, ...]]
-    compressed: CompressedSpec | None
+    def __init__(self, identity: Identity, peers: Iterable[str], inbox: Inbox,
+                 tensors: Mapping[str, tuple[int, ...]],
+                 compressed: CompressedSpec | None) -> None:
+        self.identity = identity
+        self.inbox = inbox
+        #: This node's tensor set (name -> shape, float32), and a compressed run's (part name
+        #: -> dtype, shape): what pushes and state pulls carry.
+        self.tensors = dict(tensors)
+        self.compressed = None if compressed is None else dict(compressed)
+        #: The counters of each neighbour, in the order of ``peers``.
+        self.stats = {p: PeerStats() for p in peers}
+
+    def _stats(self, peer: str) -> PeerStats:
+        """The counters of ``peer`` (made for a neighbour added after the start)."""
+        return self.stats.setdefault(peer, PeerStats())
 
     @abstractmethod
     async def start(self) -> None:

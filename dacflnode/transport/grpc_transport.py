@@ -71,7 +71,6 @@ from dacflnode.transport.base import (
     HandshakeRefused,
     Identity,
     Inbox,
-    PeerStats,
     PeerUnavailable,
     Transport,
     TransportClosed,
@@ -462,17 +461,13 @@ class GrpcTransport(Transport):
         first_message_timeout: float = FIRST_MESSAGE_TIMEOUT,
         health_listen: str | None = None,
     ) -> None:
-        self.identity = identity
+        super().__init__(identity, peers, inbox, tensors, compressed)
         self.tls = tls
         self.health_listen = health_listen
         self.health_port: int | None = None
         self._health_server: grpc.aio.Server | None = None
         self.listen = listen
         self.peers: dict[str, str] = dict(peers)
-        self.inbox = inbox
-        self.tensors = dict(tensors)
-        self.compressed = None if compressed is None else dict(compressed)
-        self.stats: dict[str, PeerStats] = {p: PeerStats() for p in self.peers}
         self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
                                  compressed=self.compressed, idle_timeout=idle_timeout,
                                  stream_timeout=stream_timeout,
@@ -590,9 +585,6 @@ class GrpcTransport(Transport):
             return None
         return state is grpc.ChannelConnectivity.READY
 
-    def _stats(self, peer: str) -> PeerStats:
-        return self.stats.setdefault(peer, PeerStats())  # a peer added to `peers` later
-
     def _unavailable(self, peer: str, what: str, err: grpc.aio.AioRpcError) -> PeerUnavailable:
         self._stats(peer).connected = False
         return PeerUnavailable(
@@ -701,7 +693,5 @@ class GrpcTransport(Transport):
         except BaseException:
             assembler.release()
             raise
-        stats = self._stats(peer)
-        stats.bytes_received += decoder.received
-        stats.messages_received += 1
+        self._stats(peer).received(decoder.received)
         return message

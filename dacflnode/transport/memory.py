@@ -112,14 +112,9 @@ class MemoryTransport(Transport):
         tensors: Mapping[str, tuple[int, ...]],
         compressed: CompressedSpec | None = None,
     ) -> None:
+        super().__init__(identity, sorted(peers), inbox, tensors, compressed)
         self.network = network
-        self.identity = identity
         self.peers = frozenset(peers)
-        self.inbox = inbox
-        self.tensors = dict(tensors)
-        #: A compressed run's tensor set (pushes and state pulls carry it or the float32 set).
-        self.compressed = None if compressed is None else dict(compressed)
-        self.stats = {p: PeerStats() for p in sorted(self.peers)}
         self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
                                  compressed=self.compressed)
         #: Who this node is to the peers it calls: the in-memory network knows its callers,
@@ -219,8 +214,7 @@ class MemoryTransport(Transport):
                                                         peer_ids=self._me)
                     check_message(expect, message)
                     target.receiver.served(self.identity.node_id, message)
-                    self.stats[peer].bytes_received += message.payload_bytes
-                    self.stats[peer].messages_received += 1
+                    self.stats[peer].received(message.payload_bytes)
                     return message
                 decoder = Decoder(expect)
                 for chunk in target.receiver.pull(request, self.address, peer_ids=self._me):
@@ -230,6 +224,5 @@ class MemoryTransport(Transport):
         except TimeoutError as exc:
             raise PeerUnavailable(f"pull of round {request.round} from {peer} timed out after "
                                   f"{timeout:.3g}s") from exc
-        self.stats[peer].bytes_received += decoder.received
-        self.stats[peer].messages_received += 1
+        self.stats[peer].received(decoder.received)
         return message

@@ -424,8 +424,7 @@ class Receiver:
         stats = self.stats.setdefault(message.sender, PeerStats())
         stats.connected = True
         stats.last_round_received = max(stats.last_round_received, message.round)
-        stats.bytes_received += size
-        stats.messages_received += 1
+        stats.received(size)
 
     # ------------------------------------------------------------------ PullState
     def publish(
