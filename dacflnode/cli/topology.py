@@ -43,7 +43,7 @@ def _ports(value: str | None, field: str) -> list[int] | None:
     "base_port": "network", "ports": "network", "control_base_port": "network",
     "control_ports": "network", "metrics_ports": "network", "metrics_host": "network",
     "listen_host": "network", "tls_dir": "network", "insecure": "network"})
-@click.argument("kind", metavar="KIND")
+@click.argument("graph", metavar="KIND")
 @out_dir_option("Write DIR/<node-id>.yaml, one peers file per node.")
 @click.option(
     "--hosts",
@@ -99,7 +99,7 @@ def _ports(value: str | None, field: str) -> list[int] | None:
 @cluster_options(topology="KIND")
 @config_errors
 def topology_cmd(
-    kind: str,
+    graph: str,
     out_dir: str,
     hosts: str,
     base_port: int,
@@ -145,19 +145,19 @@ def topology_cmd(
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
     daemon_settings = pop_daemon_settings(options)
-    kind = check_kind(kind.strip().lower())
+    graph = check_kind(graph.strip().lower())
     given_topology = options.get("topology")
-    if given_topology is not None and given_topology != kind:
-        raise ConfigError("topology", f"--topology {given_topology} disagrees with KIND {kind}")
-    options["topology"] = kind
+    if given_topology is not None and given_topology != graph:
+        raise ConfigError("topology", f"--topology {given_topology} disagrees with KIND {graph}")
+    options["topology"] = graph
     if options.get("nodes") is None and options.get("config_file") is None:
-        if kind == "edge-list" and options.get("edge_list"):
+        if graph == "edge-list" and options.get("edge_list"):
             options["nodes"] = read_edge_list(options["edge_list"])[0]
         else:
             raise ConfigError("nodes", "give the number of nodes with --nodes N")
     cfg = config_from_options(options)
     paths = generate_cluster(
-        kind,
+        graph,
         cfg.nodes,
         cfg,
         Path(out_dir),

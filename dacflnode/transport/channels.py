@@ -196,8 +196,8 @@ def _check_free(address: str) -> None:
         raise BindError(f"cannot listen on {address}: cannot resolve {host!r} ({exc})",
                         address) from exc
     failures: list[OSError] = []
-    for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as probe:
+    for family, socktype, proto, _, sockaddr in infos:
+        with socket.socket(family, socktype, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 with contextlib.suppress(OSError):

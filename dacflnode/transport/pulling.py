@@ -1,4 +1,5 @@
-"""What a node accepts when it pulls a neighbour's state, shared by both transports.
+"""What a node accepts when it pulls a neighbour's state, for both transports (see
+:meth:`~dacflnode.transport.base.Transport.pull`).
 
 A pull asks one neighbour for the state it published for one round; the answer must be that
 neighbour's state for exactly that round, with this node's tensor set (full, or compressed in a

@@ -146,9 +146,9 @@ class Decoder:
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         """Copy reserved ``data`` to ``offset`` of the buffer, hash it, and sum the floats it
-        completes (a sum is finite when all its terms are; see :func:`check_finite`). Copy,
-        hash and sum release the GIL, so this may run in a worker thread while the event loop
-        receives the next chunk."""
+        completes (a sum is finite when all its terms are; see
+        :func:`~dacflnode.wire.validation.check_finite`). Copy, hash and sum release the GIL, so
+        this may run in a worker thread while the event loop receives the next chunk."""
         held = self._target  # holds the buffer (and a pooled one's lease) until done
         if held is None:
             return  # released: the stream was refused

@@ -77,9 +77,9 @@ def check_fields(
     :class:`Reason` a receiver answers with. The tensors must be exactly the float32 set or
     exactly the compressed set of ``expect`` (see :class:`Expectation`).
 
-    Shared by :class:`Decoder` (fields read from a header) and the in-memory transport's
-    no-copy path (fields read from the tensors themselves), so both refuse the same messages
-    in the same terms.
+    Shared by :class:`~dacflnode.wire.decoder.Decoder` (fields read from a header) and the
+    in-memory transport's no-copy path (fields read from the tensors themselves), so both
+    refuse the same messages in the same terms.
     """
     refused = expect.accept_round(round_)
     if refused is not None:
