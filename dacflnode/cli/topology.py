@@ -140,12 +140,12 @@ def topology_cmd(
           --data-root /data/photos --test-root /data/test --out cluster  # node-i: DIR/node-i
     """
     from dacflnode.algorithms.graphs import read_edge_list
-    from dacflnode.node.cluster import check_kind, generate_cluster
+    from dacflnode.node.cluster import check_graph, generate_cluster
     from dacflnode.node.peers import parse_peers
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
     daemon_settings = pop_daemon_settings(options)
-    graph = check_kind(graph.strip().lower())
+    graph = check_graph(graph.strip().lower())
     given_topology = options.get("topology")
     if given_topology is not None and given_topology != graph:
         raise ConfigError("topology", f"--topology {given_topology} disagrees with KIND {graph}")

@@ -60,7 +60,7 @@ from typing import TypeVar
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.transport.base import Identity, Inbox, PeerStats
-from dacflnode.transport.slots import Call, drop_call
+from dacflnode.transport.slots import Call, release
 from dacflnode.wire.buffers import BufferPool
 from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.encoder import encode, make_header, serialized_chunks
@@ -396,7 +396,7 @@ class Receiver:
         finally:
             await chunks.aclose()
             if key is not None:
-                drop_call(self._receiving, key, call)
+                release(self._receiving, key, call)
         if key is not None:  # (always: a message was assembled, so its header was read)
             self._kept(key, call)
         self._received(message, decoder.received)

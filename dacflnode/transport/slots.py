@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TypeVar
 
 from dacflnode.wire.errors import Reason, WireError
@@ -51,8 +51,6 @@ PER_ADDRESS = 16
 
 #: A pool: ("cert", ids), ("address", host) or ("claim", id, host).
 PoolKey = tuple[str, ...]
-#: What :func:`drop_call` files calls under.
-K = TypeVar("K")
 
 
 def peer_host(peer: str) -> str:
@@ -170,11 +168,14 @@ class CallSlots:
         if key is None:
             return
         call.pool = None
-        drop_call(self._pools, key, call)
+        release(self._pools, key, call)
 
 
-def drop_call(calls: dict[K, list[Call]], key: K, call: Call) -> None:
-    """Remove ``call`` from the calls of ``key`` in ``calls``, and ``key`` once it has none."""
+_K = TypeVar("_K", bound=Hashable)
+
+
+def release(calls: dict[_K, list[Call]], key: _K, call: Call) -> None:
+    """Take ``call`` out of ``calls[key]``, and ``key`` out of ``calls`` once no call is left."""
     held = calls.get(key)
     if held is None:
         return
