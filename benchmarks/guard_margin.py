@@ -40,8 +40,8 @@ from dacflnode.node.runner import NodeRunner, NodeSetup
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import Refusal
+from dacflnode.wire.message import RoundMessage
 from dacflnode.wire.state_guard import RobustGuard
 
 

@@ -22,8 +22,8 @@ from dacflnode.node.daemon import setup_logging
 from dacflnode.node.launcher import free_ports
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.receiver import Receiver
-from dacflnode.wire.codec import PROTOCOL_VERSION, WireError
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import PROTOCOL_VERSION
 
 
 class Clock:

@@ -65,8 +65,12 @@ def _need_nodes(topology: str, n: int, minimum: int) -> None:
         raise ConfigError("nodes", f"topology '{topology}' needs at least {minimum} nodes, got {n}")
 
 
+#: The fewest nodes of a ring (two nodes have one edge: a complete graph).
+RING_MIN_NODES = 3
+
+
 def ring(n: int) -> Edges:
-    _need_nodes("ring", n, 3)
+    _need_nodes("ring", n, RING_MIN_NODES)
     return normalize_edges(n, ((i, (i + 1) % n) for i in range(n)))
 
 

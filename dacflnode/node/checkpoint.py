@@ -31,7 +31,7 @@ from dacflnode.algorithms.rounds import NodeState
 from dacflnode.filemodes import SECRET_MODE, prepare_file
 from dacflnode.learning.files import CorruptFile, atomic_save, read_verified
 from dacflnode.node.membership import PeerTrack
-from dacflnode.wire.codec import UsedLog
+from dacflnode.wire.message import UsedLog
 
 CHECKPOINT = "checkpoint.safetensors"
 #: The model a node writes after its last round (or when it leaves).

@@ -30,7 +30,7 @@ import torch
 import xxhash
 
 from dacflnode.algorithms.compression import Compressor, make_compressor, stable_seed
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.message import RoundMessage
 
 if TYPE_CHECKING:
     from dacflnode.node.runner import NodeSetup

@@ -18,7 +18,7 @@ import torch
 
 from dacflnode.node.ledger import Entry, Ledger
 from dacflnode.node.membership import QUARANTINE_OFFENCES, PeerState, PeerTrack
-from dacflnode.wire.codec import MAX_ANCHORS, MAX_USED_LOG, Kind, RoundMessage, UsedLog
+from dacflnode.wire.message import MAX_ANCHORS, MAX_USED_LOG, Kind, RoundMessage, UsedLog
 
 log = logging.getLogger(__name__)
 

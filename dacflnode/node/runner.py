@@ -63,8 +63,8 @@ from dacflnode.transport.base import (
     Transport,
     TransportClosed,
 )
-from dacflnode.wire.codec import Kind, RoundMessage
 from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.message import Kind, RoundMessage
 from dacflnode.wire.state_guard import ABSURD_RATIO, RobustGuard
 
 if TYPE_CHECKING:

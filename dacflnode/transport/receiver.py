@@ -61,24 +61,20 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.transport.slots import Call, release
-from dacflnode.wire.codec import (
-    BufferPool,
-    Chunk,
+from dacflnode.wire.buffers import BufferPool
+from dacflnode.wire.decoder import Decoder
+from dacflnode.wire.encoder import encode, make_header, serialized_chunks
+from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, WireError
+from dacflnode.wire.fast_path import Chunk, serialize_chunk
+from dacflnode.wire.message import RoundMessage, dtype_name
+from dacflnode.wire.validation import (
     CompressedSpec,
-    Decoder,
     Expectation,
-    RoundMessage,
     check_copy,
     check_fields,
     check_finite,
     check_log,
-    dtype_name,
-    encode,
-    make_header,
-    serialize_chunk,
-    serialized_chunks,
 )
-from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, WireError
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -364,7 +360,7 @@ class Receiver:
         peer_ids: frozenset[str] | None = None, call: Call | None = None,
     ) -> pb.PushReply:
         """Validate and assemble one pushed stream, then put it into the inbox. The chunks
-        are messages, or data payloads as :func:`~dacflnode.wire.codec.parse_chunk` returns
+        are messages, or data payloads as :func:`~dacflnode.wire.fast_path.parse_chunk` returns
         them. ``call`` is the stream's :class:`~dacflnode.transport.slots.Call` (made here
         when not given): whoever cuts it ends the stream with the error it was cut with."""
         if call is None:
@@ -430,8 +426,7 @@ class Receiver:
         stats = self.stats.setdefault(message.sender, PeerStats())
         stats.connected = True
         stats.last_round_received = max(stats.last_round_received, message.round)
-        stats.bytes_received += size
-        stats.messages_received += 1
+        stats.received(size)
 
     # ------------------------------------------------------------------ PullState
     def publish(

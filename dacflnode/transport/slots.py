@@ -186,9 +186,9 @@ def release(calls: dict[_K, list[Call]], key: _K, call: Call) -> None:
 
 
 def _who(key: PoolKey) -> str:
-    kind = key[0]
-    if kind == "cert":
+    known_by = key[0]  # how the caller is known: its certificate, or the id it claimed
+    if known_by == "cert":
         return f"the certificate of {key[1]!r}"
-    if kind == "claim":
+    if known_by == "claim":
         return f"{key[1]!r} at {key[2]!r}"
     return f"{key[1]!r}"

@@ -36,7 +36,7 @@ from dacflnode.transport.control_types import ControlAuth
 from dacflnode.transport.grpc_control import fetch_metrics
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.message import RoundMessage
 from tests.node.cluster_helpers import control_of
 
 TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,

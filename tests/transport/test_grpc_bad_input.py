@@ -22,8 +22,9 @@ from dacflnode.transport.grpc_transport import (
     unreachable,
     wire_error,
 )
-from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
-from dacflnode.wire.errors import REASON_METADATA_KEY, Reason
+from dacflnode.wire.encoder import encode
+from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
+from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
 
 P = 40
 TENSORS = {"omega": (P,), "x": (P,)}

@@ -24,8 +24,9 @@ from dacflnode.transport.receiver import (
     STREAM_TIMEOUT,
     Receiver,
 )
-from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.encoder import encode
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
