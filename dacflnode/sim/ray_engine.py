@@ -189,7 +189,7 @@ class _Worker:
         self._threads()
         t = self.trainers[slot]
         return evaluate(t.model, _tensor(model), self.test_x, self.test_y, local=t.local,
-                        device=t.device)
+                        device=t.device, precision=t.cfg.precision)
 
 
 def _array(flat: torch.Tensor) -> np.ndarray:
@@ -328,7 +328,7 @@ class RayEngine(Engine):
     async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
         # in the driver, with the first node's buffers, as the local engines do
         return evaluate(self.template, model, self.test.x, self.test.y, local=self.local[0],
-                        device=_CPU)
+                        device=_CPU, precision=self.cfg.precision)
 
 
 class _RemoteNode:
