@@ -21,8 +21,8 @@ from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
-from dacflnode.sim.engine import RayTarget
-from dacflnode.sim.ray_engine import RayEngine, connect
+from dacflnode.sim.engines.base import RayTarget
+from dacflnode.sim.engines.ray import RayEngine, connect
 from dacflnode.sim.simulator import Simulation, SimulationResult
 
 WORKERS = 2
