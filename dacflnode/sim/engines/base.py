@@ -34,6 +34,18 @@ class NodeData:
 
 
 @dataclass(frozen=True)
+class NodeSet:
+    """The simulated nodes an engine trains: their ids, each one's training data, and what they
+    are evaluated on: one shared ``test`` set or, with ``tests``, each node's own (nodes on
+    their own data)."""
+
+    ids: Sequence[str]
+    data: Sequence[NodeData]
+    test: NodeData
+    tests: Sequence[NodeData] | None = None
+
+
+@dataclass(frozen=True)
 class RayTarget:
     """Where ``simulate --ray`` trains: a Ray cluster and how many workers (actors) to use.
 
@@ -93,31 +105,23 @@ class GatheredEngine(Engine):
     god node's network average; each node on its own test set) run here, in this process, with
     the template model, a node's buffers and the run's precision.
 
-    ``tests``: each node's own test set (nodes on their own data), evaluated node by node;
-    ``None``: every node is evaluated on ``test`` (stacked).
+    Nodes with test sets of their own (``nodes.tests``) are evaluated node by node; otherwise
+    every node is evaluated on the shared ``nodes.test``, stacked.
     """
 
-    def __init__(
-        self,
-        ids: Sequence[str],
-        model: nn.Module,
-        test: NodeData,
-        cfg: TrainConfig,
-        *,
-        device: torch.device,
-        tests: Sequence[NodeData] | None = None,
-    ) -> None:
-        self.ids = list(ids)
+    def __init__(self, nodes: NodeSet, model: nn.Module, cfg: TrainConfig, device: torch.device
+                 ) -> None:
+        self.ids = list(nodes.ids)
         self.cfg = cfg
-        self.test = test
-        self.tests = list(tests) if tests is not None else None
+        self.test = nodes.test
+        self.tests = list(nodes.tests) if nodes.tests is not None else None
         self.device = device
         self.template = copy.deepcopy(model)
         self.train_gather: RoundGather[torch.Tensor, TrainResult] = RoundGather(
-            ids, self._train_all)
+            self.ids, self._train_all)
         self.evaluate_gather: RoundGather[torch.Tensor, tuple[float, float]] = RoundGather(
-            ids, self._evaluate_all)
-        self.trainers = {node: GatheredNode(self, node, i) for i, node in enumerate(ids)}
+            self.ids, self._evaluate_all)
+        self.trainers = {node: GatheredNode(self, node, i) for i, node in enumerate(self.ids)}
 
     @abstractmethod
     async def train_stacked(self, flats: torch.Tensor, round_: int) -> list[TrainResult]:

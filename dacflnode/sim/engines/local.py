@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -11,35 +10,27 @@ from torch import nn
 from dacflnode.learning.train import LocalTrainer, TrainConfig, TrainResult
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.sim.batched.trainer import BatchedTrainer
-from dacflnode.sim.engines.base import Engine, GatheredEngine, InlineExecutor, NodeData
+from dacflnode.sim.engines.base import Engine, GatheredEngine, InlineExecutor, NodeSet
 
 
 class SequentialEngine(Engine):
+    """A :class:`~dacflnode.learning.train.LocalTrainer` per node, all run on the loop's thread."""
+
     name = "sequential"
 
-    def __init__(
-        self,
-        ids: Sequence[str],
-        model: nn.Module,
-        data: Sequence[NodeData],
-        test: NodeData,
-        cfg: TrainConfig,
-        *,
-        seed: int,
-        device: torch.device,
-        tests: Sequence[NodeData] | None = None,
-    ) -> None:
+    def __init__(self, nodes: NodeSet, model: nn.Module, cfg: TrainConfig, *, seed: int,
+                 device: torch.device) -> None:
         # on the loop thread: the nodes train one after the other, as many daemons on many
         # machines would each train alone, with the same intra-op threads
-        self._first = ids[0]
-        own_tests = list(tests) if tests is not None else [test] * len(ids)
+        self._first = nodes.ids[0]
+        tests = nodes.tests if nodes.tests is not None else [nodes.test] * len(nodes.ids)
         self.trainers = {
             node: ThreadedTrainer(
                 LocalTrainer(copy.deepcopy(model), d.x, d.y, cfg, seed=seed, node_index=i,
                              device=device),
                 t.x, t.y, executor=InlineExecutor(),
             )
-            for i, (node, d, t) in enumerate(zip(ids, data, own_tests, strict=True))
+            for i, (node, d, t) in enumerate(zip(nodes.ids, nodes.data, tests, strict=True))
         }
 
     async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
@@ -47,22 +38,15 @@ class SequentialEngine(Engine):
 
 
 class BatchedEngine(GatheredEngine):
+    """One :class:`~dacflnode.sim.batched.trainer.BatchedTrainer` for all nodes, on the loop's
+    thread (its groups of nodes on threads of their own)."""
+
     name = "batched"
 
-    def __init__(
-        self,
-        ids: Sequence[str],
-        model: nn.Module,
-        data: Sequence[NodeData],
-        test: NodeData,
-        cfg: TrainConfig,
-        *,
-        seed: int,
-        device: torch.device,
-        tests: Sequence[NodeData] | None = None,
-    ) -> None:
-        super().__init__(ids, model, test, cfg, device=device, tests=tests)
-        self.trainer = BatchedTrainer(model, [(d.x, d.y) for d in data], cfg, seed=seed,
+    def __init__(self, nodes: NodeSet, model: nn.Module, cfg: TrainConfig, *, seed: int,
+                 device: torch.device) -> None:
+        super().__init__(nodes, model, cfg, device)
+        self.trainer = BatchedTrainer(model, [(d.x, d.y) for d in nodes.data], cfg, seed=seed,
                                       device=device)
 
     async def train_stacked(self, flats: torch.Tensor, round_: int) -> list[TrainResult]:

@@ -44,7 +44,6 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +56,7 @@ from dacflnode.learning.layout import FLAT_DTYPE, StateLayout
 from dacflnode.learning.train import EVAL_BATCH, LocalTrainer, TrainConfig, TrainResult
 from dacflnode.sim.batched.threads import split_bounds
 from dacflnode.sim.batched.trainer import BatchedTrainer
-from dacflnode.sim.engines.base import GatheredEngine, NodeData, RayTarget
+from dacflnode.sim.engines.base import GatheredEngine, NodeSet, RayTarget
 
 #: how long the workers may take to start (import torch, copy their data) before the run fails
 START_TIMEOUT_S = 300.0
@@ -205,22 +204,12 @@ class RayEngine(GatheredEngine):
     (a god node's network average) here, as the local engines do.
     """
 
-    def __init__(
-        self,
-        engine: str,
-        ids: Sequence[str],
-        model: nn.Module,
-        data: Sequence[NodeData],
-        test: NodeData,
-        cfg: TrainConfig,
-        *,
-        seed: int,
-        target: RayTarget,
-    ) -> None:
+    def __init__(self, engine: str, nodes: NodeSet, model: nn.Module, cfg: TrainConfig, *,
+                 seed: int, target: RayTarget) -> None:
         if engine not in ("batched", "sequential"):
             raise ValueError(f"unknown engine {engine!r}")
         connect(target)
-        n = len(ids)
+        n = len(nodes.ids)
         cpus = cluster_cpus()
         if target.workers is not None and target.workers > cpus:
             raise ConfigError("ray_workers", f"the Ray cluster has {cpus} CPUs and a worker "
@@ -228,7 +217,7 @@ class RayEngine(GatheredEngine):
         workers = min(target.workers or cpus, n)
         if workers < 1:
             raise ConfigError("ray", "the Ray cluster has no CPUs to run workers on")
-        super().__init__(ids, model, test, cfg, device=_CPU)
+        super().__init__(nodes, model, cfg, _CPU)
         self.name = f"ray-{engine}"
         layout = StateLayout.from_module(self.template)
         #: each node's local buffers (batch-norm step counters) as its worker last reported them
@@ -237,8 +226,8 @@ class RayEngine(GatheredEngine):
         # batched: one single-threaded group per worker, as each of the local engine's threads;
         # sequential: the driver's thread count, as the local engine's LocalTrainers
         threads = 1 if engine == "batched" else torch.get_num_threads()
-        test_ref = ray.put((test.x.numpy(), test.y.numpy()))
-        data_refs = [ray.put((d.x.numpy(), d.y.numpy())) for d in data]
+        test_ref = ray.put((nodes.test.x.numpy(), nodes.test.y.numpy()))
+        data_refs = [ray.put((d.x.numpy(), d.y.numpy())) for d in nodes.data]
         model_ref = ray.put(model)
         remote: Any = ray.remote(num_cpus=1, max_restarts=0)(_Worker)
         self._actors: list[Any] = [

@@ -16,7 +16,7 @@ from torch import nn
 from dacflnode.errors import ConfigError
 from dacflnode.learning.train import TrainConfig
 from dacflnode.sim.batched.layers import can_batch
-from dacflnode.sim.engines.base import Engine, NodeData, RayTarget
+from dacflnode.sim.engines.base import Engine, NodeData, NodeSet, RayTarget
 from dacflnode.sim.engines.local import BatchedEngine, SequentialEngine
 
 #: the engines that train in this process, by the name ``--engine`` gives
@@ -97,6 +97,6 @@ def make_engine(
                 "device", f"--ray trains on the workers' CPUs, not {device}; use --device cpu"
             )
         engine = _load_remote("ray", "'dacflnode[ray]'")
-        return engine(choice, ids, model, data, test, cfg, seed=seed, target=ray)
-    return LOCAL_ENGINES[choice](ids, model, data, test, cfg, seed=seed, device=device,
-                                 tests=tests)
+        return engine(choice, NodeSet(ids, data, test), model, cfg, seed=seed, target=ray)
+    return LOCAL_ENGINES[choice](NodeSet(ids, data, test, tests), model, cfg, seed=seed,
+                                 device=device)
