@@ -12,7 +12,7 @@ from dacflnode.errors import ConfigError
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import TrainConfig
 from dacflnode.sim.engines import registry
-from dacflnode.sim.engines.base import GatheredEngine, NodeData, RayTarget
+from dacflnode.sim.engines.base import Engine, GatheredEngine, NodeData, RayTarget
 from dacflnode.sim.engines.local import BatchedEngine, SequentialEngine
 
 IDS = ["a", "b"]
@@ -25,10 +25,11 @@ def tiny_data(samples: int) -> NodeData:
 
 
 def engine(choice: str, sizes: tuple[int, int] = (20, 20), ray: RayTarget | None = None
-           ) -> registry.Engine:
+           ) -> Engine:
     return registry.make_engine(
-        choice, IDS, lambda: build_model("tiny-cnn", (1, 28, 28), 10), [tiny_data(n) for n in sizes],
-        tiny_data(10), TrainConfig(), seed=0, device=torch.device("cpu"), ray=ray)
+        choice, IDS, lambda: build_model("tiny-cnn", (1, 28, 28), 10),
+        [tiny_data(n) for n in sizes], tiny_data(10), TrainConfig(), seed=0,
+        device=torch.device("cpu"), ray=ray)
 
 
 def test_auto_picks_the_batched_engine_for_equal_partitions_and_sequential_otherwise() -> None:
