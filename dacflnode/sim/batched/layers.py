@@ -62,22 +62,23 @@ def check_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
         raise Unsupported("empty model")
     spatial = True  # before Flatten: activations are [B, C, H, W]
     for name, layer in layers:
-        kind = type(layer)
-        if kind in _ELEMENTWISE:
+        layer_type = type(layer)
+        if layer_type in _ELEMENTWISE:
             continue
-        if spatial and (kind is nn.Conv2d or kind is nn.BatchNorm2d or kind in _POOLS):
+        if spatial and layer_type in (nn.Conv2d, nn.BatchNorm2d, *_POOLS):
             if getattr(layer, "return_indices", False):
                 raise Unsupported(f"layer {name}: MaxPool2d(return_indices=True)")
-        elif spatial and kind is nn.Flatten:
+        elif spatial and layer_type is nn.Flatten:
             assert isinstance(layer, nn.Flatten)
             if layer.start_dim != 1 or layer.end_dim != -1:
                 raise Unsupported(f"layer {name}: only Flatten(1, -1) is supported")
             spatial = False
-        elif not spatial and kind is nn.Linear:
+        elif not spatial and layer_type is nn.Linear:
             pass
         else:
             where = "before" if spatial else "after"
-            raise Unsupported(f"layer {name}: {kind.__name__} {where} Flatten is not supported")
+            raise Unsupported(
+                f"layer {name}: {layer_type.__name__} {where} Flatten is not supported")
         if any(True for _ in layer.children()):
             raise Unsupported(f"layer {name} has sub-modules")
     if spatial:
@@ -128,14 +129,14 @@ class _StackedLinearFn(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.owner = owner
         ctx.x_dtype = x.dtype
-        kind = x.device.type
-        if not torch.is_autocast_enabled(kind):
+        device_type = x.device.type
+        if not torch.is_autocast_enabled(device_type):
             ctx.save_for_backward(x, weight)
             if bias is None:
                 return torch.bmm(x, weight.transpose(1, 2))
             return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
-        dtype = torch.get_autocast_dtype(kind)
-        with torch.autocast(kind, enabled=False):
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
             x_low = x.to(dtype)
             w_low = owner.low_precision_weight(dtype)
             ctx.save_for_backward(x_low, w_low)
