@@ -60,9 +60,9 @@ def is_connected(n: int, edges: Edges) -> bool:
     return len(seen) == n
 
 
-def _need_nodes(kind: str, n: int, minimum: int) -> None:
+def _need_nodes(topology: str, n: int, minimum: int) -> None:
     if n < minimum:
-        raise ConfigError("nodes", f"topology '{kind}' needs at least {minimum} nodes, got {n}")
+        raise ConfigError("nodes", f"topology '{topology}' needs at least {minimum} nodes, got {n}")
 
 
 def ring(n: int) -> Edges:

@@ -173,7 +173,7 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
 def _print_check(data: Any, inferred: bool, missing: list[str], problems: list[str]) -> None:
     shape = "x".join(str(s) for s in data.contract.input_shape)
     origin = " (from the data: pass --classes or --config to check against a run)"
-    click.echo(f"{data.contract.kind} {data.source}: {data.train_size} training samples, "
+    click.echo(f"{data.contract.form} {data.source}: {data.train_size} training samples, "
                f"input {shape}, {data.num_classes} classes{origin if inferred else ''}")
     if data.contract.feature_names:
         names = list(data.contract.feature_names)

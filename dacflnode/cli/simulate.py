@@ -66,10 +66,11 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
           --data-root devices/ --test-root devices/test/ --out runs/own   # DIR/<node-id>/
     """
     from dacflnode.errors import ConfigError
+    from dacflnode.learning.names import node_ids
     from dacflnode.node.faults import load_fault_plan
     from dacflnode.sim.engines.base import RayTarget
     from dacflnode.sim.experiment import run_experiment
-    from dacflnode.sim.simulator import graph_edges, node_ids
+    from dacflnode.sim.simulator import graph_edges
 
     if ray_workers is not None and ray_address is None:
         raise ConfigError("ray_workers", "needs --ray ADDRESS|local")

@@ -144,13 +144,13 @@ def topology_cmd(
     """
     from dacflnode.algorithms.graphs import read_edge_list
     from dacflnode.cli.options import daemon_option_fields
-    from dacflnode.node.cluster import check_kind, generate_cluster
+    from dacflnode.node.cluster import check_graph, generate_cluster
     from dacflnode.node.peers import parse_peers
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
     daemon_settings = {d.name: options.pop(d.name) for d in daemon_option_fields()
                        if d.name in options}
-    kind = check_kind(kind.strip().lower())
+    kind = check_graph(kind.strip().lower())
     given_topology = options.get("topology")
     if given_topology is not None and given_topology != kind:
         raise ConfigError("topology", f"--topology {given_topology} disagrees with KIND {kind}")

@@ -95,7 +95,7 @@ def batch_plan(
     """The mini-batches (``int64`` index tensors into the node's data) of one round.
 
     Each epoch is a fresh permutation from a :class:`torch.Generator` seeded with
-    :func:`plan_seed` ``(seed, node_index, round, epoch)``, cut into batches of
+    :func:`plan_seed` ``(seed, node_index, round_, epoch)``, cut into batches of
     ``cfg.batch_size``; the last, partial batch of an epoch is kept. With ``cfg.local_steps`` set
     the plan has exactly that many batches, drawing further epochs as needed, and the final epoch
     is cut short. A node without data gets an empty plan. Same inputs, same plan.

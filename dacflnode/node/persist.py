@@ -103,7 +103,7 @@ class Persister:
 
     ``tries`` counts every attempt (at least 1); the pause before attempt ``k + 1`` is
     ``pause * 2**(k - 1)`` seconds. ``sleep`` is how it pauses (tests pass a fake).
-    :attr:`retried` counts the failed attempts that were tried again, over the node's life.
+    :attr:`retried` counts the failed attempts that were tried again, since the node started.
     """
 
     def __init__(

@@ -113,7 +113,7 @@ def contract_difference(mine: str, theirs: str, name: str) -> str | None:
     except ValueError as exc:
         return f"{name} sent a data contract this node cannot read ({exc})"
     if not mine:
-        return f"{name} trains on own data ({other.kind}), this run on a built-in data set"
+        return f"{name} trains on own data ({other.form}), this run on a built-in data set"
     return DataContract.from_json(mine).difference(other, name)
 
 

@@ -60,7 +60,7 @@ from typing import TypeVar
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.transport.base import Identity, Inbox, PeerStats
-from dacflnode.transport.slots import Call
+from dacflnode.transport.slots import Call, release
 from dacflnode.wire.codec import (
     BufferPool,
     Chunk,
@@ -320,15 +320,6 @@ class Receiver:
         streams.append(call)
         return key
 
-    def _unreserve(self, key: tuple[str, int], call: Call) -> None:
-        streams = self._receiving.get(key)
-        if streams is None:
-            return
-        if call in streams:
-            streams.remove(call)
-        if not streams:
-            del self._receiving[key]
-
     def _kept(self, key: tuple[str, int], call: Call) -> None:
         """The stream ``call`` of ``key`` was accepted: cut the others, duplicates now."""
         for other in self._receiving.pop(key, []):
@@ -409,7 +400,7 @@ class Receiver:
         finally:
             await chunks.aclose()
             if key is not None:
-                self._unreserve(key, call)
+                release(self._receiving, key, call)
         if key is not None:  # (always: a message was assembled, so its header was read)
             self._kept(key, call)
         self._received(message, decoder.received)
