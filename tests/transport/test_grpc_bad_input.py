@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import grpc
@@ -24,6 +25,7 @@ from dacflnode.transport.grpc_transport import (
 )
 from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason
+from tests.harness import messages as harness
 
 P = 40
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -31,10 +33,7 @@ MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 LOGGER = "dacflnode.transport"
 
 
-def message(sender: str, round_: int, seed: int = 0, size: int = P) -> RoundMessage:
-    g = torch.Generator().manual_seed(seed + 10 * round_)
-    return RoundMessage(sender, round_, 1, {"omega": torch.randn(size, generator=g),
-                                            "x": torch.randn(size, generator=g)})
+message = partial(harness.message, size=P)
 
 
 def same(a: RoundMessage, b: RoundMessage) -> bool:

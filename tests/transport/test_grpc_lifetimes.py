@@ -15,7 +15,6 @@ from typing import Any, cast
 
 import grpc
 import pytest
-import torch
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
@@ -23,6 +22,7 @@ from dacflnode.transport.base import Identity, Inbox, PeerUnavailable, Transport
 from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls, unreachable
 from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import REASON_METADATA_KEY
+from tests.harness.messages import message
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -90,13 +90,13 @@ async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
     loop.set_exception_handler(previous)
 
 
-def message() -> RoundMessage:
-    return RoundMessage("alice", 0, 1, {"omega": torch.ones(P), "x": torch.zeros(P)})
+def sized(values: int) -> RoundMessage:
+    return message("alice", 0, size=values)
 
 
 CALLS: dict[str, Callable[[GrpcTransport], Coroutine[Any, Any, object]]] = {
     "hello": lambda t: t.hello("bob"),
-    "push": lambda t: t.push("bob", message(), timeout=20),
+    "push": lambda t: t.push("bob", sized(P), timeout=20),
     "pull": lambda t: t.pull("bob", 0, timeout=20),
 }
 
@@ -147,7 +147,7 @@ async def test_a_call_cut_off_by_stop_raises_transport_closed(
 
 async def test_every_call_keeps_its_deadline(alice: GrpcTransport) -> None:
     alice.hello_timeout = 0.3
-    for call in (alice.hello("bob"), alice.push("bob", message(), timeout=0.3),
+    for call in (alice.hello("bob"), alice.push("bob", sized(P), timeout=0.3),
                  alice.pull("bob", 0, timeout=0.3)):
         with pytest.raises(PeerUnavailable, match="DEADLINE_EXCEEDED"):
             await asyncio.wait_for(call, 5)
@@ -187,10 +187,6 @@ def record_calls(transport: GrpcTransport, peer: str = "bob") -> list[Any]:
     recorded = Recorded(transport._stub(peer))
     transport._stubs[peer] = cast("NeighborCalls", recorded)
     return recorded.calls
-
-
-def sized(values: int) -> RoundMessage:
-    return RoundMessage("alice", 0, 1, {"omega": torch.ones(values), "x": torch.zeros(values)})
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -398,7 +394,7 @@ async def test_pushes_to_a_sigstopped_neighbour_raise_peer_unavailable_until_it_
                           Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS)
     await alice.start()
     try:
-        await alice.push("bob", message(), timeout=20)
+        await alice.push("bob", sized(P), timeout=20)
         proc.send_signal(signal.SIGSTOP)
         for _ in range(3):  # a node's retries within one round
             assert await retrying(alice.push("bob", sized(P), timeout=0.5)) == "unavailable"

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
+from functools import partial
 
 import grpc
 import pytest
@@ -24,8 +25,9 @@ from dacflnode.transport.receiver import (
     STREAM_TIMEOUT,
     Receiver,
 )
-from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
+from dacflnode.wire.codec import PROTOCOL_VERSION, WireError, encode
 from dacflnode.wire.errors import Reason
+from tests.harness import messages as harness
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -33,10 +35,7 @@ MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 LOGGER = "dacflnode.transport"
 
 
-def message(sender: str, round_: int = 0, seed: int = 0) -> RoundMessage:
-    g = torch.Generator().manual_seed(seed)
-    return RoundMessage(sender, round_, 2, {"omega": torch.randn(P, generator=g),
-                                            "x": torch.randn(P, generator=g)})
+message = partial(harness.message, size=P, degree=2)
 
 
 def bob(idle: float = IDLE_TIMEOUT, total: float = STREAM_TIMEOUT,

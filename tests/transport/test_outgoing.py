@@ -6,6 +6,7 @@ import asyncio
 import gc
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,12 +19,12 @@ from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire import codec
 from dacflnode.wire.codec import RoundMessage
+from tests.harness import messages as harness
 
 P = 16
 
 
-def message(round_: int = 0) -> RoundMessage:
-    return RoundMessage("a", round_, 1, {"x": torch.arange(P, dtype=torch.float32)})
+message = partial(harness.message, "a", size=P, names=("x",))
 
 
 def cache() -> HeaderCache:

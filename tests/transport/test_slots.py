@@ -13,26 +13,19 @@ from typing import Any
 
 import grpc
 import pytest
-import torch
 
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.transport import channels
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import SERVICE_NAME, GrpcTransport, reason_of, unreachable
 from dacflnode.transport.slots import PER_ADDRESS, PER_PEER, Call, CallSlots, peer_host
-from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
+from tests.harness.messages import message
 
 P = 16
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 FIRST = 0.4  # the first-message deadline of the servers here
-
-
-def message(sender: str, round_: int = 0) -> RoundMessage:
-    g = torch.Generator().manual_seed(round_)
-    return RoundMessage(sender, round_, 1, {"omega": torch.randn(P, generator=g),
-                                            "x": torch.randn(P, generator=g)})
 
 
 class Clock:
