@@ -23,6 +23,7 @@ from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls, unr
 from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import REASON_METADATA_KEY
 from tests.harness.messages import message
+from tests.harness.polling import until
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -118,8 +119,8 @@ async def test_a_cancelled_caller_ends_its_call_and_gets_cancelled_error(
     call: str,
 ) -> None:
     task = asyncio.create_task(CALLS[call](alice))
-    await asyncio.sleep(0.3)
-    assert not task.done() and silent[0].started == 1  # the neighbour took it, never answers
+    await until(lambda: silent[0].started == 1)  # the neighbour took it, never answers
+    assert not task.done()
     assert task in client_tasks()  # (with the tasks grpc runs for the call)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -133,10 +134,11 @@ async def test_a_cancelled_caller_ends_its_call_and_gets_cancelled_error(
 
 @pytest.mark.parametrize("call", list(CALLS))
 async def test_a_call_cut_off_by_stop_raises_transport_closed(
-    alice: GrpcTransport, loop_errors: list[dict[str, Any]], call: str
+    alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
+    call: str,
 ) -> None:
     task = asyncio.create_task(CALLS[call](alice))
-    await asyncio.sleep(0.3)
+    await until(lambda: silent[0].started == 1)  # the call is under way
     await alice.stop(grace=0)
     with pytest.raises(TransportClosed):
         await asyncio.wait_for(task, 5)
@@ -166,11 +168,14 @@ BIG = 4 * 1024 * 1024  # values per tensor: 32 MiB a state, more than grpc buffe
 
 
 class Recorded:
-    """A stub that records every call it starts, so a test can end one under its caller."""
+    """A stub that records every call it starts, so a test can end one under its caller, and
+    counts the writes of its streaming calls: done, and still waiting to be taken."""
 
     def __init__(self, stub: NeighborCalls) -> None:
         self._stub = stub
         self.calls: list[Any] = []
+        self.written = 0
+        self.writing = 0
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._stub, name)
@@ -178,21 +183,27 @@ class Recorded:
         def start(*args: Any, **kwargs: Any) -> Any:
             call = method(*args, **kwargs)
             self.calls.append(call)
+            write = getattr(call, "write", None)
+            if write is not None:
+
+                async def counted(*a: Any) -> None:
+                    self.writing += 1
+                    try:
+                        await write(*a)
+                        self.written += 1
+                    finally:
+                        self.writing -= 1
+
+                call.write = counted
             return call
 
         return start
 
 
-def record_calls(transport: GrpcTransport, peer: str = "bob") -> list[Any]:
+def record_calls(transport: GrpcTransport, peer: str = "bob") -> Recorded:
     recorded = Recorded(transport._stub(peer))
     transport._stubs[peer] = cast("NeighborCalls", recorded)
-    return recorded.calls
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
+    return recorded
 
 
 async def retrying(call: Coroutine[Any, Any, object]) -> str:
@@ -209,7 +220,7 @@ async def test_a_call_that_grpc_cancels_under_its_caller_raises_peer_unavailable
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
     call: str,
 ) -> None:
-    calls = record_calls(alice)
+    calls = record_calls(alice).calls
     task = asyncio.create_task(retrying(CALLS[call](alice)))
     await until(lambda: silent[0].started == 1)
     calls[0].cancel()  # grpc ends the call; the caller asked for nothing
@@ -226,12 +237,14 @@ async def test_a_call_that_grpc_cancels_under_its_caller_raises_peer_unavailable
 async def test_a_push_cut_off_under_it_while_blocked_writing_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]]
 ) -> None:
-    calls = record_calls(alice)
+    recorded = record_calls(alice)
     task = asyncio.create_task(retrying(alice.push("bob", sized(BIG), timeout=20)))
     await until(lambda: silent[0].started == 1)
-    await asyncio.sleep(0.5)
-    assert not task.done()  # the neighbour reads nothing: the stream waits for window
-    calls[0].cancel()
+    # the neighbour reads nothing: chunks go out until grpc's buffers are full, and a write
+    # waits for window
+    await until(lambda: recorded.written > 0 and recorded.writing == 1)
+    assert not task.done()
+    recorded.calls[0].cancel()
     assert await asyncio.wait_for(task, 5) == "unavailable"
     assert 0 < alice.stats["bob"].bytes_sent < 2 * 4 * BIG  # cut off half-way
     assert client_tasks() == []

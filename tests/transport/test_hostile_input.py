@@ -28,6 +28,7 @@ from dacflnode.transport.receiver import (
 from dacflnode.wire.codec import PROTOCOL_VERSION, WireError, encode
 from dacflnode.wire.errors import Reason
 from tests.harness import messages as harness
+from tests.harness.polling import until
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -36,6 +37,11 @@ LOGGER = "dacflnode.transport"
 
 
 message = partial(harness.message, size=P, degree=2)
+
+
+def receiving(r: Receiver) -> int:
+    """The streams whose header ``r`` took and which are still arriving."""
+    return sum(len(calls) for calls in r._receiving.values())
 
 
 def bob(idle: float = IDLE_TIMEOUT, total: float = STREAM_TIMEOUT,
@@ -143,7 +149,7 @@ async def test_a_third_stream_while_two_arrive_is_refused_in_progress():
     slow = [asyncio.create_task(r.push(stream_of(encode(message("alice", seed=s),
                                                         chunk_bytes=32), pause=0.05)))
             for s in (0, 1)]
-    await asyncio.sleep(0.08)  # both headers are in, and both streams keep sending
+    await until(lambda: receiving(r) == 2)  # both headers are in, and both streams keep sending
     with pytest.raises(WireError) as err:
         await r.push(stream_of(encode(message("alice", seed=2))))
     assert (err.value.code, err.value.reason) == ("ABORTED", Reason.IN_PROGRESS)
@@ -157,7 +163,7 @@ async def test_a_stalled_stream_in_a_neighbours_name_does_not_delay_its_real_pus
     r = bob()  # deadlines of 30 s and more: nothing here waits for them
     stalled = asyncio.create_task(r.push(stream_of(encode(message("alice", seed=9)),
                                                    stall_after=1)))
-    await asyncio.sleep(0.05)  # its header is in, then it sends nothing
+    await until(lambda: receiving(r) == 1)  # its header is in, then it sends nothing
     started = time.monotonic()
     await r.push(stream_of(encode(message("alice"))))
     assert time.monotonic() - started < 1.0
@@ -173,11 +179,11 @@ async def test_stalled_duplicates_give_way_after_the_first_message_deadline():
     stalled = [asyncio.create_task(r.push(stream_of(encode(message("alice", seed=s)),
                                                     stall_after=1)))
                for s in (7, 8)]
-    await asyncio.sleep(0.05)
+    await until(lambda: receiving(r) == 2)  # both headers are in
     with pytest.raises(WireError) as err:  # both candidates are fresh: retry later
         await r.push(stream_of(encode(message("alice"))))
     assert err.value.reason is Reason.IN_PROGRESS
-    await asyncio.sleep(first_message)
+    await asyncio.sleep(first_message)  # not a wait for an event: the deadline passes
     started = time.monotonic()
     await r.push(stream_of(encode(message("alice"))))  # takes the stalest one's place
     assert time.monotonic() - started < 1.0
@@ -195,6 +201,8 @@ async def test_a_flood_of_duplicates_holds_at_most_two_buffers_per_state():
     for i in range(30):  # each one stalls after its header; every new one finds stale ones
         opened.append(asyncio.create_task(r.push(stream_of(encode(message("alice", seed=i)),
                                                            stall_after=1))))
+        # not a wait for an event: the first-message deadline passes (the header needs far
+        # less), so that the next stream finds this one stale
         await asyncio.sleep(0.06)
         assert sum(len(v) for v in r._receiving.values()) <= 2
     await r.push(stream_of(encode(message("alice"))))
