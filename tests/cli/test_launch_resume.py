@@ -26,7 +26,7 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports, prepare_resume
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers
-from tests.node.cluster_helpers import ENV
+from tests.harness.cluster import ENV
 
 RUN = ["launch", "--dataset", "synthetic", "--model", "mlp", "--nodes", "2", "--lr", "0.05",
        "--synthetic-train", "300", "--synthetic-test", "60", "--quiet"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dacflnode.node.cluster import peers_file_mode
 from dacflnode.node.peers import load_peers
-from tests.node.cluster_helpers import ENV
+from tests.harness.cluster import ENV
 
 
 def dacflnode(*args: str, timeout: float = 300) -> None:

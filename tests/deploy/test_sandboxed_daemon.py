@@ -27,7 +27,7 @@ import pytest
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
-from tests.node.cluster_helpers import TINY
+from tests.harness.cluster import TINY
 
 #: a uid with no account, as `docker run --user 54321:54321` gives the node
 UID = 54321

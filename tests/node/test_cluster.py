@@ -22,7 +22,7 @@ from dacflnode.node.launcher import free_ports, launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
-from tests.node.cluster_helpers import ENV, TINY, control_of, max_diff
+from tests.harness.cluster import ENV, TINY, control_of, max_diff
 
 
 @pytest.mark.parametrize("algorithm", ["dacfl", "cdsgd"])

@@ -44,7 +44,7 @@ from dacflnode.transport.grpc_control import (
     fetch_status,
     request_stop,
 )
-from tests.node.cluster_helpers import TINY
+from tests.harness.cluster import TINY
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -113,7 +113,7 @@ def test_a_daemon_on_its_own_folder_announces_its_contract_and_shows_its_data(tm
     import json
 
     from dacflnode.node.daemon import build_node
-    from tests.node.owndata_helpers import CLASSES, write_png_nodes
+    from tests.harness.owndata import CLASSES, write_png_nodes
 
     mix = {"node-0": {"cat": 5, "eel": 3}, "node-1": {"dog": 4}}
     train, test = write_png_nodes(tmp_path / "data", mix)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dacflnode.node.membership import PeerState
+from tests.harness.memory_network import Drops, FakeNetwork, residual, ring, states
 from tests.harness.polling import until
-from tests.node.fake_network import Drops, FakeNetwork, residual, ring, states
 
 TOL = 1e-6
 

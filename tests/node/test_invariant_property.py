@@ -15,7 +15,7 @@ from dacflnode.algorithms.rounds import NodeState
 from dacflnode.node.faults import Drop, FaultPlan
 from dacflnode.sim.engine import OnLoopThread
 from dacflnode.transport.memory import MemoryNetwork
-from tests.node.fake_network import FakeNetwork, residual, states
+from tests.harness.memory_network import FakeNetwork, residual, states
 
 ROUNDS = 50
 DROP_RATE = 0.2

@@ -37,7 +37,7 @@ from dacflnode.transport.grpc_control import fetch_metrics
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.codec import RoundMessage
-from tests.node.cluster_helpers import control_of
+from tests.harness.cluster import control_of
 
 TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
                  synthetic_test=200, device="cpu")

@@ -14,8 +14,8 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports, launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import ENV, assert_one_line_failure, max_diff
-from tests.node.owndata_helpers import CLASSES, MIX, write_csv_nodes, write_png_nodes
+from tests.harness.cluster import ENV, assert_one_line_failure, max_diff
+from tests.harness.owndata import CLASSES, MIX, write_csv_nodes, write_png_nodes
 
 #: Own PNG folders of 8x8 images: the default model for one-channel images (fmnist-cnn) and the
 #: default learning rate, no model setting.

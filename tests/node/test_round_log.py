@@ -17,7 +17,7 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.membership import PeerTrack
 from dacflnode.node.round_log import RoundLog, duration, size
-from tests.node.cluster_helpers import ENV, TINY
+from tests.harness.cluster import ENV, TINY
 
 ROUNDS = 20
 TEXT_ROUND = re.compile(

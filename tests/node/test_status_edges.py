@@ -19,7 +19,7 @@ from dacflnode.cli.daemon_cmds import _status_view
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.transport.grpc_control import fetch_status
-from tests.node.cluster_helpers import ENV, TINY, control_of
+from tests.harness.cluster import ENV, TINY, control_of
 
 
 def pair(tmp_path: Path, rounds: int, round_deadline: float = 30,

@@ -12,7 +12,7 @@ from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import ENV, TINY, max_diff
+from tests.harness.cluster import ENV, TINY, max_diff
 
 
 def test_three_tls_daemons_finish_with_the_simulators_models(tmp_path):

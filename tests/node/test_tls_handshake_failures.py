@@ -27,7 +27,7 @@ from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport import channels
 from dacflnode.transport.control_types import NodeStatus
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status, request_stop
-from tests.node.cluster_helpers import ENV, TINY, control_of
+from tests.harness.cluster import ENV, TINY, control_of
 
 DEADLINE_S = 60.0
 
