@@ -108,7 +108,8 @@ class Cluster:
 
     ``run`` replaces fields of the run settings (:data:`TINY`); the graph is a ring from three
     nodes on, complete below. ``metrics`` gives every node a ``/metrics`` address
-    (:attr:`metrics_addresses`). ``args`` are added to every ``dacflnode start``.
+    (:attr:`metrics_addresses`). ``args`` are added to every ``dacflnode start``;
+    ``daemon_settings`` go into every peers file's ``daemon:`` section.
     ``namespaces[i]``, when given, is the network namespace node ``i`` runs in (then ``hosts``
     are the nodes' addresses there). Node ``i`` is ``node-i``, its state is ``root/node-i`` and
     its stderr ``root/node-i.stderr``.
@@ -126,6 +127,7 @@ class Cluster:
         hosts: Sequence[str] = (),
         metrics: bool = False,
         args: Sequence[str] = (),
+        daemon_settings: dict[str, Any] | None = None,
         **run: Any,
     ) -> None:
         self.root = root
@@ -147,7 +149,8 @@ class Cluster:
         self.paths = generate_cluster("ring" if nodes >= 3 else "complete", nodes, cfg,
                                       root / "peers", ports=ports, control_ports=control,
                                       state_root=root, round_deadline=deadline,
-                                      hello_timeout=hello_timeout, **where)
+                                      hello_timeout=hello_timeout,
+                                      daemon_settings=daemon_settings or {}, **where)
         self.metrics_addresses = [f"127.0.0.1:{p}" for p in where.get("metrics_ports", [])]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
