@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from dacflnode.node.peers import METRICS_PORT_OFFSET, parse_peers
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import GrpcTransport
+from tests.harness.polling import until_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -543,12 +543,18 @@ def test_job_script_keeps_the_nodes_exit_status_but_a_stop_before_the_end(tmp_pa
 
 def test_job_script_passes_sigterm_to_the_node_and_exits_1_when_it_was_not_done(tmp_path):
     proc = start_job_script(tmp_path, "sigterm")
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "ready").exists():  # the stub has set its trap
-        if proc.poll() is not None or time.monotonic() > deadline:
+
+    def ready() -> bool:  # the stub has set its trap
+        if proc.poll() is not None:
             finish(proc)
             pytest.fail("the node did not start")
-        time.sleep(0.02)
+        return (tmp_path / "ready").exists()
+
+    try:
+        until_blocking(ready, 30, what="the node did not start")
+    except AssertionError:
+        finish(proc)
+        raise
     proc.send_signal(signal.SIGTERM)
     err = finish(proc)
     assert (tmp_path / "term").read_text() == "TERM\n"  # the node got it, and checkpointed

@@ -197,7 +197,7 @@ class Cluster:
         self.procs[i].kill()
         self.procs[i].wait(timeout=COMMAND_TIMEOUT)
 
-    def signal(self, sig: int, *nodes: int) -> None:
+    def send(self, sig: int, *nodes: int) -> None:
         """Send ``sig`` to the running processes of ``nodes`` (default: all started)."""
         for i in nodes or sorted(self.procs):
             if self.procs[i].poll() is None:
@@ -233,7 +233,7 @@ class Cluster:
     def stop(self, sig: int = signal.SIGINT, timeout: float = 60) -> list[int]:
         """Ask every node to stop (``sig``), then kill what is still running; the exit codes
         (a killed node's is negative)."""
-        self.signal(sig)
+        self.send(sig)
         codes = []
         for i in sorted(self.procs):
             try:

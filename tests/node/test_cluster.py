@@ -82,7 +82,7 @@ def test_sigterm_checkpoints_and_exits_zero_and_a_restart_finishes_the_run(tmp_p
     with cluster(tmp_path, 3, rounds=30) as c:
         c.start()
         c.wait_for_round(0, 2)
-        c.signal(signal.SIGTERM)
+        c.send(signal.SIGTERM)
         assert c.wait(timeout=60) == [0, 0, 0], c.logs(range(3))
         done = [len(c.metrics(i)) for i in range(3)]
         assert all((c.state_dir(i) / "checkpoint.safetensors").exists() for i in range(3))

@@ -11,7 +11,8 @@ import pytest
 from dacflnode.node.edges import EdgeBook
 from dacflnode.node.membership import PeerState
 from dacflnode.transport.memory import MemoryNetwork
-from tests.node.test_runner import make_runner, others, until
+from tests.harness.polling import until
+from tests.node.test_runner import make_runner, others
 
 
 def test_missed_rounds_of_a_neighbour_that_shows_it_is_alive_do_not_declare_it_gone():

@@ -20,6 +20,7 @@ import pytest
 from dacflnode.node.metrics_http import MetricsServer
 from dacflnode.node.status import NodeMetrics, NodeStatus
 from dacflnode.security.certs import tls_files, write_certs
+from tests.harness.polling import until
 
 TOKEN = "s3cret-metrics-token-0123456789"
 GET = b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n"
@@ -46,15 +47,6 @@ def status_of(reply: bytes) -> int:
 
 async def fetch(port: int, data: bytes = GET, **kw: object) -> bytes:
     return await asyncio.to_thread(request, port, data, **kw)  # type: ignore[arg-type]
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        await asyncio.sleep(0.02)
-    return True
 
 
 def slow(port: int, count: int, partial: bytes = b"GET /metr") -> list[socket.socket]:
