@@ -4,6 +4,7 @@ ask of the runner, the checkpoint it serves, and the fault counters its status s
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from pathlib import Path
 from unittest.mock import Mock
 
@@ -19,12 +20,13 @@ from dacflnode.node.runner import NodeRunner
 from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire.errors import Reason, WireError
+from tests.harness.cluster import TINY
 
-TINY = RunConfig(dataset="synthetic", model="tiny-cnn", nodes=3, rounds=2)
+RING = replace(TINY, nodes=3, rounds=2)
 
 
 def peers_file(tmp_path: Path, **run: object) -> PeersFile:
-    path = generate_cluster("ring", 3, TINY, tmp_path / "peers", state_root=tmp_path)[0]
+    path = generate_cluster("ring", 3, RING, tmp_path / "peers", state_root=tmp_path)[0]
     data = yaml.safe_load(path.read_text())
     data["run"].update(run)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
