@@ -80,17 +80,6 @@ async def alice(silent: tuple[Silent, str]) -> AsyncIterator[GrpcTransport]:
     await transport.stop(grace=0)
 
 
-@pytest.fixture
-async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
-    """What the event loop reports to its exception handler ("never retrieved", ...)."""
-    loop = asyncio.get_running_loop()
-    errors: list[dict[str, Any]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    yield errors
-    loop.set_exception_handler(previous)
-
-
 def sized(values: int) -> RoundMessage:
     return message("alice", 0, size=values)
 

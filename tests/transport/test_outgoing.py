@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -20,6 +20,7 @@ from dacflnode.transport.receiver import Receiver
 from dacflnode.wire import codec
 from dacflnode.wire.codec import RoundMessage
 from tests.harness import messages as harness
+from tests.harness.polling import until
 
 P = 16
 
@@ -60,16 +61,6 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     g.open.set()
 
 
-@pytest.fixture
-async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
-    loop = asyncio.get_running_loop()
-    errors: list[dict[str, Any]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    yield errors
-    loop.set_exception_handler(previous)
-
-
 async def entered(gate: Gate) -> None:
     await asyncio.to_thread(gate.entered.wait, 5)
 
@@ -102,8 +93,7 @@ async def test_a_failure_after_the_last_waiter_left_is_never_reported_as_unretri
     gate.open.set()
     with pytest.raises(asyncio.CancelledError):
         await waiter
-    for _ in range(20):  # let the preparation fail with no one waiting
-        await asyncio.sleep(0.01)
+    await until(lambda: not headers._running)  # the preparation failed with no one waiting
     gc.collect()
     await asyncio.sleep(0)
     assert loop_errors == []
