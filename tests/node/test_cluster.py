@@ -49,7 +49,7 @@ def test_launched_cluster_ends_with_the_simulators_models(tmp_path, algorithm):
 async def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_path):
     with cluster(tmp_path, 3, rounds=100_000, eval_every=5) as c:
         c.start()
-        c.wait_for_round(0, 1)
+        c.wait_for_round(0, 1, timeout=120)
         addr, auth = c.control_address(0), c.control_auth(0)
         cli = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--peers",
                               str(c.paths[0]), "--json"], capture_output=True, text=True,
@@ -81,7 +81,7 @@ async def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_pa
 def test_sigterm_checkpoints_and_exits_zero_and_a_restart_finishes_the_run(tmp_path):
     with cluster(tmp_path, 3, rounds=30) as c:
         c.start()
-        c.wait_for_round(0, 2)
+        c.wait_for_round(0, 2, timeout=120)
         c.send(signal.SIGTERM)
         assert c.wait(timeout=60) == [0, 0, 0], c.logs(range(3))
         done = [len(c.metrics(i)) for i in range(3)]
@@ -97,7 +97,7 @@ def test_sigterm_checkpoints_and_exits_zero_and_a_restart_finishes_the_run(tmp_p
 def test_a_killed_node_restarted_from_its_checkpoint_rejoins_the_cluster(tmp_path):
     with cluster(tmp_path, 3, rounds=25) as c:
         c.start()
-        c.wait_for_round(1, 3)
+        c.wait_for_round(1, 3, timeout=120)
         c.kill(1)  # a crash: no checkpoint of the round in flight
         c.start(1)
         assert c.wait(timeout=120) == [0, 0, 0], c.logs(range(3))
@@ -109,7 +109,7 @@ def test_a_killed_node_restarted_from_its_checkpoint_rejoins_the_cluster(tmp_pat
 def test_stop_drain_ends_the_node_with_exit_0_and_the_others_finish_without_it(tmp_path):
     with cluster(tmp_path, 4, rounds=300, eval_every=100) as c:
         c.start()
-        c.wait_for_round(0, 3)
+        c.wait_for_round(0, 3, timeout=120)
         drain = subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--drain", "--peers",
                                 str(c.paths[2])], capture_output=True, text=True, timeout=60,
                                env=ENV)
@@ -171,7 +171,7 @@ def test_a_killed_node_whose_checkpoint_was_damaged_resumes_from_the_previous_on
     state = tmp_path / "node-1"
     with cluster(tmp_path, 3, rounds=20) as c:
         c.start()
-        c.wait_for_round(1, 3)
+        c.wait_for_round(1, 3, timeout=120)
         c.kill(1)
         newest = state / "checkpoint.safetensors"
         data = bytearray(newest.read_bytes())
