@@ -21,6 +21,7 @@ from dacflnode.transport.grpc_transport import SERVICE_NAME, GrpcTransport, reas
 from dacflnode.transport.slots import PER_ADDRESS, PER_PEER, Call, CallSlots, peer_host
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
 from tests.harness.messages import message
+from tests.harness.polling import until
 
 P = 16
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -190,10 +191,8 @@ async def test_over_grpc_a_neighbour_on_a_flooded_host_still_pushes_at_once():
                       for _ in range(4)]
     flood = [silent_call(flood_channels[i % 4], "PushState") for i in range(40)]
     try:
-        deadline = time.monotonic() + 10.0
-        while sum(1 for c in flood if c.done()) < 40 - PER_ADDRESS:
-            assert time.monotonic() < deadline, "the flood was not cut down to the quota"
-            await asyncio.sleep(0.05)
+        await until(lambda: sum(1 for c in flood if c.done()) >= 40 - PER_ADDRESS, 10.0,
+                    interval=0.05, what="the flood was not cut down to the quota")
         assert len(bob.slots) == PER_ADDRESS
         started = time.monotonic()
         await alice.push("bob", message("alice"), timeout=10.0)
@@ -228,10 +227,7 @@ async def test_over_tls_a_member_beyond_its_quota_is_refused_too_many_calls(pki)
                           tls=tls_files(pki, "carol").load())
     held = [silent_call(alice_channel, "PushState") for _ in range(PER_PEER)]
     try:
-        deadline = time.monotonic() + 10.0
-        while len(bob.slots) < PER_PEER:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await until(lambda: len(bob.slots) >= PER_PEER, 10.0, interval=0.05)
         got = await outcome(silent_call(alice_channel, "Hello"), 10.0)
         assert got == (grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.TOO_MANY_CALLS)
         assert bob.receiver.refusals == {Reason.TOO_MANY_CALLS: 1}
