@@ -335,6 +335,7 @@ def test_event_argument_positions_exist_in_their_format_strings():
         assert all(i < count for i in positions.values()), template
 
 
+@pytest.mark.slow
 def test_a_real_daemon_with_json_logs_writes_one_object_per_line_despite_a_hostile_hello(
         tmp_path):
     """``dacflnode start --log-format json`` as a process: a stranger's Hello whose id holds a

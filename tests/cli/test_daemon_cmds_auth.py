@@ -28,6 +28,8 @@ from dacflnode.node.peers import load_peers
 from tests.harness.cluster import TINY, set_node, start_node
 from tests.harness.polling import until_blocking
 
+pytestmark = pytest.mark.slow
+
 TWO = replace(TINY, nodes=2, rounds=2)
 TOKEN = "control-token-for-tests-0123456789"
 ENV = {k: v for k, v in os.environ.items() if k != "DACFLNODE_CONTROL_TOKEN"}

@@ -28,6 +28,8 @@ from dacflnode.node.peers import load_peers
 from tests.harness.cluster import ENV
 from tests.harness.polling import until_blocking
 
+pytestmark = pytest.mark.slow
+
 RUN = ["launch", "--dataset", "synthetic", "--model", "mlp", "--nodes", "2", "--lr", "0.05",
        "--synthetic-train", "300", "--synthetic-test", "60", "--quiet"]
 

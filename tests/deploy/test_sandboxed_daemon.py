@@ -39,9 +39,9 @@ UMASK_0077_THEN_DACFLNODE = (
     "import os, runpy, sys; os.umask(0o077); sys.argv[0] = 'dacflnode'; "
     "runpy.run_module('dacflnode', run_name='__main__', alter_sys=True)")
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="needs root and setpriv to run the daemon as another uid")
+    reason="needs root and setpriv to run the daemon as another uid")]
 
 
 def owned_by(uid: int, top: Path) -> list[Path]:

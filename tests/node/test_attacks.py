@@ -23,6 +23,8 @@ from dacflnode.transport.channels import FD_RESERVE
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import attacks  # type: ignore[import-not-found]
 
+pytestmark = pytest.mark.slow
+
 MIB = 1 << 20
 #: Idle deadline of the daemon's push streams here (its default is 30 s).
 IDLE = 1.5

@@ -20,6 +20,8 @@ from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
 from tests.harness.cluster import ENV, TINY, cluster, max_diff, start_node
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("algorithm", ["dacfl", "cdsgd"])
 def test_launched_cluster_ends_with_the_simulators_models(tmp_path, algorithm):

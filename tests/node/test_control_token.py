@@ -170,6 +170,7 @@ def alone(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
         proc.wait(timeout=60)
 
 
+@pytest.mark.slow
 async def test_a_default_node_refuses_control_calls_without_its_token_and_answers_with_it(alone):
     path, proc = alone
     node = load_peers(path).node
@@ -209,6 +210,7 @@ async def test_a_default_node_refuses_control_calls_without_its_token_and_answer
     assert token not in log
 
 
+@pytest.mark.slow
 async def test_a_tls_cluster_from_topology_has_a_credential_and_a_restart_refuses_the_old_token(
         tmp_path):
     path = peers_file(tmp_path, tls=True)  # `topology --tls` writes no node.control_token
@@ -234,6 +236,7 @@ async def test_a_tls_cluster_from_topology_has_a_credential_and_a_restart_refuse
         assert proc.wait(timeout=60) == 0
 
 
+@pytest.mark.slow
 def test_a_configured_control_token_writes_no_token_file_and_removes_a_stale_one(tmp_path):
     path = peers_file(tmp_path, control_token="configured-token-0123456789")
     node = load_peers(path).node
@@ -293,6 +296,7 @@ AS_NOBODY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="becoming another user needs root")
 async def test_another_local_user_gets_nothing_from_the_control_service():

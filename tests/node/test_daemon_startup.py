@@ -25,6 +25,8 @@ from dacflnode.node.launcher import free_ports
 from dacflnode.node.peers import load_peers
 from tests.harness.cluster import ENV, NOISE, TINY, assert_one_line_failure
 
+pytestmark = pytest.mark.slow
+
 ROUNDS = 2
 
 

@@ -35,7 +35,7 @@ from tests.harness import cluster as harness
 from tests.harness.cluster import Cluster
 from tests.harness.netns import hosts, sh
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 #: Round deadline of the clusters here: short, so that a fault costs seconds, not minutes.
 DEADLINE = 2.0

@@ -19,6 +19,8 @@ from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from tests.harness.cluster import ENV, TINY, max_diff
 
+pytestmark = pytest.mark.slow
+
 
 def test_a_cluster_with_an_injected_drop_ends_with_the_simulators_models(tmp_path):
     plan = tmp_path / "faults.yaml"

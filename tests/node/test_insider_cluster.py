@@ -15,7 +15,7 @@ from tests.harness.cluster import Cluster
 from tests.harness.polling import until
 from tests.node.test_fault_cluster import TOLERANCE, cluster
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 #: Long enough that one round waiting for a refused state would show in the round's timings,
 #: and that no honest exchange on a loaded machine comes near it (they take well under 1 s).

@@ -327,6 +327,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         assert c.stop() == [0, 0], c.logs(range(2))
 
 
+@pytest.mark.slow
 def test_promtool_finds_nothing_to_say_about_a_live_daemons_exposition(live, tmp_path):
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -337,6 +338,7 @@ def test_promtool_finds_nothing_to_say_about_a_live_daemons_exposition(live, tmp
     assert (check.returncode, check.stdout, check.stderr) == (0, "", "")
 
 
+@pytest.mark.slow
 async def test_http_and_the_control_service_serve_the_same_exposition(live):
     over_http = scrape(live, 0)
     over_control = await fetch_metrics(live.control_address(0), "prometheus",
@@ -345,6 +347,7 @@ async def test_http_and_the_control_service_serve_the_same_exposition(live):
     assert samples(over_http).keys() == samples(over_control).keys()
 
 
+@pytest.mark.slow
 def test_a_live_daemon_counts_what_it_exchanges_per_neighbour(live):
     got = samples(scrape(live, 0))
     node, peer = (("node", "node-0"),), (("node", "node-0"), ("peer", "node-1"))
@@ -363,6 +366,7 @@ def test_a_live_daemon_counts_what_it_exchanges_per_neighbour(live):
     assert got[("dacfl_peer_missed_rounds_total", peer)] == 0
 
 
+@pytest.mark.slow
 def test_a_taken_metrics_port_stops_the_start_with_a_message_naming_node_metrics(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

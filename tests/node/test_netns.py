@@ -33,6 +33,8 @@ from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from tests.harness.netns import COMMAND_TIMEOUT, hosts, sh
 
+pytestmark = pytest.mark.slow
+
 NODES = 3
 ROUNDS = 3
 KIND = "complete"

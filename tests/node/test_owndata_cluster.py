@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
 import yaml
 
 from dacflnode.config import RunConfig
@@ -16,6 +17,8 @@ from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from tests.harness.cluster import ENV, assert_one_line_failure, max_diff, start_node
 from tests.harness.owndata import CLASSES, MIX, write_csv_nodes, write_png_nodes
+
+pytestmark = pytest.mark.slow
 
 #: Own PNG folders of 8x8 images: the default model for one-channel images (fmnist-cnn) and the
 #: default learning rate, no model setting.

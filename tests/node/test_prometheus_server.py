@@ -25,8 +25,8 @@ from tests.node.test_metrics_http import get
 PROMETHEUS = shutil.which("prometheus")
 TOKEN = "prometheus-scrapes-with-this-token"
 
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus is not installed (Debian: apt-get install prometheus)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus is not installed (Debian: apt-get install prometheus)")]
 
 
 def scrape_config(targets: list[str], jobs: list[dict[str, Any]] | None = None

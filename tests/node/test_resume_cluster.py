@@ -24,7 +24,7 @@ from tests.harness.cluster import Cluster
 from tests.harness.polling import until
 from tests.node.test_fault_cluster import TOLERANCE, cluster
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 
 def rounds_of(c: Cluster, i: int) -> dict[int, float]:

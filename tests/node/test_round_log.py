@@ -18,6 +18,8 @@ from dacflnode.node.membership import PeerTrack
 from dacflnode.node.round_log import RoundLog, duration, size
 from tests.harness.cluster import TINY, start_node
 
+pytestmark = pytest.mark.slow
+
 ROUNDS = 20
 TEXT_ROUND = re.compile(
     r" INFO dacflnode\.node: node-0: round (\d+)/20: (accuracy [0-9.]+, loss [0-9.]+|not "

@@ -17,6 +17,8 @@ from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from tests.harness.cluster import TINY, max_diff
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def restore_torch_threads() -> Iterator[None]:

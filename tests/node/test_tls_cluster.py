@@ -7,12 +7,16 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
+
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers
 from dacflnode.sim.experiment import run_experiment
 from tests.harness.cluster import ENV, TINY, max_diff, start_node
+
+pytestmark = pytest.mark.slow
 
 
 def test_three_tls_daemons_finish_with_the_simulators_models(tmp_path):

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -27,6 +28,8 @@ from dacflnode.transport.control_types import NodeStatus
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status, request_stop
 from tests.harness.cluster import TINY, control_of, start_node
 from tests.harness.polling import until
+
+pytestmark = pytest.mark.slow
 
 DEADLINE_S = 60.0
 

@@ -16,6 +16,8 @@ from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.simulator import Simulation
 from tests.harness.owndata import CLASSES, MIX, write_csv_nodes, write_png_nodes
 
+pytestmark = pytest.mark.slow
+
 BASE = RunConfig(dataset="folder", classes=CLASSES, image_size=8, nodes=3, rounds=1,
                  topology="ring", device="cpu", model="tiny-cnn", lr=0.05)
 

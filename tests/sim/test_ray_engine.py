@@ -25,6 +25,8 @@ from dacflnode.sim.engine import RayTarget
 from dacflnode.sim.ray_engine import RayEngine, connect
 from dacflnode.sim.simulator import Simulation, SimulationResult
 
+pytestmark = pytest.mark.slow
+
 WORKERS = 2
 
 

@@ -23,6 +23,8 @@ from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.simulator import Simulation, SimulationResult
 
+pytestmark = pytest.mark.slow
+
 IDS = [f"node-{i}" for i in range(5)]
 RING = RunConfig(dataset="synthetic", nodes=5, rounds=14, model="tiny-cnn", lr=0.05,
                  batch_size=20, synthetic_train=400, synthetic_test=100, topology="ring",

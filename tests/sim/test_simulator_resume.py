@@ -13,6 +13,8 @@ import pytest
 from dacflnode.node.metrics_log import read_metrics
 from tests.sim.test_simulator_faults import EXACT, IDS, RING, phases, simulate
 
+pytestmark = pytest.mark.slow
+
 #: the setting of the issue's reproducer: a 5-ring, 12 rounds, seed 5
 TWELVE = replace(RING, rounds=12, seed=5)
 
