@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_data  # type: ignore[import-not-found]
 
 from dacflnode.learning.owndata import images
-from tests.learning.owndata_files import write_images
+from tests.harness.owndata import write_images
 
 pytestmark = pytest.mark.slow
 
