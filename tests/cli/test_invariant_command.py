@@ -224,6 +224,7 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_finished_simulator_output_gets_a_verdict_instead_of_no_checkpoint(simulated):
     for paths in ([simulated], [simulated / "dacfl" / "node-0", simulated / "dacfl" / "node-1"]):
         result = run("invariant", *map(str, paths))

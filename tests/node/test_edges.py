@@ -88,6 +88,7 @@ async def test_a_leaving_node_hands_over_its_mass_and_its_neighbours_go_on_at_on
     assert residual(states(stay)) < TOL
 
 
+@pytest.mark.slow
 async def test_a_node_far_behind_joins_at_an_agreed_round_and_keeps_the_invariant():
     edges = [*ring(4), ("n4", "n0"), ("n4", "n2")]
     net = FakeNetwork(edges, rounds=12, setup_extra={"hello_timeout": 0.3})

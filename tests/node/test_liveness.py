@@ -29,6 +29,7 @@ def test_missed_rounds_of_a_neighbour_that_shows_it_is_alive_do_not_declare_it_g
     assert track.state is PeerState.GONE and book.anchors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("answers", "state"), [(True, PeerState.ACTIVE),
                                                 (False, PeerState.GONE)])
 async def test_a_neighbour_that_sends_nothing_is_gone_only_when_it_is_silent(answers, state):

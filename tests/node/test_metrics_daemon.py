@@ -22,6 +22,8 @@ from tests.node.test_daemon_startup import peers, start
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import attacks  # type: ignore[import-not-found]
 
+pytestmark = pytest.mark.slow
+
 SLOW = 1100
 
 

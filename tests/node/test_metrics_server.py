@@ -140,6 +140,7 @@ async def test_a_request_head_not_finished_in_time_is_closed(serve):
             s.close()
 
 
+@pytest.mark.slow
 async def test_slow_connections_beyond_the_cap_cost_no_thread_and_cannot_keep_a_scrape_out(
         serve):
     server = await serve(max_connections=8, head_timeout=60.0)
@@ -215,6 +216,7 @@ async def test_with_a_token_a_request_without_it_gets_401_and_is_counted(serve):
     assert server.refused == 4
 
 
+@pytest.mark.slow
 async def test_https_with_the_nodes_certificate(serve, tmp_path: Path):
     write_certs(tmp_path, ["node-0"])
     files = tls_files(tmp_path, "node-0")

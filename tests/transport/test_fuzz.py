@@ -37,6 +37,8 @@ from dacflnode.wire.codec import Expectation, RoundMessage, WireError, checksum,
 from dacflnode.wire.errors import Reason
 from dacflnode.wire.state_guard import DistanceGuard
 
+pytestmark = pytest.mark.slow
+
 P = 6
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"

@@ -287,6 +287,7 @@ async def test_a_taken_port_is_an_error_that_names_the_address(server):
     await second.stop(grace=0)
 
 
+@pytest.mark.slow
 async def test_refusals_keep_their_status_when_the_sender_is_still_writing():
     # grpc/grpc#36066: a client write racing the end of the call replaces the status with
     # INTERNAL (about 1 push in 100 here without the fix); the servicer therefore reads a

@@ -102,6 +102,7 @@ def client_tasks() -> list[asyncio.Task[Any]]:
     return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and client(t)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", list(CALLS))
 async def test_a_cancelled_caller_ends_its_call_and_gets_cancelled_error(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
@@ -204,6 +205,7 @@ async def retrying(call: Coroutine[Any, Any, object]) -> str:
     return "done"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", list(CALLS))
 async def test_a_call_that_grpc_cancels_under_its_caller_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
@@ -223,6 +225,7 @@ async def test_a_call_that_grpc_cancels_under_its_caller_raises_peer_unavailable
     assert loop_errors == []
 
 
+@pytest.mark.slow
 async def test_a_push_cut_off_under_it_while_blocked_writing_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]]
 ) -> None:
@@ -254,6 +257,7 @@ def test_an_internal_error_without_a_refusal_reason_is_retried(trailing, retry) 
     assert unreachable(err) is retry
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("values", [P, BIG], ids=["waiting-for-the-answer", "writing"])
 async def test_a_push_whose_process_froze_past_its_deadline_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
@@ -298,6 +302,7 @@ class FreezingStub:
         return call
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("before", ["write", "done_writing"])
 async def test_a_push_frozen_past_its_deadline_before_a_step_raises_peer_unavailable(
     alice: GrpcTransport, loop_errors: list[dict[str, Any]], before: str
@@ -339,6 +344,7 @@ SHORT_CALLS: dict[str, Callable[[GrpcTransport], Coroutine[Any, Any, object]]] =
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", list(SHORT_CALLS))
 async def test_a_call_frozen_past_its_deadline_as_it_starts_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
@@ -388,6 +394,7 @@ async def stoppable_bob() -> AsyncIterator[tuple[subprocess.Popen[str], str]]:
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 async def test_pushes_to_a_sigstopped_neighbour_raise_peer_unavailable_until_it_resumes(
     stoppable_bob: tuple[subprocess.Popen[str], str], loop_errors: list[dict[str, Any]]
 ) -> None:

@@ -195,6 +195,7 @@ async def test_stalled_duplicates_give_way_after_the_first_message_deadline():
     assert r._receiving == {}
 
 
+@pytest.mark.slow
 async def test_a_flood_of_duplicates_holds_at_most_two_buffers_per_state():
     r = bob(first_message=0.05)
     opened = []

@@ -81,6 +81,7 @@ async def test_a_pusher_giving_up_does_not_cancel_the_preparation_of_the_others(
     assert await headers.get(sent) is out  # a retry reuses it
 
 
+@pytest.mark.slow
 async def test_a_failure_after_the_last_waiter_left_is_never_reported_as_unretrieved(
     gate: Gate, loop_errors: list[dict[str, Any]]
 ) -> None:

@@ -187,6 +187,7 @@ def test_a_corrupted_chunk_still_fails_the_checksum():
     assert (err.value.code, err.value.reason) == ("DATA_LOSS", Reason.CHECKSUM)
 
 
+@pytest.mark.slow
 def test_the_pool_lends_a_buffer_again_only_once_no_tensor_views_it():
     pool = BufferPool(keep=4)
     first = decode_with(pool, message(round_=1))
@@ -208,6 +209,7 @@ def test_the_pool_lends_a_buffer_again_only_once_no_tensor_views_it():
     assert same_bytes(fourth, message(round_=4)) and same_bytes(second, message(round_=2))
 
 
+@pytest.mark.slow
 def test_a_reused_buffer_holds_only_the_new_state():
     pool = BufferPool(keep=1)
     first = decode_with(pool, message(round_=1))
@@ -227,6 +229,7 @@ def test_a_full_pool_of_buffers_in_use_hands_out_buffers_it_does_not_keep():
     assert all(same_bytes(m, message(round_=r)) for m, r in zip(held, (1, 2, 3), strict=True))
 
 
+@pytest.mark.slow
 def test_a_refused_stream_gives_its_buffer_back_to_the_pool():
     pool = BufferPool(keep=1)
     msg = message()
