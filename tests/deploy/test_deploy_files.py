@@ -554,7 +554,7 @@ def test_job_script_passes_sigterm_to_the_node_and_exits_1_when_it_was_not_done(
         if proc.poll() is not None:
             finish(proc)
             pytest.fail("the node did not start")
-        return (tmp_path / "ready").exists()
+        return bool((tmp_path / "ready").exists())
 
     try:
         until_blocking(ready, 30, what="the node did not start")

@@ -14,7 +14,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -36,9 +36,18 @@ class _Deadline:
             raise AssertionError(f"not within {self.timeout:g} s: {said or self.condition}")
 
 
-async def until(condition: Callable[[], T | None] | Callable[[], Awaitable[T | None]],
-                timeout: float = 10.0, *, interval: float = INTERVAL,
-                what: str | Callable[[], str] = "") -> T:
+@overload
+async def until(condition: Callable[[], Awaitable[T | None]], timeout: float = 10.0, *,
+                interval: float = INTERVAL, what: str | Callable[[], str] = "") -> T: ...
+
+
+@overload
+async def until(condition: Callable[[], T | None], timeout: float = 10.0, *,
+                interval: float = INTERVAL, what: str | Callable[[], str] = "") -> T: ...
+
+
+async def until(condition: Callable[[], object], timeout: float = 10.0, *,
+                interval: float = INTERVAL, what: str | Callable[[], str] = "") -> Any:
     """``condition()``'s first true value (awaited if it is a coroutine), polled every
     ``interval`` seconds."""
     deadline = _Deadline(timeout, what, condition)

@@ -67,6 +67,11 @@ async def handshake(address: str, channel: grpc.aio.Channel) -> None:
         await channel.close()
 
 
+def counted(reason: str) -> Callable[[NodeStatus], bool]:
+    """Whether a status counts a failed TLS handshake of ``reason``."""
+    return lambda s: s.tls_handshake_failures.get(reason, 0) > 0
+
+
 async def wait_for(peers: Path, check: Callable[[NodeStatus], bool], what: str) -> NodeStatus:
     """The node's status once ``check`` holds for it."""
     last: list[NodeStatus | None] = [None]
@@ -113,8 +118,7 @@ async def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tm
         await wait_for(path, lambda s: s.phase == "waiting-for-peers", "serving")
         for reason, make in attacks.items():
             await handshake(address, make())
-            await wait_for(path, lambda s, r=reason: s.tls_handshake_failures.get(r, 0) > 0,
-                           f"a {reason} failure counted")
+            await wait_for(path, counted(reason), f"a {reason} failure counted")
         # a member's own certificate still gets through, and is not counted
         good = channels.create_channel(address, member, "node-0")
         await asyncio.wait_for(good.channel_ready(), 10.0)
