@@ -240,6 +240,7 @@ def test_a_finished_simulator_output_gets_a_verdict_instead_of_no_checkpoint(sim
     assert 0 <= data["residuals"]["dacfl"] <= 2e-6 and data["tolerance"] == 2e-6
 
 
+@pytest.mark.slow
 def test_a_simulator_residual_above_the_tolerance_breaks_the_verdict(simulated, tmp_path):
     summary = json.loads((simulated / "summary.json").read_text())
     summary["invariant"]["dacfl"]["final"] = 3e-4
