@@ -397,6 +397,7 @@ def test_the_guard_s_summary_line_names_its_event(logger, tmp_path):
         "flood", logs.SUPPRESSED_EVENT, "later"]
 
 
+@pytest.mark.slow
 def test_a_real_daemon_with_json_logs_writes_one_object_per_line_despite_a_hostile_hello(
         tmp_path):
     """``dacflnode start --log-format json`` as a process: a stranger's Hello whose id holds a

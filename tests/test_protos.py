@@ -6,6 +6,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 GEN_PROTOS = ROOT / "scripts" / "gen_protos.py"
 GENERATED = ROOT / "dacflnode" / "_proto"

@@ -87,6 +87,7 @@ def test_clipped_mixing_with_a_radius_above_every_difference_is_the_exact_mix_bi
         assert torch.equal(got, exact)
 
 
+@pytest.mark.slow
 def test_the_two_ends_of_an_edge_clip_to_opposite_vectors():
     """``clip(v_j − v_i) = −clip(v_i − v_j)``, bit for bit, with one radius: 2 nodes."""
     gen = torch.Generator().manual_seed(3)

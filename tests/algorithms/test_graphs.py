@@ -59,6 +59,7 @@ def test_disconnected_edge_list_is_refused(tmp_path):
         graphs.read_edge_list(path)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     st.integers(min_value=3, max_value=120),

@@ -3,11 +3,15 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_data  # type: ignore[import-not-found]
 
 from dacflnode.learning.owndata import images
-from tests.learning.owndata_files import write_images
+from tests.harness.owndata import write_images
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_plain_loop_and_the_folder_source_decode_the_same_pixels(tmp_path, monkeypatch):

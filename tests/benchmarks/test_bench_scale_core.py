@@ -12,6 +12,8 @@ import bench_scale  # type: ignore[import-not-found]
 
 from dacflnode.algorithms.mixing import metropolis_matrix
 
+pytestmark = pytest.mark.slow
+
 NODES, PARAMS, ROUNDS = 6, 1000, 4
 
 

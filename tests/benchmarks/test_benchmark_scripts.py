@@ -11,6 +11,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import _common  # type: ignore[import-not-found]  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name != "_common.py")
 
 

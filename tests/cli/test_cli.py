@@ -11,6 +11,8 @@ from click.testing import CliRunner
 
 from dacflnode.cli.main import cli, main
 
+pytestmark = pytest.mark.slow
+
 SMALL = [
     "--dataset",
     "synthetic",

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,15 +20,17 @@ import yaml
 
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.cli.daemon_cmds import load_for_start
-from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.node.checkpoint import save_checkpoint
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.peers import load_peers
+from tests.harness.cluster import TINY, set_node, start_node
+from tests.harness.polling import until_blocking
 
-TINY = RunConfig(dataset="synthetic", model="tiny-cnn", synthetic_train=200, synthetic_test=50,
-                 device="cpu", nodes=2, rounds=2)
+pytestmark = pytest.mark.slow
+
+TWO = replace(TINY, nodes=2, rounds=2)
 TOKEN = "control-token-for-tests-0123456789"
 ENV = {k: v for k, v in os.environ.items() if k != "DACFLNODE_CONTROL_TOKEN"}
 ENV["OMP_NUM_THREADS"] = "1"
@@ -38,16 +40,12 @@ WARNING = "neighbours are not authenticated"
 def start_alone(tmp_path: Path, token: str | None = None, tls_dir: Path | None = None
                 ) -> tuple[Path, subprocess.Popen[bytes]]:
     ports = free_ports(4)
-    path = generate_cluster("complete", 2, TINY, tmp_path / "peers", ports=ports[:2],
+    path = generate_cluster("complete", 2, TWO, tmp_path / "peers", ports=ports[:2],
                             control_ports=ports[2:], state_root=tmp_path, hello_timeout=120,
                             tls_dir=tls_dir)[0]
     if token is not None:
-        data = yaml.safe_load(path.read_text())
-        data["node"]["control_token"] = token
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-    proc = subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    return path, proc
+        set_node(path, control_token=token)
+    return path, start_node(path, env=ENV)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -56,14 +54,16 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def wait_for_status(*args: str, timeout: float = 60) -> dict[str, object]:
-    end = time.monotonic() + timeout
-    while True:
-        result = cli("status", "--json", *args)
-        if result.returncode == 0:
-            data: dict[str, object] = json.loads(result.stdout)
-            return data
-        assert time.monotonic() < end, result.stderr
-        time.sleep(0.5)
+    """What ``dacflnode status --json ARGS`` says once the node answers it."""
+    tries: list[subprocess.CompletedProcess[str]] = []
+
+    def answered() -> subprocess.CompletedProcess[str] | None:
+        tries.append(cli("status", "--json", *args))
+        return tries[-1] if tries[-1].returncode == 0 else None
+
+    result = until_blocking(answered, timeout, interval=0.5, what=lambda: tries[-1].stderr)
+    data: dict[str, object] = json.loads(result.stdout)
+    return data
 
 
 def stop(path: Path, proc: subprocess.Popen[bytes]) -> int:
@@ -140,7 +140,7 @@ def test_status_shows_a_tls_node_and_it_logs_no_warning(tmp_path):
 
 def exposed_peers_file(tmp_path: Path, tls_dir: Path | None = None) -> Path:
     """node-0's peers file, listening on every interface (nothing is started)."""
-    path = generate_cluster("complete", 2, TINY, tmp_path / "peers", state_root=tmp_path,
+    path = generate_cluster("complete", 2, TWO, tmp_path / "peers", state_root=tmp_path,
                             tls_dir=tls_dir)[0]
     data = yaml.safe_load(path.read_text())
     data["node"]["listen"] = "0.0.0.0:7000"

@@ -6,7 +6,7 @@ import yaml
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli
-from tests.learning.owndata_files import corrupt, write_csv, write_images
+from tests.harness.owndata import corrupt, write_csv, write_images
 
 
 def run(args):

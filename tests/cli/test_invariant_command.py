@@ -7,6 +7,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,15 +16,15 @@ from click.testing import CliRunner, Result
 
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.cli.main import cli
-from dacflnode.config import RunConfig
 from dacflnode.node.checkpoint import save_checkpoint
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.transport import channels
 from dacflnode.transport.control_types import NodeStatus
 from dacflnode.transport.grpc_control import add_control_service, control_interceptors
+from tests.harness.cluster import TINY
 
-TINY = RunConfig(dataset="synthetic", model="tiny-cnn", nodes=2, rounds=2)
+PAIR = replace(TINY, nodes=2, rounds=2)
 TOKEN = "control-token-for-tests-0123456789"
 
 
@@ -117,7 +118,7 @@ def test_an_unreadable_checkpoint_among_readable_ones_breaks_the_verdict(tmp_pat
 
 def test_peers_files_are_read_for_their_state_directories(tmp_path):
     write_pair(tmp_path)
-    peers = generate_cluster("complete", 2, TINY, tmp_path / "peers", state_root=tmp_path)
+    peers = generate_cluster("complete", 2, PAIR, tmp_path / "peers", state_root=tmp_path)
     as_option = run("invariant", "--json", "--peers", str(peers[0]), "--peers", str(peers[1]))
     as_paths = run("invariant", "--json", *map(str, peers))  # what a shell glob gives
     for result in (as_option, as_paths):
@@ -189,7 +190,7 @@ def test_live_fetches_each_nodes_checkpoint_and_skips_those_that_do_not_answer(
         tmp_path, control_server):
     provider, port = control_server
     first, _ = write_pair(tmp_path / "files")
-    peers = generate_cluster("complete", 2, TINY, tmp_path / "peers", state_root=tmp_path,
+    peers = generate_cluster("complete", 2, PAIR, tmp_path / "peers", state_root=tmp_path,
                              control_ports=[port, free_ports(1)[0]])
     provider.data = None
     none_yet = run("invariant", "--live", "--token", TOKEN, *map(str, peers))
@@ -223,6 +224,7 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_finished_simulator_output_gets_a_verdict_instead_of_no_checkpoint(simulated):
     for paths in ([simulated], [simulated / "dacfl" / "node-0", simulated / "dacfl" / "node-1"]):
         result = run("invariant", *map(str, paths))
@@ -238,6 +240,7 @@ def test_a_finished_simulator_output_gets_a_verdict_instead_of_no_checkpoint(sim
     assert 0 <= data["residuals"]["dacfl"] <= 2e-6 and data["tolerance"] == 2e-6
 
 
+@pytest.mark.slow
 def test_a_simulator_residual_above_the_tolerance_breaks_the_verdict(simulated, tmp_path):
     summary = json.loads((simulated / "summary.json").read_text())
     summary["invariant"]["dacfl"]["final"] = 3e-4

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +25,10 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports, prepare_resume
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers
-from tests.node.cluster_helpers import ENV
+from tests.harness.cluster import ENV
+from tests.harness.polling import until_blocking
+
+pytestmark = pytest.mark.slow
 
 RUN = ["launch", "--dataset", "synthetic", "--model", "mlp", "--nodes", "2", "--lr", "0.05",
        "--synthetic-train", "300", "--synthetic-test", "60", "--quiet"]
@@ -42,11 +44,12 @@ def test_ctrl_c_says_how_to_resume_and_the_same_command_resumes(tmp_path):
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
                             start_new_session=True)  # its own group: Ctrl-C reaches all of it
     try:
-        deadline = time.monotonic() + 180
-        while min(len(rounds_of(out, n)) for n in ("node-0", "node-1")) < 3:
+
+        def at_round_3() -> bool:
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the cluster did not reach round 3"
-            time.sleep(0.05)
+            return min(len(rounds_of(out, n)) for n in ("node-0", "node-1")) >= 3
+
+        until_blocking(at_round_3, 180, interval=0.05, what="the cluster did not reach round 3")
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:

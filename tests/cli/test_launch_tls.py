@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli
 from dacflnode.node.peers import load_peers
 from dacflnode.security.certs import check_node_files
+
+pytestmark = pytest.mark.slow
 
 
 def test_launch_with_tls_creates_the_certificates_and_runs_over_mutual_tls(tmp_path):

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from dacflnode.cli.main import cli, main
 from dacflnode.node.metrics_log import summarize
 
+pytestmark = pytest.mark.slow
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALGORITHMS = ("cdsgd", "dacfl")
 

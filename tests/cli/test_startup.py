@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch", "grpc", "ray", "numpy", "matplotlib", "safetensors")
 
 
@@ -76,6 +78,7 @@ def test_status_without_a_daemon_fails_fast_without_torch():
     assert not loaded["torch"] and not loaded["ray"] and not loaded["numpy"]
 
 
+@pytest.mark.slow
 def test_status_with_a_peers_file_loads_no_torch(tmp_path):
     from dacflnode.cli.main import main
 

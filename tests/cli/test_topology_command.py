@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from dacflnode.algorithms import graphs
@@ -38,6 +39,7 @@ def test_ring_of_four_writes_loadable_symmetric_files(tmp_path):
     assert len({pf.run_fingerprint() for pf in files.values()}) == 1
 
 
+@pytest.mark.slow
 def test_random_regular_is_reproducible_by_seed(tmp_path):
     def draw(seed, name):
         out = tmp_path / name

@@ -12,9 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dacflnode.node.cluster import peers_file_mode
 from dacflnode.node.peers import load_peers
-from tests.node.cluster_helpers import ENV
+from tests.harness.cluster import ENV
+
+pytestmark = pytest.mark.slow
 
 
 def dacflnode(*args: str, timeout: float = 300) -> None:

@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from dacflnode.node.peers import METRICS_PORT_OFFSET, parse_peers
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import GrpcTransport
+from tests.harness.polling import until_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -84,6 +84,7 @@ def named(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ Kubernetes
+@pytest.mark.slow
 def test_kubernetes_manifests_validate_strictly_against_the_bundled_schemas():
     done = kubernetes_validate(*MANIFESTS)
     lines = done.stdout.splitlines()
@@ -93,6 +94,7 @@ def test_kubernetes_manifests_validate_strictly_against_the_bundled_schemas():
     assert len(lines) == sum(len(load_all(m)) for m in MANIFESTS)
 
 
+@pytest.mark.slow
 def test_kubernetes_validate_rejects_a_misspelt_field(tmp_path):
     sts = load(K8S / "statefulset.yaml")
     sts["spec"]["replica"] = sts["spec"].pop("replicas")
@@ -114,6 +116,7 @@ def test_kustomization_applies_every_manifest_with_one_image():
         image["name"]}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_kustomize_renders_manifests_that_validate(tmp_path):
     done = run("kubectl", "kustomize", K8S)
@@ -183,6 +186,7 @@ def test_statefulset_service_and_peers_configmap_agree():
         assert pf.neighbours and all(nb.address == addresses[nb.id] for nb in pf.neighbours)
 
 
+@pytest.mark.slow
 def test_peers_configmap_is_what_the_generator_writes_for_the_statefulset():
     done = run(sys.executable, K8S / "peers.py", "--check", "--json")
     result = json.loads(done.stdout)
@@ -387,6 +391,7 @@ def test_podmonitor_is_left_out_of_the_kustomization():
 
 
 # ------------------------------------------------------------------------------ the Job
+@pytest.mark.slow
 def test_job_manifests_validate_strictly_against_the_bundled_schemas():
     done = kubernetes_validate(*JOB_MANIFESTS)
     lines = done.stdout.splitlines()
@@ -401,6 +406,7 @@ def test_job_kustomization_applies_the_job_and_its_claim_with_the_image():
     assert kustomization["images"] == load(K8S / "kustomization.yaml")["images"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_job_kustomization_renders_manifests_that_validate(tmp_path):
     done = run("kubectl", "kustomize", JOB)
@@ -543,12 +549,18 @@ def test_job_script_keeps_the_nodes_exit_status_but_a_stop_before_the_end(tmp_pa
 
 def test_job_script_passes_sigterm_to_the_node_and_exits_1_when_it_was_not_done(tmp_path):
     proc = start_job_script(tmp_path, "sigterm")
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "ready").exists():  # the stub has set its trap
-        if proc.poll() is not None or time.monotonic() > deadline:
+
+    def ready() -> bool:  # the stub has set its trap
+        if proc.poll() is not None:
             finish(proc)
             pytest.fail("the node did not start")
-        time.sleep(0.02)
+        return bool((tmp_path / "ready").exists())
+
+    try:
+        until_blocking(ready, 30, what="the node did not start")
+    except AssertionError:
+        finish(proc)
+        raise
     proc.send_signal(signal.SIGTERM)
     err = finish(proc)
     assert (tmp_path / "term").read_text() == "TERM\n"  # the node got it, and checkpointed
@@ -562,11 +574,13 @@ def check_compose(path: Path) -> subprocess.CompletedProcess[str]:
                "vendor.compose-spec", path)
 
 
+@pytest.mark.slow
 def test_compose_file_matches_the_compose_specification():
     done = check_compose(COMPOSE)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_compose_check_rejects_an_unknown_service_key(tmp_path):
     text = COMPOSE.read_text()
     assert "stop_grace_period:" in text
@@ -586,10 +600,12 @@ def hadolint(path: Path) -> tuple[int, list[dict[str, Any]]]:
     return done.returncode, findings
 
 
+@pytest.mark.slow
 def test_dockerfile_has_no_hadolint_finding():
     assert hadolint(DOCKERFILE) == (0, [])
 
 
+@pytest.mark.slow
 def test_hadolint_flags_an_unpinned_pip_install(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text(DOCKERFILE.read_text().replace('"torch==${TORCH_VERSION}"', "torch"))
@@ -778,6 +794,7 @@ print("trained")
 """
 
 
+@pytest.mark.slow
 def test_torch_convolution_fails_under_memory_deny_write_execute():
     """What MemoryDenyWriteExecute=yes applies (the kernel's PR_SET_MDWE, Linux 6.3 and later,
     which systemd uses where the kernel has it) breaks a convolution of the model: the reason

@@ -27,7 +27,7 @@ import pytest
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
-from tests.node.cluster_helpers import TINY
+from tests.harness.cluster import TINY
 
 #: a uid with no account, as `docker run --user 54321:54321` gives the node
 UID = 54321
@@ -39,9 +39,9 @@ UMASK_0077_THEN_DACFLNODE = (
     "import os, runpy, sys; os.umask(0o077); sys.argv[0] = 'dacflnode'; "
     "runpy.run_module('dacflnode', run_name='__main__', alter_sys=True)")
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="needs root and setpriv to run the daemon as another uid")
+    reason="needs root and setpriv to run the daemon as another uid")]
 
 
 def owned_by(uid: int, top: Path) -> list[Path]:

@@ -17,6 +17,8 @@ import pytest
 from dacflnode.node.metrics_log import LINE_KEYS, append_line
 from tests.learning.test_datasets import write_idx_dataset
 
+pytestmark = pytest.mark.slow
+
 FOLDER = Path(__file__).resolve().parents[2] / "examples" / "reproduce_paper"
 
 

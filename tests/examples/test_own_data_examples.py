@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from dacflnode.cli.main import cli
 from dacflnode.config import load_yaml_config
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "own-data"
 
 

@@ -524,6 +524,7 @@ def test_dataset_rejects_mismatched_tensors() -> None:
 # The real Fashion-MNIST
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     datasets._find_idx_files(DEFAULT_FASHION_MNIST_ROOT, "FashionMNIST") is None,
     reason=f"Fashion-MNIST not installed in {DEFAULT_FASHION_MNIST_ROOT} "

@@ -10,7 +10,7 @@ from PIL import Image
 from dacflnode.errors import ConfigError
 from dacflnode.learning import imagedecode
 from dacflnode.learning.owndata import IMAGE_NORMALIZATION, images, load_local_data
-from tests.learning.owndata_files import corrupt, pixels_of, write_images
+from tests.harness.owndata import corrupt, pixels_of, write_images
 
 
 def one_line(err: pytest.ExceptionInfo[ConfigError]) -> str:

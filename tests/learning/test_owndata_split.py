@@ -10,7 +10,7 @@ import yaml
 from dacflnode.errors import ConfigError
 from dacflnode.learning.owndata import load_local_data
 from dacflnode.learning.owndata.split import CLASS_NAMES, split_data
-from tests.learning.owndata_files import pixels_of, write_csv, write_images
+from tests.harness.owndata import pixels_of, write_csv, write_images
 
 
 def write_idx(path, array):

@@ -8,7 +8,7 @@ import torch
 from dacflnode.errors import ConfigError
 from dacflnode.learning.models import build_model, default_model_for_shape
 from dacflnode.learning.owndata import load_local_data, model_input_shape
-from tests.learning.owndata_files import write_csv
+from tests.harness.owndata import write_csv
 
 ROWS = [[1.5, 2, "setosa"], [0.5, 3, "virginica"], [2.5, 4, "setosa"], [3.0, -1, "versicolor"]]
 

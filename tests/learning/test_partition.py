@@ -166,6 +166,7 @@ def test_dirichlet_repairs_hopeless_draws_and_warns(caplog: pytest.LogCaptureFix
 # All schemes
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     data=st.data(),

@@ -100,6 +100,7 @@ def test_fp32_trains_exactly_like_a_plain_float32_sgd_loop():
     assert torch.equal(got.flat, StateLayout.from_module(ref).flatten_module(ref))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-cnn", "fmnist-cnn", "mlp"])
 def test_bf16_training_lowers_the_loss_and_keeps_float32_states(name):
     x, y = blobs(200)

@@ -9,7 +9,6 @@ the benchmark reports the full-size figures.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from dacflnode.transport.channels import FD_RESERVE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import attacks  # type: ignore[import-not-found]
+
+pytestmark = pytest.mark.slow
 
 MIB = 1 << 20
 #: Idle deadline of the daemon's push streams here (its default is 30 s).
@@ -52,17 +53,17 @@ def log_lines(t: attacks.Target, offset: int = 0) -> list[str]:
         return f.read().splitlines()
 
 
-def test_a_newline_in_a_hellos_node_id_cannot_forge_a_log_line(target):
-    result = asyncio.run(attacks.big_hellos(target, 1, 1))
+async def test_a_newline_in_a_hellos_node_id_cannot_forge_a_log_line(target):
+    result = await attacks.big_hellos(target, 1, 1)
     assert result["alive"] and not result["forged_line_in_log"]
     lines = log_lines(target)
     assert any("'evil\\n2099-01-01 00:00:00,000 INFO" in line for line in lines)
     assert not any(line.startswith("2099") for line in lines)
 
 
-def test_a_100_kb_node_id_is_truncated_and_repeated_refusals_are_rate_limited(target):
+async def test_a_100_kb_node_id_is_truncated_and_repeated_refusals_are_rate_limited(target):
     before = target.log_path.stat().st_size
-    result = asyncio.run(attacks.big_hellos(target, 300, 100))
+    result = await attacks.big_hellos(target, 300, 100)
     assert result["codes"].get("PERMISSION_DENIED", 0) >= 299
     grown = result["log_bytes_after"] - before
     refusals = [line for line in log_lines(target, before) if "'AAAA" in line]
@@ -79,9 +80,9 @@ def dacflnode(*args: str) -> str:
     return proc.stdout
 
 
-def test_refused_calls_are_counted_by_reason_in_status_and_metrics(target):
+async def test_refused_calls_are_counted_by_reason_in_status_and_metrics(target):
     before = json.loads(dacflnode("status", "--peers", str(target.peers), "--json"))
-    result = asyncio.run(attacks.big_hellos(target, 25, 1))
+    result = await attacks.big_hellos(target, 25, 1)
     refused = result["codes"].get("PERMISSION_DENIED", 0)
     assert refused >= 25 and set(result["codes"]) == {"PERMISSION_DENIED"}
     after = json.loads(dacflnode("status", "--peers", str(target.peers), "--json"))
@@ -92,8 +93,8 @@ def test_refused_calls_are_counted_by_reason_in_status_and_metrics(target):
             in exposition)
 
 
-def test_stalled_push_streams_are_cut_at_the_idle_deadline_with_bounded_rss(target):
-    r = asyncio.run(attacks.stalled_streams(target, STALLED, channels=4, wait=20.0))
+async def test_stalled_push_streams_are_cut_at_the_idle_deadline_with_bounded_rss(target):
+    r = await attacks.stalled_streams(target, STALLED, channels=4, wait=20.0)
     assert r["alive"] and r["still_open_after_wait"] == 0, r
     idle = r["outcomes"].get("RESOURCE_EXHAUSTED/idle")
     assert idle is not None and idle["count"] >= 1, r["outcomes"]
@@ -134,16 +135,16 @@ def patient(tmp_path_factory: pytest.TempPathFactory) -> Iterator[attacks.Target
     assert t.stop() == 0
 
 
-def test_a_stalled_duplicate_in_a_neighbours_name_does_not_delay_its_push(patient):
-    r = asyncio.run(attacks.stalled_duplicates(patient, stalled=1, round_=0))
+async def test_a_stalled_duplicate_in_a_neighbours_name_does_not_delay_its_push(patient):
+    r = await attacks.stalled_duplicates(patient, stalled=1, round_=0)
     # the real push is received beside the stalled one, at once; the stalled one is then cut
     assert r["real_push"] == "OK" and r["tries"] == 1, r
     assert r["real_push_s"] < 1.5, r
     assert r["stalled_ended"] == ["ALREADY_EXISTS/duplicate"] and r["alive"], r
 
 
-def test_stalled_duplicates_delay_a_push_by_at_most_the_first_message_deadline(patient):
-    r = asyncio.run(attacks.stalled_duplicates(patient, stalled=2, round_=1))
+async def test_stalled_duplicates_delay_a_push_by_at_most_the_first_message_deadline(patient):
+    r = await attacks.stalled_duplicates(patient, stalled=2, round_=1)
     # two stalled streams fill the state's places; the one stalled longest gives way once it
     # has sent nothing for FIRST_MESSAGE s (they sent their header 0.5 s before the timing
     # starts), not after the 30 s idle deadline
@@ -153,8 +154,8 @@ def test_stalled_duplicates_delay_a_push_by_at_most_the_first_message_deadline(p
     assert r["stalled_ended"] == ["ALREADY_EXISTS/duplicate", "RESOURCE_EXHAUSTED/preempted"], r
 
 
-def test_headerless_streams_reopened_continuously_do_not_slow_a_rings_rounds(tmp_path):
-    r = asyncio.run(attacks.ring_run(tmp_path, rounds=4, attack_streams=70))
+async def test_headerless_streams_reopened_continuously_do_not_slow_a_rings_rounds(tmp_path):
+    r = await attacks.ring_run(tmp_path, rounds=4, attack_streams=70)
     ended = r["attack"]["ended"]
     cut = ended.get("RESOURCE_EXHAUSTED/preempted", 0) + ended.get("RESOURCE_EXHAUSTED/idle", 0)
     assert cut >= 70, r  # the streams reached node-0 and were cut there

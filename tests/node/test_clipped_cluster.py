@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli
 from dacflnode.node.launcher import launch
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import TINY, max_diff
+from tests.harness.cluster import TINY, max_diff
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_clipped_cluster_ends_with_the_clipped_simulators_models_and_its_invariant(tmp_path):

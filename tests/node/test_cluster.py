@@ -3,16 +3,12 @@ status/metrics of live daemons, graceful stop, restart from a checkpoint, refuse
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -23,7 +19,9 @@ from dacflnode.node.launcher import free_ports, launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
-from tests.node.cluster_helpers import ENV, TINY, control_of, max_diff
+from tests.harness.cluster import ENV, TINY, cluster, max_diff, start_node
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("algorithm", ["dacfl", "cdsgd"])
@@ -51,108 +49,77 @@ def test_launched_cluster_ends_with_the_simulators_models(tmp_path, algorithm):
     assert a["avg_acc"] == pytest.approx(b["avg_acc"], abs=1e-2)
 
 
-def start_cluster(
-    tmp_path: Path, n: int, rounds: int, **run_kw: Any
-) -> tuple[list[Path], list[subprocess.Popen[bytes]]]:
-    ports = free_ports(2 * n)
-    cfg = replace(TINY, nodes=n, rounds=rounds, **run_kw)
-    paths = generate_cluster("ring" if n >= 3 else "complete", n, cfg, tmp_path / "peers",
-                             ports=ports[:n], control_ports=ports[n:], state_root=tmp_path,
-                             round_deadline=30, hello_timeout=60)
-    procs = [start_node(p) for p in paths]
-    return paths, procs
-
-
-def start_node(path: Path) -> subprocess.Popen[bytes]:
-    """The daemon of the peers file ``path``; its stderr goes to ``<peers file>.stderr`` (a pipe
-    nobody reads would stop the daemon once its log fills the pipe's 64 KiB)."""
-    with path.with_suffix(".stderr").open("ab") as err:
-        return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=err, env=ENV)
-
-
-def wait_all(procs, timeout=120) -> list[int]:
-    return [p.wait(timeout=timeout) for p in procs]
-
-
-def wait_for_rounds(state_dir: Path, rounds: int, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while len(read_metrics(state_dir / "metrics.jsonl")) < rounds:
-        assert time.monotonic() < end, f"{state_dir.name} did not reach round {rounds}"
-        time.sleep(0.1)
-
-
-def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_path):
-    paths, procs = start_cluster(tmp_path, 3, rounds=100_000, eval_every=5)
-    try:
-        wait_for_rounds(tmp_path / "node-0", 1)
-        addr, auth = control_of(paths[0])
+async def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_path):
+    with cluster(tmp_path, 3, rounds=100_000, eval_every=5) as c:
+        c.start()
+        c.wait_for_round(0, 1, timeout=120)
+        addr, auth = c.control_address(0), c.control_auth(0)
         cli = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--peers",
-                              str(paths[0]), "--json"], capture_output=True, text=True,
+                              str(c.paths[0]), "--json"], capture_output=True, text=True,
                              timeout=60, env=ENV)
         assert cli.returncode == 0, cli.stderr
         assert json.loads(cli.stdout)["node_id"] == "node-0"
-        status = asyncio.run(fetch_status(addr, auth=auth))
+        status = await fetch_status(addr, auth=auth)
         assert status.node_id == "node-0" and status.algorithm == "dacfl"
         assert status.rounds_total == 100_000 and status.round >= 1
         assert {n.node_id for n in status.neighbours} == {"node-1", "node-2"}
         assert all(n.connected and n.bytes_received > 0 for n in status.neighbours)
-        prom = asyncio.run(fetch_metrics(addr, "prometheus", auth=auth))
+        prom = await fetch_metrics(addr, "prometheus", auth=auth)
         assert 'dacfl_round{node="node-0"}' in prom
         assert 'dacfl_peer_received_bytes_total{node="node-0",peer="node-1"}' in prom
         assert 'dacfl_peer_missed_rounds_total{node="node-0",peer="node-1"}' in prom
         assert 'dacfl_reanchored_total{node="node-0"} 0.0' in prom
         assert {n.state for n in status.neighbours} == {"active"}
-        data = json.loads(asyncio.run(fetch_metrics(addr, "json", auth=auth)))
+        data = json.loads(await fetch_metrics(addr, "json", auth=auth))
         assert data["node_id"] == "node-0" and "last_round" in data
         assert data["neighbours"][0]["missed_rounds"] == 0 and data["reanchored"] == 0
-    finally:
-        for path in paths:
+        for path in c.paths:
             subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--peers", str(path)],
                            capture_output=True, timeout=60, env=ENV, check=False)
-        codes = wait_all(procs)
-    assert codes == [0, 0, 0]
+        assert c.wait(timeout=120) == [0, 0, 0], c.logs(range(3))
     for i in range(3):
         assert (tmp_path / f"node-{i}" / "checkpoint.safetensors").exists()
 
 
 def test_sigterm_checkpoints_and_exits_zero_and_a_restart_finishes_the_run(tmp_path):
-    paths, procs = start_cluster(tmp_path, 3, rounds=30)
-    wait_for_rounds(tmp_path / "node-0", 2)
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    assert wait_all(procs, 60) == [0, 0, 0]
-    done = [len(read_metrics(tmp_path / f"node-{i}" / "metrics.jsonl")) for i in range(3)]
-    assert all((tmp_path / f"node-{i}" / "checkpoint.safetensors").exists() for i in range(3))
-    assert min(done) < 30
-    procs = [start_node(p) for p in paths]  # resume from the checkpoints
-    assert wait_all(procs, 120) == [0, 0, 0]
-    for i in range(3):
-        rounds = [m["round"] for m in read_metrics(tmp_path / f"node-{i}" / "metrics.jsonl")]
-        assert rounds == list(range(1, 31)), rounds
+    with cluster(tmp_path, 3, rounds=30) as c:
+        c.start()
+        c.wait_for_round(0, 2, timeout=120)
+        c.send(signal.SIGTERM)
+        assert c.wait(timeout=60) == [0, 0, 0], c.logs(range(3))
+        done = [len(c.metrics(i)) for i in range(3)]
+        assert all((c.state_dir(i) / "checkpoint.safetensors").exists() for i in range(3))
+        assert min(done) < 30
+        c.start()  # resume from the checkpoints
+        assert c.wait(timeout=120) == [0, 0, 0], c.logs(range(3))
+        for i in range(3):
+            rounds = [m["round"] for m in c.metrics(i)]
+            assert rounds == list(range(1, 31)), rounds
 
 
 def test_a_killed_node_restarted_from_its_checkpoint_rejoins_the_cluster(tmp_path):
-    paths, procs = start_cluster(tmp_path, 3, rounds=25)
-    wait_for_rounds(tmp_path / "node-1", 3)
-    procs[1].kill()  # a crash: no checkpoint of the round in flight
-    procs[1].wait()
-    procs[1] = start_node(paths[1])
-    assert wait_all(procs, 120) == [0, 0, 0]
-    for i in range(3):
-        rounds = [m["round"] for m in read_metrics(tmp_path / f"node-{i}" / "metrics.jsonl")]
-        assert rounds[-1] == 25 and sorted(set(rounds)) == list(range(1, 26))
+    with cluster(tmp_path, 3, rounds=25) as c:
+        c.start()
+        c.wait_for_round(1, 3, timeout=120)
+        c.kill(1)  # a crash: no checkpoint of the round in flight
+        c.start(1)
+        assert c.wait(timeout=120) == [0, 0, 0], c.logs(range(3))
+        for i in range(3):
+            rounds = [m["round"] for m in c.metrics(i)]
+            assert rounds[-1] == 25 and sorted(set(rounds)) == list(range(1, 26))
 
 
 def test_stop_drain_ends_the_node_with_exit_0_and_the_others_finish_without_it(tmp_path):
-    paths, procs = start_cluster(tmp_path, 4, rounds=300, eval_every=100)
-    wait_for_rounds(tmp_path / "node-0", 3)
-    drain = subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--drain", "--peers",
-                            str(paths[2])], capture_output=True, text=True, timeout=60, env=ENV)
-    assert drain.returncode == 0 and "leaves the network" in drain.stdout
-    assert procs[2].wait(timeout=60) == 0
-    assert "left the network" in (tmp_path / "node-2" / "daemon.log").read_text()
-    assert wait_all(procs, 180) == [0, 0, 0, 0]
+    with cluster(tmp_path, 4, rounds=300, eval_every=100) as c:
+        c.start()
+        c.wait_for_round(0, 3, timeout=120)
+        drain = subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--drain", "--peers",
+                                str(c.paths[2])], capture_output=True, text=True, timeout=60,
+                               env=ENV)
+        assert drain.returncode == 0 and "leaves the network" in drain.stdout
+        assert c.wait([2], timeout=60) == [0]
+        assert "left the network" in (tmp_path / "node-2" / "daemon.log").read_text()
+        assert c.wait(timeout=180) == [0, 0, 0, 0], c.logs(range(4))
     result = subprocess.run([sys.executable, "-m", "dacflnode", "invariant", "--json",
                              *(str(tmp_path / f"node-{i}") for i in range(4))],
                             capture_output=True, text=True, timeout=60, env=ENV)
@@ -172,7 +139,11 @@ def test_a_neighbour_with_other_run_settings_is_refused(tmp_path):
                              ports=ports[:2], control_ports=ports[2:], state_root=tmp_path / "b",
                              hello_timeout=20)
     procs = [start_node(paths[0]), start_node(other[1])]
-    codes = wait_all(procs, 60)
+    try:
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     assert codes == [1, 1]
     log = (tmp_path / "node-0" / "daemon.log").read_text()
     assert "different run settings" in log
@@ -200,21 +171,21 @@ def test_a_killed_node_whose_checkpoint_was_damaged_resumes_from_the_previous_on
     """One flipped float in the newest checkpoint of a killed node: the restarted node says
     so, resumes from checkpoint.prev.safetensors (a round further back) and the run ends with
     every node done and the invariant holding."""
-    paths, procs = start_cluster(tmp_path, 3, rounds=20)
     state = tmp_path / "node-1"
-    wait_for_rounds(state, 3)
-    procs[1].kill()
-    procs[1].wait()
-    newest = state / "checkpoint.safetensors"
-    data = bytearray(newest.read_bytes())
-    data[-7] ^= 0x08  # a bit of the last tensor's bytes
-    # written as a new file: killed inside a save, the node may leave the previous checkpoint
-    # a hard link to the newest, which an in-place write would damage as well
-    flipped = state / "flipped.tmp"
-    flipped.write_bytes(bytes(data))
-    os.replace(flipped, newest)
-    procs[1] = start_node(paths[1])
-    assert wait_all(procs, 150) == [0, 0, 0]
+    with cluster(tmp_path, 3, rounds=20) as c:
+        c.start()
+        c.wait_for_round(1, 3, timeout=120)
+        c.kill(1)
+        newest = state / "checkpoint.safetensors"
+        data = bytearray(newest.read_bytes())
+        data[-7] ^= 0x08  # a bit of the last tensor's bytes
+        # written as a new file: killed inside a save, the node may leave the previous
+        # checkpoint a hard link to the newest, which an in-place write would damage as well
+        flipped = state / "flipped.tmp"
+        flipped.write_bytes(bytes(data))
+        os.replace(flipped, newest)
+        c.start(1)
+        assert c.wait(timeout=150) == [0, 0, 0], c.logs(range(3))
     log = (state / "daemon.log").read_text()
     assert "does not match its checksum" in log and "resuming from the previous checkpoint" in log
     assert (state / "checkpoint.damaged.safetensors").exists()

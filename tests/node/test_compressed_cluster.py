@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli
@@ -14,7 +15,9 @@ from dacflnode.node.faults import load_fault_plan
 from dacflnode.node.launcher import launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import TINY, max_diff
+from tests.harness.cluster import TINY, max_diff
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_compressed_cluster_with_a_drop_ends_with_the_simulators_models(tmp_path):

@@ -9,7 +9,6 @@ waits for node-1, which never comes, until it is stopped.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +42,8 @@ from dacflnode.transport.grpc_control import (
     fetch_status,
     request_stop,
 )
-from tests.node.cluster_helpers import TINY
+from tests.harness.cluster import TINY
+from tests.harness.polling import until, until_blocking
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -138,23 +137,25 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, env=ENV)
 
 
-def serving_token(path: Path, proc: subprocess.Popen[bytes], not_token: str | None = None
+async def serving_token(path: Path, proc: subprocess.Popen[bytes], not_token: str | None = None
                   ) -> str:
     """The token of the node started as ``proc`` once its Control service answers with it
     (``not_token``: the one of an earlier start, to be replaced first)."""
     node = load_peers(path).node
-    end = time.monotonic() + START_S
-    while True:
+
+    async def answered() -> str | None:
         assert proc.poll() is None, f"the node exited with {proc.returncode}"
-        assert time.monotonic() < end, "the node's Control service never answered its token"
         token = read_token_file(node.state_dir)
-        if token is not None and token != not_token:
-            try:
-                asyncio.run(fetch_status(node.control, auth=ControlAuth(token=token)))
-                return token
-            except Exception:  # not serving yet
-                pass
-        time.sleep(0.2)
+        if token is None or token == not_token:
+            return None
+        try:
+            await fetch_status(node.control, auth=ControlAuth(token=token))
+        except Exception:  # not serving yet
+            return None
+        return token
+
+    return await until(answered, START_S, interval=0.2,
+                       what="the node's Control service never answered its token")
 
 
 @pytest.fixture
@@ -169,19 +170,20 @@ def alone(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
         proc.wait(timeout=60)
 
 
-def test_a_default_node_refuses_control_calls_without_its_token_and_answers_with_it(alone):
+@pytest.mark.slow
+async def test_a_default_node_refuses_control_calls_without_its_token_and_answers_with_it(alone):
     path, proc = alone
     node = load_peers(path).node
-    token = serving_token(path, proc)
+    token = await serving_token(path, proc)
     assert mode(token_file(node.state_dir)) == 0o600  # started under umask 000
     with pytest.raises(ControlUnauthenticated) as missing:
-        asyncio.run(fetch_status(node.control))
+        await fetch_status(node.control)
     assert not missing.value.token_sent
     with pytest.raises(ControlUnauthenticated):
-        asyncio.run(fetch_checkpoint(node.control))
+        await fetch_checkpoint(node.control)
     with pytest.raises(ControlUnauthenticated):
-        asyncio.run(request_stop(node.control, auth=ControlAuth(token=token[:-1])))
-    status = asyncio.run(fetch_status(node.control, auth=ControlAuth(token=token)))
+        await request_stop(node.control, auth=ControlAuth(token=token[:-1]))
+    status = await fetch_status(node.control, auth=ControlAuth(token=token))
     assert status.node_id == "node-0" and status.refusals.get("control-token") == 3
     # an address alone is refused, and told where a credential comes from
     bare = cli("status", "--target", node.control)
@@ -208,23 +210,24 @@ def test_a_default_node_refuses_control_calls_without_its_token_and_answers_with
     assert token not in log
 
 
-def test_a_tls_cluster_from_topology_has_a_credential_and_a_restart_refuses_the_old_token(
+@pytest.mark.slow
+async def test_a_tls_cluster_from_topology_has_a_credential_and_a_restart_refuses_the_old_token(
         tmp_path):
     path = peers_file(tmp_path, tls=True)  # `topology --tls` writes no node.control_token
     node = load_peers(path).node
     assert node.control_token is None and node.tls is not None
     proc = start(path)
     try:
-        first = serving_token(path, proc)
+        first = await serving_token(path, proc)
         with pytest.raises(ControlUnauthenticated):
-            asyncio.run(fetch_status(node.control))
+            await fetch_status(node.control)
         assert cli("stop", "--peers", str(path)).returncode == 0
         assert proc.wait(timeout=60) == 0
         proc = start(path)
-        second = serving_token(path, proc, not_token=first)
+        second = await serving_token(path, proc, not_token=first)
         assert second != first
         with pytest.raises(ControlUnauthenticated) as stale:
-            asyncio.run(fetch_status(node.control, auth=ControlAuth(token=first)))
+            await fetch_status(node.control, auth=ControlAuth(token=first))
         assert stale.value.token_sent
         assert cli("status", "--peers", str(path)).returncode == 0
     finally:
@@ -233,16 +236,19 @@ def test_a_tls_cluster_from_topology_has_a_credential_and_a_restart_refuses_the_
         assert proc.wait(timeout=60) == 0
 
 
+@pytest.mark.slow
 def test_a_configured_control_token_writes_no_token_file_and_removes_a_stale_one(tmp_path):
     path = peers_file(tmp_path, control_token="configured-token-0123456789")
     node = load_peers(path).node
     write_token_file(node.state_dir, "left-by-an-earlier-start")
     proc = start(path)
     try:
-        end = time.monotonic() + START_S
-        while cli("status", "--peers", str(path)).returncode != 0:
-            assert proc.poll() is None and time.monotonic() < end
-            time.sleep(0.2)
+
+        def answers() -> bool:
+            assert proc.poll() is None, f"the node exited with {proc.returncode}"
+            return cli("status", "--peers", str(path)).returncode == 0
+
+        until_blocking(answers, START_S, interval=0.2, what="the node never answered status")
         assert not token_file(node.state_dir).exists()
     finally:
         cli("stop", "--peers", str(path))
@@ -290,9 +296,10 @@ AS_NOBODY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="becoming another user needs root")
-def test_another_local_user_gets_nothing_from_the_control_service():
+async def test_another_local_user_gets_nothing_from_the_control_service():
     import pwd
 
     try:
@@ -309,7 +316,7 @@ def test_another_local_user_gets_nothing_from_the_control_service():
             p.chmod(0o755 if p.is_dir() else 0o644)
         proc = start(path)
         try:
-            token = serving_token(path, proc)
+            token = await serving_token(path, proc)
             node.state_dir.chmod(0o755)
             run = subprocess.run([sys.executable, "-c", AS_NOBODY, str(path)],
                                  capture_output=True, text=True, timeout=120, env=ENV,
@@ -322,7 +329,7 @@ def test_another_local_user_gets_nothing_from_the_control_service():
             assert out["calls"] == {"status": "unauthenticated", "checkpoint": "unauthenticated",
                                     "stop": "unauthenticated"}
             assert proc.poll() is None  # still running
-            status = asyncio.run(fetch_status(node.control, auth=ControlAuth(token=token)))
+            status = await fetch_status(node.control, auth=ControlAuth(token=token))
             assert status.refusals.get("control-token") == 3
         finally:
             cli("stop", "--peers", str(path))

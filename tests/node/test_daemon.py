@@ -4,6 +4,7 @@ ask of the runner, the checkpoint it serves, and the fault counters its status s
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from pathlib import Path
 from unittest.mock import Mock
 
@@ -19,12 +20,13 @@ from dacflnode.node.runner import NodeRunner
 from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire.errors import Reason, WireError
+from tests.harness.cluster import TINY
 
-TINY = RunConfig(dataset="synthetic", model="tiny-cnn", nodes=3, rounds=2)
+RING = replace(TINY, nodes=3, rounds=2)
 
 
 def peers_file(tmp_path: Path, **run: object) -> PeersFile:
-    path = generate_cluster("ring", 3, TINY, tmp_path / "peers", state_root=tmp_path)[0]
+    path = generate_cluster("ring", 3, RING, tmp_path / "peers", state_root=tmp_path)[0]
     data = yaml.safe_load(path.read_text())
     data["run"].update(run)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -113,7 +115,7 @@ def test_a_daemon_on_its_own_folder_announces_its_contract_and_shows_its_data(tm
     import json
 
     from dacflnode.node.daemon import build_node
-    from tests.node.owndata_helpers import CLASSES, write_png_nodes
+    from tests.harness.owndata import CLASSES, write_png_nodes
 
     mix = {"node-0": {"cat": 5, "eel": 3}, "node-1": {"dog": 4}}
     train, test = write_png_nodes(tmp_path / "data", mix)

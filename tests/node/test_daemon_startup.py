@@ -23,7 +23,9 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.daemon import build_node
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.peers import load_peers
-from tests.node.cluster_helpers import ENV, NOISE, TINY, assert_one_line_failure
+from tests.harness.cluster import ENV, NOISE, TINY, assert_one_line_failure
+
+pytestmark = pytest.mark.slow
 
 ROUNDS = 2
 

@@ -9,13 +9,10 @@ import pytest
 import torch
 
 from dacflnode.node.membership import PeerState
-from tests.node.fake_network import Drops, FakeNetwork, residual, ring, states
+from tests.harness.memory_network import Drops, FakeNetwork, residual, ring, states
+from tests.harness.polling import until
 
 TOL = 1e-6
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 async def finish(net: FakeNetwork) -> list[bool]:
@@ -23,19 +20,19 @@ async def finish(net: FakeNetwork) -> list[bool]:
     return list(await asyncio.gather(*tasks))
 
 
-def test_a_healthy_ring_keeps_the_invariant_and_records_every_use():
+async def test_a_healthy_ring_keeps_the_invariant_and_records_every_use():
     net = FakeNetwork(ring(4), rounds=6)
-    assert run(finish(net)) == [True] * 4
+    assert await finish(net) == [True] * 4
     assert residual(states(net.runners)) < TOL
     for runner in net.runners.values():
         assert len(runner.book.ledger) == 0
         assert all(p.corrections == 0 and p.missed == 0 for p in runner.peers.values())
 
 
-def test_a_one_sided_use_is_undone_exactly_and_without_the_repair_it_stays():
+async def test_a_one_sided_use_is_undone_exactly_and_without_the_repair_it_stays():
     lost = {("n0", "n1", 2), ("n2", "n3", 4)}  # n1 mixes without n0 in round 2; n0 still mixes n1
     repaired = FakeNetwork(ring(4), rounds=6, setup_extra={"faults": Drops(set(lost))})
-    run(finish(repaired))
+    await finish(repaired)
     assert residual(states(repaired.runners)) < TOL
     assert repaired.runners["n1"].peers["n0"].corrections == 0
     assert repaired.runners["n0"].peers["n1"].corrections == 1  # n0 undid its use of n1
@@ -43,31 +40,28 @@ def test_a_one_sided_use_is_undone_exactly_and_without_the_repair_it_stays():
 
     broken = FakeNetwork(ring(4), rounds=6,
                          setup_extra={"faults": Drops(set(lost)), "repair": False})
-    run(finish(broken))
+    await finish(broken)
     assert residual(states(broken.runners)) > 1e-3
 
 
-def test_the_last_round_is_settled_by_the_closing_exchange():
+async def test_the_last_round_is_settled_by_the_closing_exchange():
     net = FakeNetwork(ring(3), rounds=4, setup_extra={"faults": Drops({("n0", "n1", 3)})})
-    run(finish(net))
+    await finish(net)
     assert net.runners["n0"].peers["n1"].corrections == 1  # n0 mixed n1; n1 missed n0
     assert residual(states(net.runners)) < TOL
 
 
-def test_a_silent_neighbour_is_declared_gone_and_everyone_reanchors():
+async def test_a_silent_neighbour_is_declared_gone_and_everyone_reanchors():
     # n2 stalls from round 3 on: its neighbours declare it gone after 2 rounds and re-anchor
     stall = Drops(when=lambda s, r, t: t >= 3 and "n2" in (s, r))
     net = FakeNetwork(ring(5), rounds=14,
                       setup_extra={"faults": stall, "gone_after": 2, "anchor_delay": 4})
 
-    async def scenario() -> None:
-        tasks = await net.start()
-        others = [t for t in tasks if t.get_name() != "n2"]
-        await asyncio.gather(*others)
-        net.runners["n2"].request_stop()
-        await asyncio.gather(*tasks)
-
-    run(scenario())
+    tasks = await net.start()
+    others = [t for t in tasks if t.get_name() != "n2"]
+    await asyncio.gather(*others)
+    net.runners["n2"].request_stop()
+    await asyncio.gather(*tasks)
     survivors = {k: r for k, r in net.runners.items() if k != "n2"}
     for node in ("n1", "n3"):
         assert survivors[node].peers["n2"].state is PeerState.GONE
@@ -75,20 +69,15 @@ def test_a_silent_neighbour_is_declared_gone_and_everyone_reanchors():
     assert residual(states(survivors)) < TOL
 
 
-def test_a_leaving_node_hands_over_its_mass_and_its_neighbours_go_on_at_once():
+async def test_a_leaving_node_hands_over_its_mass_and_its_neighbours_go_on_at_once():
     net = FakeNetwork(ring(5), rounds=10, deadline=30.0)
 
-    async def scenario() -> None:
-        tasks = await net.start()
-        leaver = net.runners["n2"]
-        while leaver.round < 4:
-            await asyncio.sleep(0.001)
-        leaver.request_leave()
-        results = await asyncio.gather(*tasks)
-        assert results == [True, True, False, True, True]
-
-    run(scenario())
+    tasks = await net.start()
     leaver = net.runners["n2"]
+    await until(lambda: leaver.round >= 4, interval=0.001)
+    leaver.request_leave()
+    results = await asyncio.gather(*tasks)
+    assert results == [True, True, False, True, True]
     assert leaver.phase == "left"
     stay = {k: r for k, r in net.runners.items() if k != "n2"}
     for node in ("n1", "n3"):
@@ -99,18 +88,15 @@ def test_a_leaving_node_hands_over_its_mass_and_its_neighbours_go_on_at_once():
     assert residual(states(stay)) < TOL
 
 
-def test_a_node_far_behind_joins_at_an_agreed_round_and_keeps_the_invariant():
+@pytest.mark.slow
+async def test_a_node_far_behind_joins_at_an_agreed_round_and_keeps_the_invariant():
     edges = [*ring(4), ("n4", "n0"), ("n4", "n2")]
     net = FakeNetwork(edges, rounds=12, setup_extra={"hello_timeout": 0.3})
 
-    async def scenario() -> None:
-        tasks = await net.start(["n0", "n1", "n2", "n3"])
-        while min(r.round for r in net.runners.values()) < 4:
-            await asyncio.sleep(0.001)
-        tasks += await net.start(["n4"])
-        assert await asyncio.gather(*tasks) == [True] * 5
-
-    run(scenario())
+    tasks = await net.start(["n0", "n1", "n2", "n3"])
+    await until(lambda: min(r.round for r in net.runners.values()) >= 4, interval=0.001)
+    tasks += await net.start(["n4"])
+    assert await asyncio.gather(*tasks) == [True] * 5
     joiner = net.runners["n4"]
     assert joiner.peers["n0"].state is PeerState.ACTIVE and joiner.peers["n0"].active_from > 4
     assert net.runners["n0"].peers["n4"].active_from == joiner.peers["n0"].active_from
@@ -118,7 +104,7 @@ def test_a_node_far_behind_joins_at_an_agreed_round_and_keeps_the_invariant():
 
 
 @pytest.mark.parametrize("heal", [True, False])
-def test_a_cut_graph_runs_on_both_sides_and_merges_again_when_it_heals(heal):
+async def test_a_cut_graph_runs_on_both_sides_and_merges_again_when_it_heals(heal):
     # ring of 4 cut into {n0, n1} and {n2, n3} from round 2; healed at round 9
     cut = {frozenset(("n1", "n2")), frozenset(("n3", "n0"))}
 
@@ -128,7 +114,7 @@ def test_a_cut_graph_runs_on_both_sides_and_merges_again_when_it_heals(heal):
     net = FakeNetwork(ring(4), rounds=20, deadline=30.0,
                       setup_extra={"faults": Drops(when=down), "gone_after": 2,
                                    "anchor_delay": 3})
-    assert run(finish(net)) == [True] * 4
+    assert await finish(net) == [True] * 4
     if heal:
         assert net.runners["n1"].peers["n2"].state is PeerState.ACTIVE
         assert residual(states(net.runners)) < TOL
@@ -147,13 +133,13 @@ def _flicker(node: str, ids: list[str]):
 
 
 @pytest.mark.parametrize("drops", [False, True])
-def test_a_time_varying_graph_settles_uses_across_idle_epochs_without_reanchoring(drops):
+async def test_a_time_varying_graph_settles_uses_across_idle_epochs_without_reanchoring(drops):
     edges = [(a, b) for a in ("n0", "n1", "n2", "n3") for b in ("n0", "n1", "n2", "n3") if a < b]
     lost = {("n0", "n1", 3), ("n2", "n3", 7), ("n1", "n2", 12)} if drops else set()
     net = FakeNetwork(edges, rounds=24, setup_extra={"faults": Drops(lost)})
     for node in net.ids:
         net.runner(node, active_neighbours=_flicker(node, net.ids))
-    assert run(finish(net)) == [True] * 4
+    assert await finish(net) == [True] * 4
     assert all(r.reanchored == 0 and not r.anchors for r in net.runners.values())
     hit = [(s, r, t) for s, r, t in lost if r in _flicker(s, net.ids)(t)]
     assert len(hit) == (2 if drops else 0)  # one drop falls on an idle edge: no effect

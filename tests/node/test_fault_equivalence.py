@@ -17,7 +17,9 @@ from dacflnode.node.faults import load_fault_plan
 from dacflnode.node.launcher import free_ports, launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import ENV, TINY, max_diff
+from tests.harness.cluster import ENV, TINY, max_diff
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_cluster_with_an_injected_drop_ends_with_the_simulators_models(tmp_path):

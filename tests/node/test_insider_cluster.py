@@ -6,72 +6,52 @@ the Prometheus counters while the run goes on), no honest round waits for a refu
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import time
-from collections.abc import Sequence
-from pathlib import Path
-
 import pytest
 import yaml
 
 from dacflnode.transport.control_types import NodeStatus
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
-from tests.node.test_fault_cluster import ENV, TOLERANCE, Cluster
+from tests.harness.cluster import Cluster
+from tests.harness.polling import until
+from tests.node.test_fault_cluster import TOLERANCE, cluster
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 #: Long enough that one round waiting for a refused state would show in the round's timings,
 #: and that no honest exchange on a loaded machine comes near it (they take well under 1 s).
 DEADLINE = 10.0
 
 
-class PoisonedCluster(Cluster):
-    """A :class:`Cluster` whose daemons all start with ``--faults`` ``plan``."""
-
-    def __init__(self, root: Path, nodes: int, rounds: int, plan: list[dict[str, object]],
-                 **kw: object) -> None:
-        super().__init__(root, nodes, rounds, **kw)  # type: ignore[arg-type]
-        self.plan = root / "faults.yaml"
-        self.plan.write_text(yaml.safe_dump({"faults": plan}))
-
-    def _spawn(self, nodes: Sequence[int], how: list[str], stdin: int | None = None) -> None:
-        for i in nodes:
-            with (self.root / f"node-{i}.stderr").open("ab") as err:
-                self.procs[i] = subprocess.Popen(
-                    [*self.python(i), *how, "start", "--peers", str(self.paths[i]),
-                     "--faults", str(self.plan)],
-                    stdin=stdin, stdout=subprocess.DEVNULL, stderr=err, env=ENV)
-
-
-def quarantined_by(c: Cluster, i: int, timeout: float = 120.0) -> NodeStatus:
+async def quarantined_by(c: Cluster, i: int, timeout: float = 120.0) -> NodeStatus:
     """Node ``i``'s status once it shows a quarantined neighbour (polled while it runs)."""
-    end = time.monotonic() + timeout
-    while True:
+
+    async def quarantining() -> NodeStatus | None:
+        if c.procs[i].poll() is not None:
+            pytest.fail(f"node-{i} exited before it showed a quarantine\n{c.logs([i])}")
         try:
-            status = asyncio.run(fetch_status(c.control_address(i), auth=c.control_auth(i)))
-        except Exception:  # not serving yet, or finished: fail below if it lasts
-            status = None
-        if status is not None and status.quarantines:
-            return status
-        if time.monotonic() > end or c.procs[i].poll() is not None:
-            pytest.fail(f"node-{i} showed no quarantine\n{c.logs([i])}")
-        time.sleep(0.05)
+            status = await fetch_status(c.control_address(i), auth=c.control_auth(i))
+        except Exception:  # not serving yet: fail at the deadline if it lasts
+            return None
+        return status if status.quarantines else None
+
+    return await until(quarantining, timeout, interval=0.05,
+                       what=lambda: f"node-{i} showed no quarantine\n{c.logs([i])}")
 
 
-def test_a_member_poisoning_every_round_is_quarantined_and_nobody_waits(tmp_path):
+async def test_a_member_poisoning_every_round_is_quarantined_and_nobody_waits(tmp_path):
     plan = [{"poison": "node-2", "rounds": [3, 60], "scale": 50.0}]
-    c = PoisonedCluster(tmp_path, 4, 40, plan, deadline=DEADLINE)
-    try:
+    faults = tmp_path / "faults.yaml"
+    faults.write_text(yaml.safe_dump({"faults": plan}))
+    with cluster(tmp_path, 4, 40, deadline=DEADLINE, args=("--faults", str(faults))) as c:
         c.start(*range(4))
-        status = quarantined_by(c, 1)
+        status = await quarantined_by(c, 1)
         by_id = {n.node_id: n for n in status.neighbours}
         assert by_id["node-2"].state == "quarantined"
         assert by_id["node-2"].refused_states >= 2 and by_id["node-0"].refused_states == 0
         assert status.refused_states == by_id["node-2"].refused_states
         assert status.refusals.get("absurd-state", 0) >= 2
-        text = asyncio.run(fetch_metrics(c.control_address(1), "prometheus",
-                                        auth=c.control_auth(1)))
+        text = await fetch_metrics(c.control_address(1), "prometheus",
+                                   auth=c.control_auth(1))
         assert 'dacfl_peer_quarantines_total{node="node-1",peer="node-2"} 1.0' in text
         assert 'dacfl_peer_quarantines_total{node="node-1",peer="node-0"} 0.0' in text
         honest = [0, 1, 3]
@@ -90,5 +70,3 @@ def test_a_member_poisoning_every_round_is_quarantined_and_nobody_waits(tmp_path
         residual = c.residual(honest)
         print(f"residual among the honest nodes {residual:.2e}")
         assert residual <= TOLERANCE, residual
-    finally:
-        c.close()

@@ -8,6 +8,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,9 @@ from dacflnode.algorithms.rounds import NodeState
 from dacflnode.node.faults import Drop, FaultPlan
 from dacflnode.sim.engines.base import InlineExecutor
 from dacflnode.transport.memory import MemoryNetwork
-from tests.node.fake_network import FakeNetwork, residual, states
+from tests.harness.memory_network import FakeNetwork, residual, states
+
+pytestmark = pytest.mark.slow
 
 ROUNDS = 50
 DROP_RATE = 0.2

@@ -16,7 +16,7 @@ async def spawn(code: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(sys.executable, "-c", code)
 
 
-def test_a_failed_daemon_stops_the_others_instead_of_leaving_them_waiting():
+async def test_a_failed_daemon_stops_the_others_instead_of_leaving_them_waiting():
     async def scenario() -> tuple[list[int], float]:
         procs = [await spawn("import time; time.sleep(60)"),
                  await spawn("import time, sys; time.sleep(0.5); sys.exit(3)")]
@@ -24,18 +24,19 @@ def test_a_failed_daemon_stops_the_others_instead_of_leaving_them_waiting():
         codes = await _wait_all_or_first_failure(procs)
         return codes, time.monotonic() - started
 
-    codes, seconds = asyncio.run(scenario())
+    codes, seconds = await scenario()
     assert codes[1] == 3
     assert codes[0] != 0  # terminated, not left running for its minute
     assert seconds < 20
 
 
-def test_daemons_that_all_succeed_are_all_waited_for():
+async def test_daemons_that_all_succeed_are_all_waited_for():
     async def scenario() -> list[int]:
         procs = [await spawn("import time; time.sleep(0.3)"), await spawn("pass")]
         return await _wait_all_or_first_failure(procs)
 
-    assert asyncio.run(scenario()) == [0, 0]
+    assert await scenario() == [0, 0]
+
 
 
 def test_the_daemon_command_line_is_one_the_start_command_accepts(tmp_path):

@@ -16,11 +16,13 @@ import pytest
 
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_http import HEAD_TIMEOUT_S, MAX_CONNECTIONS
-from tests.node.cluster_helpers import assert_one_line_failure
+from tests.harness.cluster import assert_one_line_failure
 from tests.node.test_daemon_startup import peers, start
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import attacks  # type: ignore[import-not-found]
+
+pytestmark = pytest.mark.slow
 
 SLOW = 1100
 

@@ -6,42 +6,31 @@ finds nothing to say about it)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
-from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers, parse_peers, read_metrics_token
 from dacflnode.node.peers_yaml import dump_peers
 from dacflnode.node.status import PHASES, MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.transport.base import Identity, Inbox, Transport
-from dacflnode.transport.control_types import ControlAuth
 from dacflnode.transport.grpc_control import fetch_metrics
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.message import RoundMessage
-from tests.node.cluster_helpers import control_of
+from tests.harness.cluster import ENV, TINY, Cluster, cluster
 
-TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
-                 synthetic_test=200, device="cpu")
-ENV_THREADS = {"OMP_NUM_THREADS": "1"}
 #: urllib without the environment's proxies: every address here is on loopback
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -322,102 +311,45 @@ async def test_both_transports_count_the_states_they_exchange(kind):
 
 
 # ------------------------------------------------------------------------------ live daemons
-class MetricsCluster:
-    """Real ``dacflnode start`` processes on 127.0.0.1, each serving ``/metrics`` on a port
-    from bind(0); stopped through their Control services."""
-
-    def __init__(self, root: Path, nodes: int, rounds: int = 100_000,
-                 metrics_token: str | None = None, **run_kw: object) -> None:
-        ports = free_ports(3 * nodes)
-        cfg = replace(TINY, nodes=nodes, rounds=rounds, **run_kw)  # type: ignore[arg-type]
-        self.root = root
-        self.paths = generate_cluster(
-            "ring" if nodes >= 3 else "complete", nodes, cfg, root / "peers",
-            ports=ports[:nodes], control_ports=ports[nodes:2 * nodes],
-            metrics_ports=ports[2 * nodes:], state_root=root, round_deadline=30, hello_timeout=60)
-        self.metrics = [f"127.0.0.1:{p}" for p in ports[2 * nodes:]]
-        if metrics_token is not None:  # required of every scrape, even on loopback
-            for path in self.paths:
-                data = yaml.safe_load(path.read_text())
-                data["node"]["metrics_token"] = metrics_token
-                path.write_text(yaml.safe_dump(data, sort_keys=False))
-        self.controls = [load_peers(p).node.control for p in self.paths]
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def auth(self, i: int) -> ControlAuth:
-        """Node ``i``'s control token (its token file: read after the start)."""
-        return control_of(self.paths[i])[1]
-
-    def start(self) -> MetricsCluster:
-        """The daemons, each writing its stderr to ``node-i.stderr`` (a pipe nobody reads would
-        stop a daemon once its log fills the pipe's 64 KiB)."""
-        env = {**os.environ, **ENV_THREADS}
-        for i, p in enumerate(self.paths):
-            with (self.root / f"node-{i}.stderr").open("ab") as err:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "dacflnode", "start", "--peers", str(p)],
-                    stdout=subprocess.DEVNULL, stderr=err, env=env))
-        return self
-
-    def wait_for_rounds(self, rounds: int, timeout: float = 90) -> None:
-        end = time.monotonic() + timeout
-        for i, proc in enumerate(self.procs):
-            while len(read_metrics(self.root / f"node-{i}" / "metrics.jsonl")) < rounds:
-                assert proc.poll() is None, self.stderr(i)
-                assert time.monotonic() < end, f"node-{i} did not reach round {rounds}"
-                time.sleep(0.1)
-
-    def scrape(self, i: int) -> str:
-        return get(f"http://{self.metrics[i]}/metrics")
-
-    def stderr(self, i: int) -> str:
-        return (self.root / f"node-{i}.stderr").read_text(errors="replace")[-3000:]
-
-    def stop(self) -> list[int]:
-        """Ask every node to stop (SIGINT), then kill what is still running; the exit codes."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        codes = []
-        for proc in self.procs:
-            try:
-                codes.append(proc.wait(timeout=60))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes.append(proc.wait())
-        return codes
+def scrape(c: Cluster, i: int) -> str:
+    """Node ``i``'s ``/metrics``, over HTTP."""
+    return get(f"http://{c.metrics_addresses[i]}/metrics")
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsCluster]:
-    cluster = MetricsCluster(tmp_path_factory.mktemp("live"), 2, eval_every=1).start()
-    try:
-        cluster.wait_for_rounds(2)
-        yield cluster
-    finally:
-        codes = cluster.stop()
-    assert codes == [0, 0]
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two daemons serving ``/metrics`` that have done two rounds (of many more)."""
+    with cluster(tmp_path_factory.mktemp("live"), 2, 100_000, metrics=True,
+                 eval_every=1) as c:
+        c.start()
+        c.wait_for_rounds(2, timeout=90)
+        yield c
+        assert c.stop() == [0, 0], c.logs(range(2))
 
 
+@pytest.mark.slow
 def test_promtool_finds_nothing_to_say_about_a_live_daemons_exposition(live, tmp_path):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
-    text = live.scrape(0)
+    text = scrape(live, 0)
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                            text=True, timeout=60)
     assert (check.returncode, check.stdout, check.stderr) == (0, "", "")
 
 
-def test_http_and_the_control_service_serve_the_same_exposition(live):
-    over_http = live.scrape(0)
-    over_control = asyncio.run(fetch_metrics(live.controls[0], "prometheus", auth=live.auth(0)))
+@pytest.mark.slow
+async def test_http_and_the_control_service_serve_the_same_exposition(live):
+    over_http = scrape(live, 0)
+    over_control = await fetch_metrics(live.control_address(0), "prometheus",
+                                       auth=live.control_auth(0))
     assert families(over_http) == families(over_control)
     assert samples(over_http).keys() == samples(over_control).keys()
 
 
+@pytest.mark.slow
 def test_a_live_daemon_counts_what_it_exchanges_per_neighbour(live):
-    got = samples(live.scrape(0))
+    got = samples(scrape(live, 0))
     node, peer = (("node", "node-0"),), (("node", "node-0"), ("peer", "node-1"))
     assert got[("dacfl_round", node)] >= 2
     for name in ("dacfl_peer_received_bytes_total", "dacfl_peer_sent_bytes_total",
@@ -434,6 +366,7 @@ def test_a_live_daemon_counts_what_it_exchanges_per_neighbour(live):
     assert got[("dacfl_peer_missed_rounds_total", peer)] == 0
 
 
+@pytest.mark.slow
 def test_a_taken_metrics_port_stops_the_start_with_a_message_naming_node_metrics(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -445,6 +378,6 @@ def test_a_taken_metrics_port_stops_the_start_with_a_message_naming_node_metrics
                                 state_root=tmp_path)[0]
         run = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
                              capture_output=True, text=True, timeout=120,
-                             env={**os.environ, **ENV_THREADS})
+                             env=ENV)
     assert run.returncode == 2, run.stderr
     assert "node.metrics" in run.stderr and f"127.0.0.1:{port}" in run.stderr

@@ -20,6 +20,7 @@ import pytest
 from dacflnode.node.metrics_http import MetricsServer
 from dacflnode.node.status import NodeMetrics, NodeStatus
 from dacflnode.security.certs import tls_files, write_certs
+from tests.harness.polling import until
 
 TOKEN = "s3cret-metrics-token-0123456789"
 GET = b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n"
@@ -46,15 +47,6 @@ def status_of(reply: bytes) -> int:
 
 async def fetch(port: int, data: bytes = GET, **kw: object) -> bytes:
     return await asyncio.to_thread(request, port, data, **kw)  # type: ignore[arg-type]
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        await asyncio.sleep(0.02)
-    return True
 
 
 def slow(port: int, count: int, partial: bytes = b"GET /metr") -> list[socket.socket]:
@@ -148,6 +140,7 @@ async def test_a_request_head_not_finished_in_time_is_closed(serve):
             s.close()
 
 
+@pytest.mark.slow
 async def test_slow_connections_beyond_the_cap_cost_no_thread_and_cannot_keep_a_scrape_out(
         serve):
     server = await serve(max_connections=8, head_timeout=60.0)
@@ -223,6 +216,7 @@ async def test_with_a_token_a_request_without_it_gets_401_and_is_counted(serve):
     assert server.refused == 4
 
 
+@pytest.mark.slow
 async def test_https_with_the_nodes_certificate(serve, tmp_path: Path):
     write_certs(tmp_path, ["node-0"])
     files = tls_files(tmp_path, "node-0")

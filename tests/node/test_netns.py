@@ -31,7 +31,9 @@ from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.node.netns_lab import COMMAND_TIMEOUT, hosts, sh
+from tests.harness.netns import COMMAND_TIMEOUT, hosts, sh
+
+pytestmark = pytest.mark.slow
 
 NODES = 3
 ROUNDS = 3

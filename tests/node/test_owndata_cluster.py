@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
 import yaml
 
 from dacflnode.config import RunConfig
@@ -14,8 +15,10 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports, launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import ENV, assert_one_line_failure, max_diff
-from tests.node.owndata_helpers import CLASSES, MIX, write_csv_nodes, write_png_nodes
+from tests.harness.cluster import ENV, assert_one_line_failure, max_diff, start_node
+from tests.harness.owndata import CLASSES, MIX, write_csv_nodes, write_png_nodes
+
+pytestmark = pytest.mark.slow
 
 #: Own PNG folders of 8x8 images: the default model for one-channel images (fmnist-cnn) and the
 #: default learning rate, no model setting.
@@ -71,9 +74,7 @@ def test_a_daemon_with_another_class_list_is_refused_naming_the_difference(tmp_p
     other = yaml.safe_load(paths[1].read_text())
     other["run"]["classes"] = ["cat", "dog"]
     paths[1].write_text(yaml.safe_dump(other))
-    procs = [subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(p)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
-             for p in paths]
+    procs = [start_node(p, stderr=subprocess.PIPE) for p in paths]
     outputs = [p.communicate(timeout=120)[1].decode() for p in procs]
     assert [p.returncode for p in procs] == [1, 1], outputs
     # whichever node refuses names the other's class list and its own

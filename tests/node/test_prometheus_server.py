@@ -4,12 +4,10 @@ returns ``dacfl_round`` of all three targets."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 from pathlib import Path
@@ -20,13 +18,15 @@ import yaml
 
 from dacflnode.node.launcher import free_ports
 from dacflnode.transport.grpc_control import fetch_status
-from tests.node.test_metrics_http import MetricsCluster, get
+from tests.harness.cluster import Cluster
+from tests.harness.polling import until_blocking
+from tests.node.test_metrics_http import get
 
 PROMETHEUS = shutil.which("prometheus")
 TOKEN = "prometheus-scrapes-with-this-token"
 
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus is not installed (Debian: apt-get install prometheus)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus is not installed (Debian: apt-get install prometheus)")]
 
 
 def scrape_config(targets: list[str], jobs: list[dict[str, Any]] | None = None
@@ -66,14 +66,14 @@ class Prometheus:
 
     def wait_for(self, promql: str, count: int, timeout: float = 60) -> list[dict[str, Any]]:
         """Poll until ``promql`` has ``count`` series."""
-        end = time.monotonic() + timeout
-        while True:
+
+        def series() -> list[dict[str, Any]] | None:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             result = self.query(promql)
-            if len(result) >= count:
-                return result
-            assert time.monotonic() < end, (promql, result, self.log.read_text()[-3000:])
-            time.sleep(0.5)
+            return result if len(result) >= count else None
+
+        return until_blocking(series, timeout, interval=0.5,
+                              what=lambda: f"{promql}: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -85,15 +85,15 @@ class Prometheus:
                 self.proc.wait()
 
 
-def test_a_real_prometheus_scrapes_the_round_of_every_node_of_a_cluster(tmp_path):
-    cluster = MetricsCluster(tmp_path / "cluster", 3)
-    prometheus = Prometheus(tmp_path / "prometheus", cluster.metrics)
+async def test_a_real_prometheus_scrapes_the_round_of_every_node_of_a_cluster(tmp_path):
+    cluster = Cluster(tmp_path / "cluster", 3, 100_000, metrics=True)
+    prometheus = Prometheus(tmp_path / "prometheus", cluster.metrics_addresses)
     cluster.start()
     try:
         rounds = prometheus.wait_for("dacfl_round >= 1", 3)
         by_target = {r["metric"]["instance"]: r for r in rounds}
-        assert sorted(by_target) == sorted(cluster.metrics)
-        for i, target in enumerate(cluster.metrics):
+        assert sorted(by_target) == sorted(cluster.metrics_addresses)
+        for i, target in enumerate(cluster.metrics_addresses):
             labels = by_target[target]["metric"]
             assert (labels["__name__"], labels["job"], labels["node"]) == (
                 "dacfl_round", "dacfl", f"node-{i}")
@@ -109,25 +109,29 @@ def test_a_real_prometheus_scrapes_the_round_of_every_node_of_a_cluster(tmp_path
         # what Prometheus holds is what the nodes said: never ahead of their round now
         scraped = {r["metric"]["node"]: float(r["value"][1])
                    for r in prometheus.query("dacfl_round")}
-        for i, control in enumerate(cluster.controls):
-            now = asyncio.run(fetch_status(control, auth=cluster.auth(i))).round
+        for i in range(3):
+            now = (await fetch_status(cluster.control_address(i),
+                                      auth=cluster.control_auth(i))).round
             assert 1 <= scraped[f"node-{i}"] <= now
     finally:
         prometheus.stop()
         codes = cluster.stop()
+        cluster.close()
     assert codes == [0, 0, 0]
 
 
-def test_a_real_prometheus_scrapes_with_the_bearer_token_and_is_refused_without_it(tmp_path):
-    cluster = MetricsCluster(tmp_path / "cluster", 2, metrics_token=TOKEN)
+async def test_a_real_prometheus_scrapes_with_the_bearer_token_and_is_refused_without_it(
+        tmp_path):
+    cluster = Cluster(tmp_path / "cluster", 2, 100_000, metrics=True)
+    cluster.set_node(metrics_token=TOKEN)  # required of every scrape, even on loopback
     credentials = tmp_path / "metrics.token"
     credentials.write_text(TOKEN + "\n")
     credentials.chmod(0o600)
-    prometheus = Prometheus(tmp_path / "prometheus", cluster.metrics, jobs=[
+    prometheus = Prometheus(tmp_path / "prometheus", cluster.metrics_addresses, jobs=[
         # as docs/operations.md tells: the token from a file, sent as Authorization: Bearer
-        {"job_name": "dacfl", "static_configs": [{"targets": cluster.metrics}],
+        {"job_name": "dacfl", "static_configs": [{"targets": cluster.metrics_addresses}],
          "authorization": {"type": "Bearer", "credentials_file": str(credentials)}},
-        {"job_name": "anonymous", "static_configs": [{"targets": cluster.metrics}]},
+        {"job_name": "anonymous", "static_configs": [{"targets": cluster.metrics_addresses}]},
     ])
     cluster.start()
     try:
@@ -140,10 +144,11 @@ def test_a_real_prometheus_scrapes_with_the_bearer_token_and_is_refused_without_
         counted = prometheus.wait_for(
             'dacfl_refusals_total{job="dacfl",reason="metrics-token"} > 0', 2)
         assert len(counted) == 2
-        statuses = [asyncio.run(fetch_status(c, auth=cluster.auth(i)))
-                    for i, c in enumerate(cluster.controls)]
+        statuses = [await fetch_status(cluster.control_address(i), auth=cluster.control_auth(i))
+                    for i in range(2)]
         assert all(s.refusals.get("metrics-token", 0) >= 1 for s in statuses)
     finally:
         prometheus.stop()
         codes = cluster.stop()
+        cluster.close()
     assert codes == [0, 0]

@@ -3,14 +3,14 @@ terminated, and starts again from its checkpoint, re-enters at the network's rou
 costing its neighbours a deadline, and the invariant ``Σ x = Σ ω_prev`` holds over the final
 checkpoints of every node to 2e-6 relative.
 
-The clusters are 3-node rings of ``dacflnode start`` on synthetic data (the helpers of
-``test_fault_cluster.py``); a restarted daemon is primed (its imports done) before its old
-process goes, so that the restart costs what the node's own start-up costs.
+The clusters are 3-node rings of ``dacflnode start`` on synthetic data
+(``tests/harness/cluster.py``, with the short deadline of ``test_fault_cluster.py``); a
+restarted daemon is primed (its imports done) before its old process goes, so that the restart
+costs what the node's own start-up costs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import signal
 import statistics
@@ -20,9 +20,11 @@ import pytest
 
 from dacflnode.node.checkpoint import CHECKPOINT
 from dacflnode.transport.grpc_control import fetch_status, request_stop
-from tests.node.test_fault_cluster import TOLERANCE, Cluster, cluster
+from tests.harness.cluster import Cluster
+from tests.harness.polling import until
+from tests.node.test_fault_cluster import TOLERANCE, cluster
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 
 def rounds_of(c: Cluster, i: int) -> dict[int, float]:
@@ -43,10 +45,9 @@ def node_warnings(c: Cluster, i: int, after: str) -> list[str]:
             and not any(f" dacflnode.node.{m}: " in line for m in OUTSIDE_ROUNDS)]
 
 
-def neighbour_state(c: Cluster, observer: int, peer: int) -> str:
+async def neighbour_state(c: Cluster, observer: int, peer: int) -> str:
     """How ``dacflnode status`` of node ``observer`` shows node ``peer``."""
-    status = asyncio.run(fetch_status(c.control_address(observer),
-                                      auth=c.control_auth(observer)))
+    status = await fetch_status(c.control_address(observer), auth=c.control_auth(observer))
     return next(nb.state for nb in status.neighbours if nb.node_id == f"node-{peer}")
 
 
@@ -63,20 +64,21 @@ def kill_primed(c: Cluster, i: int) -> None:
     old.wait()
 
 
-def test_a_stopped_node_restarted_costs_its_neighbours_no_deadline(tmp_path):
+async def test_a_stopped_node_restarted_costs_its_neighbours_no_deadline(tmp_path):
     deadline = 20.0
     with cluster(tmp_path, 3, rounds=24, deadline=deadline) as c:
         c.start(0, 1, 2)
         c.wait_for_round(2, 6)
-        assert asyncio.run(request_stop(c.control_address(2), auth=c.control_auth(2)))
+        assert await request_stop(c.control_address(2), auth=c.control_auth(2))
         assert c.wait([2], timeout=30) == [0]
         stopped = c.done(2)
         down = time.monotonic()
         # its neighbours, waiting for its state, ask whether it is there: it is not
-        end = down + 10
-        while neighbour_state(c, 0, 2) != "unreachable":
-            assert time.monotonic() < end, neighbour_state(c, 0, 2)
-            time.sleep(0.2)
+
+        async def unreachable() -> bool:
+            return await neighbour_state(c, 0, 2) == "unreachable"
+
+        await until(unreachable, 10, interval=0.2, what="node-0 still shows node-2 reachable")
         restart(c, 2)
         c.wait_for_round(2, stopped + 1)
         back = time.monotonic() - down

@@ -7,7 +7,6 @@ import json
 import logging
 import re
 import subprocess
-import sys
 from dataclasses import dataclass, replace
 
 import pytest
@@ -17,7 +16,9 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.membership import PeerTrack
 from dacflnode.node.round_log import RoundLog, duration, size
-from tests.node.cluster_helpers import ENV, TINY
+from tests.harness.cluster import TINY, start_node
+
+pytestmark = pytest.mark.slow
 
 ROUNDS = 20
 TEXT_ROUND = re.compile(
@@ -32,9 +33,7 @@ def test_a_20_round_pair_logs_one_line_per_round_in_text_and_json(tmp_path):
     paths = generate_cluster("complete", 2, cfg, tmp_path / "peers", ports=ports[:2],
                              control_ports=ports[2:], state_root=tmp_path, round_deadline=30,
                              hello_timeout=60)
-    procs = [subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(p),
-                               *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env=ENV)
+    procs = [start_node(p, *extra, stderr=subprocess.PIPE)
              for p, extra in zip(paths, ([], ["--log-format", "json"]), strict=True)]
     try:
         outputs = [p.communicate(timeout=300)[1].decode() for p in procs]

@@ -13,13 +13,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from dacflnode.cli.daemon_cmds import _status_view
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.transport.grpc_control import fetch_status
-from tests.node.cluster_helpers import ENV, TINY, control_of
+from tests.harness.cluster import ENV, TINY, control_of
+
+pytestmark = pytest.mark.slow
 
 
 def pair(tmp_path: Path, rounds: int, round_deadline: float = 30,

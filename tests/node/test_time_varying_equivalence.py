@@ -15,7 +15,9 @@ import torch
 from dacflnode.node.launcher import launch
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import TINY, max_diff
+from tests.harness.cluster import TINY, max_diff
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

@@ -7,12 +7,16 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
+
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.node.peers import load_peers
 from dacflnode.sim.experiment import run_experiment
-from tests.node.cluster_helpers import ENV, TINY, max_diff
+from tests.harness.cluster import ENV, TINY, max_diff, start_node
+
+pytestmark = pytest.mark.slow
 
 
 def test_three_tls_daemons_finish_with_the_simulators_models(tmp_path):
@@ -29,11 +33,9 @@ def test_three_tls_daemons_finish_with_the_simulators_models(tmp_path):
     for node, path in zip(ids, paths, strict=True):
         tls = load_peers(path).node.tls
         assert tls is not None and tls.cert == certs / f"{node}.crt"
-    procs = [subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(p)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
-             for p in paths]
-    codes = [p.wait(timeout=240) for p in procs]
-    assert codes == [0, 0, 0], [p.stderr.read().decode()[-2000:] for p in procs if p.stderr]
+    procs = [start_node(p, stderr=subprocess.PIPE) for p in paths]
+    outputs = [p.communicate(timeout=240)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [out[-2000:] for out in outputs]
     run_experiment(cfg, tmp_path / "sim")
     for node in ids:
         state = tmp_path / "cluster" / node

@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import re
-import subprocess
-import sys
-import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -27,7 +26,10 @@ from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport import channels
 from dacflnode.transport.control_types import NodeStatus
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status, request_stop
-from tests.node.cluster_helpers import ENV, TINY, control_of
+from tests.harness.cluster import TINY, control_of, start_node
+from tests.harness.polling import until
+
+pytestmark = pytest.mark.slow
 
 DEADLINE_S = 60.0
 
@@ -65,22 +67,28 @@ async def handshake(address: str, channel: grpc.aio.Channel) -> None:
         await channel.close()
 
 
-async def wait_for(peers: Path, check: object, what: str) -> NodeStatus:
-    deadline = time.monotonic() + DEADLINE_S
-    last: NodeStatus | None = None
-    while time.monotonic() < deadline:
+def counted(reason: str) -> Callable[[NodeStatus], bool]:
+    """Whether a status counts a failed TLS handshake of ``reason``."""
+    return lambda s: s.tls_handshake_failures.get(reason, 0) > 0
+
+
+async def wait_for(peers: Path, check: Callable[[NodeStatus], bool], what: str) -> NodeStatus:
+    """The node's status once ``check`` holds for it."""
+    last: list[NodeStatus | None] = [None]
+
+    async def checked() -> NodeStatus | None:
         try:  # the token is read anew: the node writes it as it starts
             control, auth = control_of(peers)
-            last = await fetch_status(control, timeout=2.0, auth=auth)
+            last[0] = await fetch_status(control, timeout=2.0, auth=auth)
         except Exception:  # not serving yet
-            last = None
-        if last is not None and check(last):  # type: ignore[operator]
-            return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{what} within {DEADLINE_S}s; last status {last}")
+            last[0] = None
+        return last[0] if last[0] is not None and check(last[0]) else None
+
+    return await until(checked, DEADLINE_S, interval=0.2,
+                       what=lambda: f"{what}; last status {last[0]}")
 
 
-def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tmp_path):
+async def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tmp_path):
     certs, other = tmp_path / "certs", tmp_path / "other"
     ports = free_ports(4)
     cfg = replace(TINY, nodes=2, rounds=2)
@@ -104,15 +112,13 @@ def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tmp_path
     }
     err = tmp_path / "stderr.txt"
     with err.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers",
-                                 str(path)], stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
+        proc = start_node(path, stderr=stderr)
 
     async def probe() -> tuple[NodeStatus, str]:
         await wait_for(path, lambda s: s.phase == "waiting-for-peers", "serving")
         for reason, make in attacks.items():
             await handshake(address, make())
-            await wait_for(path, lambda s, r=reason: s.tls_handshake_failures.get(r, 0) > 0,
-                           f"a {reason} failure counted")
+            await wait_for(path, counted(reason), f"a {reason} failure counted")
         # a member's own certificate still gets through, and is not counted
         good = channels.create_channel(address, member, "node-0")
         await asyncio.wait_for(good.channel_ready(), 10.0)
@@ -124,7 +130,7 @@ def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tmp_path
         return status, text
 
     try:
-        status, prometheus = asyncio.run(probe())
+        status, prometheus = await probe()
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:

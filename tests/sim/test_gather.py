@@ -10,7 +10,7 @@ import pytest
 from dacflnode.sim.gather import RoundGather
 
 
-def test_the_action_runs_once_when_every_member_has_called():
+async def test_the_action_runs_once_when_every_member_has_called():
     calls: list[tuple[int, dict[str, int]]] = []
 
     async def double(round: int, values: Mapping[str, int]) -> dict[str, int]:
@@ -22,11 +22,11 @@ def test_the_action_runs_once_when_every_member_has_called():
         return list(await asyncio.gather(gather.submit(0, "a", 1), gather.submit(0, "b", 2),
                                          gather.submit(0, "c", 3)))
 
-    assert asyncio.run(scenario()) == [2, 4, 6]
+    assert await scenario() == [2, 4, 6]
     assert calls == [(0, {"a": 1, "b": 2, "c": 3})]
 
 
-def test_a_failing_action_fails_every_caller():
+async def test_a_failing_action_fails_every_caller():
     async def broken(round: int, values: Mapping[str, int]) -> dict[str, int]:
         raise RuntimeError("training failed")
 
@@ -35,20 +35,17 @@ def test_a_failing_action_fails_every_caller():
         return list(await asyncio.gather(gather.submit(0, "a", 1), gather.submit(0, "b", 2),
                                          return_exceptions=True))
 
-    results = asyncio.run(scenario())
+    results = await scenario()
     assert all(isinstance(r, RuntimeError) for r in results)
 
 
-def test_a_member_calling_twice_in_a_round_is_an_error():
+async def test_a_member_calling_twice_in_a_round_is_an_error():
     async def echo(round: int, values: Mapping[str, int]) -> dict[str, int]:
         return dict(values)
 
-    async def scenario() -> None:
-        gather: RoundGather[int, int] = RoundGather(["a", "b"], echo)
-        first = asyncio.create_task(gather.submit(0, "a", 1))
-        await asyncio.sleep(0)
-        with pytest.raises(RuntimeError, match="twice"):
-            await gather.submit(0, "a", 1)
-        assert list(await asyncio.gather(first, gather.submit(0, "b", 2))) == [1, 2]
-
-    asyncio.run(scenario())
+    gather: RoundGather[int, int] = RoundGather(["a", "b"], echo)
+    first = asyncio.create_task(gather.submit(0, "a", 1))
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="twice"):
+        await gather.submit(0, "a", 1)
+    assert list(await asyncio.gather(first, gather.submit(0, "b", 2))) == [1, 2]

@@ -14,7 +14,9 @@ from dacflnode.node.data import own_node_data
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.simulator import Simulation
-from tests.node.owndata_helpers import CLASSES, MIX, write_csv_nodes, write_png_nodes
+from tests.harness.owndata import CLASSES, MIX, write_csv_nodes, write_png_nodes
+
+pytestmark = pytest.mark.slow
 
 BASE = RunConfig(dataset="folder", classes=CLASSES, image_size=8, nodes=3, rounds=1,
                  topology="ring", device="cpu", model="tiny-cnn", lr=0.05)

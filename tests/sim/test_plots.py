@@ -131,6 +131,7 @@ def test_global_model_algorithms_draw_no_var_of_acc_line_and_are_named_instead()
     assert notes == ["0 in every round, not drawn: D-PSGD, FedAvg"]
 
 
+@pytest.mark.slow
 def test_var_of_acc_spanning_orders_of_magnitude_is_on_a_log_axis_with_plain_ticks():
     fig = accuracy_figure({"dacfl": curve("dacfl", [1e-5, 2e-5, 1e-5]),  # 0.1-0.2 %²
                            "cdsgd": curve("cdsgd", [0.14, 0.1, 0.12])})  # 1000-1400 %²
@@ -145,6 +146,7 @@ def test_var_of_acc_spanning_orders_of_magnitude_is_on_a_log_axis_with_plain_tic
     assert close.axes[1].get_yscale() == "linear"
 
 
+@pytest.mark.slow
 def test_short_runs_have_a_marker_per_round_and_long_ones_a_sample():
     short = lines_by_label(accuracy_figure({"dacfl": curve("dacfl", [1e-4] * 5)}).axes[0])
     assert short["DACFL"].get_marker() not in (None, "None", "")

@@ -25,6 +25,8 @@ from dacflnode.sim.engines.base import RayTarget
 from dacflnode.sim.engines.ray import RayEngine, connect
 from dacflnode.sim.simulator import Simulation, SimulationResult
 
+pytestmark = pytest.mark.slow
+
 WORKERS = 2
 
 
@@ -105,7 +107,7 @@ def test_own_tables_of_unequal_sizes_train_on_ray_as_locally(
     local_ray: None, two_threads: None, tmp_path
 ) -> None:
     from dacflnode.node.data import own_node_data
-    from tests.node.owndata_helpers import CLASSES, write_csv_nodes
+    from tests.harness.owndata import CLASSES, write_csv_nodes
 
     train, test = write_csv_nodes(tmp_path)
     cfg = RunConfig(dataset="table", classes=CLASSES, label_column="kind", nodes=3, rounds=2,

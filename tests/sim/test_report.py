@@ -121,6 +121,7 @@ def test_a_running_cluster_counts_the_rounds_every_node_has_written(tmp_path):
     assert row["mean_round_s"] == pytest.approx(0.2)  # rounds 1-3 of both nodes: 0.1, 0.2, 0.3
 
 
+@pytest.mark.slow
 def test_figures_are_valid_png_and_svg_with_a_line_per_run(tmp_path):
     for name in ("first", "second"):
         for i in range(2):
@@ -139,6 +140,7 @@ def test_figures_are_valid_png_and_svg_with_a_line_per_run(tmp_path):
     assert "consensus residual" in (tmp_path / "out" / "nodes.svg").read_text()
 
 
+@pytest.mark.slow
 def test_figures_are_drawn_for_runs_without_accuracy_or_residual(tmp_path):
     folder = tmp_path / "node-0"
     folder.mkdir()

@@ -19,6 +19,8 @@ from dacflnode.node.metrics_log import LINE_KEYS, read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.simulator import Simulation
 
+pytestmark = pytest.mark.slow
+
 
 def small(**kw: Any) -> RunConfig:
     base = RunConfig(

@@ -23,6 +23,8 @@ from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.simulator import Simulation, SimulationResult
 
+pytestmark = pytest.mark.slow
+
 IDS = [f"node-{i}" for i in range(5)]
 RING = RunConfig(dataset="synthetic", nodes=5, rounds=14, model="tiny-cnn", lr=0.05,
                  batch_size=20, synthetic_train=400, synthetic_test=100, topology="ring",
@@ -31,7 +33,7 @@ RING = RunConfig(dataset="synthetic", nodes=5, rounds=14, model="tiny-cnn", lr=0
 EXACT = 1e-6
 
 
-def simulate(events: list[dict[str, Any]], cfg: RunConfig = RING,
+async def simulate(events: list[dict[str, Any]], cfg: RunConfig = RING,
              out: Path | None = None, gone_after: int = 3,
              ) -> tuple[Simulation, SimulationResult]:
     plan = parse_fault_plan(events, ids=IDS[:cfg.nodes], rounds=cfg.rounds)
@@ -40,15 +42,15 @@ def simulate(events: list[dict[str, Any]], cfg: RunConfig = RING,
     parts = partition(data.train_y, cfg.nodes, cfg.partition, seed=cfg.seed)
     sim = Simulation(cfg, "dacfl", data, parts, out_dir=out, faults=plan, gone_after=gone_after)
     # a node waiting for a state that never comes would hang the test: fail it instead
-    return sim, asyncio.run(asyncio.wait_for(sim.run_async(), 60))
+    return sim, await asyncio.wait_for(sim.run_async(), 60)
 
 
 def phases(sim: Simulation) -> dict[str, str]:
     return {r.setup.node_id: r.phase for r in sim.runners}
 
 
-def test_a_directed_drop_is_used_one_sidedly_then_undone(tmp_path):
-    sim, result = simulate([{"drop": ["node-0", "node-1"], "rounds": [3, 4]}], out=tmp_path)
+async def test_a_directed_drop_is_used_one_sidedly_then_undone(tmp_path):
+    sim, result = await simulate([{"drop": ["node-0", "node-1"], "rounds": [3, 4]}], out=tmp_path)
     assert set(phases(sim).values()) == {"done"}
     lines = read_metrics(tmp_path / "node-1" / "metrics.jsonl")
     assert [line["neighbours_missing"] for line in lines[3:5]] == [["node-0"], ["node-0"]]
@@ -59,16 +61,17 @@ def test_a_directed_drop_is_used_one_sidedly_then_undone(tmp_path):
     assert sim.runners[0].peers["node-1"].corrections == 2
 
 
-def test_a_stalled_node_misses_both_ways_and_the_invariant_stays_exact(tmp_path):
-    sim, result = simulate([{"drop": "node-2", "rounds": [5, 6]}], out=tmp_path)
+async def test_a_stalled_node_misses_both_ways_and_the_invariant_stays_exact(tmp_path):
+    sim, result = await simulate([{"drop": "node-2", "rounds": [5, 6]}], out=tmp_path)
     assert set(phases(sim).values()) == {"done"}
     line = read_metrics(tmp_path / "node-2" / "metrics.jsonl")[5]
     assert line["neighbours_missing"] == ["node-1", "node-3"]
     assert all(r.invariant is not None and r.invariant <= EXACT for r in result.records)
 
 
-def test_a_cut_edge_comes_back_when_it_heals(tmp_path):
-    sim, result = simulate([{"cut": ["node-1", "node-2"], "round": 2, "heal": 9}], out=tmp_path)
+async def test_a_cut_edge_comes_back_when_it_heals(tmp_path):
+    sim, result = await simulate([{"cut": ["node-1", "node-2"], "round": 2, "heal": 9}],
+                                 out=tmp_path)
     assert set(phases(sim).values()) == {"done"}
     lines = read_metrics(tmp_path / "node-1" / "metrics.jsonl")
     assert "node-2" not in lines[4]["neighbours_used"]
@@ -76,8 +79,8 @@ def test_a_cut_edge_comes_back_when_it_heals(tmp_path):
     assert result.invariant is not None and result.invariant <= EXACT
 
 
-def test_a_node_that_leaves_hands_its_share_on_and_the_rest_finish(tmp_path):
-    sim, result = simulate([{"leave": "node-3", "round": 4}], out=tmp_path)
+async def test_a_node_that_leaves_hands_its_share_on_and_the_rest_finish(tmp_path):
+    sim, result = await simulate([{"leave": "node-3", "round": 4}], out=tmp_path)
     assert phases(sim) == {**dict.fromkeys(IDS, "done"), "node-3": "left"}
     assert [len(r.nodes) for r in result.records][-1] == 4
     assert result.invariant is not None and result.invariant <= EXACT
@@ -85,30 +88,30 @@ def test_a_node_that_leaves_hands_its_share_on_and_the_rest_finish(tmp_path):
         "neighbours_used"]
 
 
-def test_a_node_restarted_at_once_runs_every_round(tmp_path):
-    sim, result = simulate([{"crash": "node-2", "round": 4, "restart": 4}], out=tmp_path)
+async def test_a_node_restarted_at_once_runs_every_round(tmp_path):
+    sim, result = await simulate([{"crash": "node-2", "round": 4, "restart": 4}], out=tmp_path)
     assert set(phases(sim).values()) == {"done"}
     rounds = [line["round"] for line in read_metrics(tmp_path / "node-2" / "metrics.jsonl")]
     assert rounds == list(range(1, 15))
     assert result.invariant is not None and result.invariant <= EXACT
 
 
-def test_a_node_restarted_before_it_is_declared_gone_rejoins():
-    sim, result = simulate([{"crash": "node-2", "round": 4, "restart": 6}])
+async def test_a_node_restarted_before_it_is_declared_gone_rejoins():
+    sim, result = await simulate([{"crash": "node-2", "round": 4, "restart": 6}])
     assert set(phases(sim).values()) == {"done"}
     assert result.invariant is not None and result.invariant <= EXACT
 
 
-def test_a_node_restarted_after_it_was_declared_gone_rejoins_after_the_reanchor():
-    sim, result = simulate([{"crash": "node-2", "round": 3, "restart": 9}])
+async def test_a_node_restarted_after_it_was_declared_gone_rejoins_after_the_reanchor():
+    sim, result = await simulate([{"crash": "node-2", "round": 3, "restart": 9}])
     assert set(phases(sim).values()) == {"done"}
     assert all(r.reanchored >= 1 for r in sim.runners if r.setup.node_id != "node-2")
     assert result.records[-1].nodes == IDS
     assert result.invariant is not None and result.invariant <= EXACT
 
 
-def test_a_node_gone_for_good_leaves_survivors_exact_after_the_reanchor():
-    sim, result = simulate([{"crash": "node-2", "round": 3}])
+async def test_a_node_gone_for_good_leaves_survivors_exact_after_the_reanchor():
+    sim, result = await simulate([{"crash": "node-2", "round": 3}])
     survivors = {n: p for n, p in phases(sim).items() if n != "node-2"}
     assert set(survivors.values()) == {"done"} and phases(sim)["node-2"] != "done"
     assert all(r.reanchored >= 1 for r in sim.runners if r.setup.node_id != "node-2")
@@ -117,18 +120,18 @@ def test_a_node_gone_for_good_leaves_survivors_exact_after_the_reanchor():
     assert result.invariant is not None and result.invariant <= EXACT
 
 
-def test_a_late_joiner_joins_the_running_network_and_finishes():
-    sim, result = simulate([{"join": "node-4", "round": 3}])
+async def test_a_late_joiner_joins_the_running_network_and_finishes():
+    sim, result = await simulate([{"join": "node-4", "round": 3}])
     assert set(phases(sim).values()) == {"done"}
     assert result.records[0].nodes == IDS[:4] and result.records[-1].nodes == IDS
     assert result.invariant is not None and result.invariant <= EXACT
 
 
-def test_a_run_with_faults_is_deterministic():
+async def test_a_run_with_faults_is_deterministic():
     events = [{"drop": ["node-0", "node-1"], "rounds": [3, 4]},
               {"cut": ["node-3", "node-4"], "round": 5, "heal": 7}]
-    a, _ = simulate(events)
-    b, _ = simulate(events)
+    a, _ = await simulate(events)
+    b, _ = await simulate(events)
     for ra, rb in zip(a.runners, b.runners, strict=True):
         assert torch.equal(ra.state.x, rb.state.x)
 
@@ -138,16 +141,16 @@ def test_a_run_with_faults_is_deterministic():
     ({"topology": "dense"}, [{"join": "node-1", "round": 3}], "faults"),
     ({}, [{"drop": "node-7", "rounds": 3}], "faults[0].drop"),
 ])
-def test_node_events_the_simulation_cannot_play_are_refused(change, events, field):
+async def test_node_events_the_simulation_cannot_play_are_refused(change, events, field):
     with pytest.raises(ConfigError) as info:
-        simulate(events, replace(RING, **change))
+        await simulate(events, replace(RING, **change))
     assert info.value.field == field
 
 
-def test_drops_with_the_batched_engine_give_the_sequential_models():
+async def test_drops_with_the_batched_engine_give_the_sequential_models():
     events = [{"drop": ["node-0", "node-1"], "rounds": [3, 4]}]
-    seq, _ = simulate(events)
-    bat, _ = simulate(events, replace(RING, engine="batched"))
+    seq, _ = await simulate(events)
+    bat, _ = await simulate(events, replace(RING, engine="batched"))
     assert bat.engine.name == "batched"
     for a, b in zip(seq.runners, bat.runners, strict=True):
         assert torch.allclose(a.state.x, b.state.x, atol=1e-4)
@@ -187,8 +190,9 @@ def test_an_empty_plan_changes_nothing():
 
 
 @pytest.mark.parametrize(("gone_after", "declared"), [(2, True), (4, False)])
-def test_gone_after_decides_whether_a_stall_makes_the_neighbours_reanchor(gone_after, declared):
-    sim, result = simulate([{"drop": "node-2", "rounds": [3, 5]}], gone_after=gone_after)
+async def test_gone_after_decides_whether_a_stall_makes_the_neighbours_reanchor(gone_after,
+                                                                                declared):
+    sim, result = await simulate([{"drop": "node-2", "rounds": [3, 5]}], gone_after=gone_after)
     assert set(phases(sim).values()) == {"done"}
     assert (sim.runners[1].reanchored > 0) is declared
     assert result.invariant is not None and result.invariant <= EXACT

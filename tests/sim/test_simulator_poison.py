@@ -12,6 +12,8 @@ import pytest
 from dacflnode.config import RunConfig
 from dacflnode.sim.insider import Outcome, load, play
 
+pytestmark = pytest.mark.slow
+
 RING = RunConfig(dataset="synthetic", nodes=5, rounds=12, model="tiny-cnn", lr=0.05,
                  batch_size=20, synthetic_train=400, synthetic_test=100, topology="ring",
                  engine="sequential", device="cpu")

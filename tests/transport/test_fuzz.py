@@ -40,6 +40,8 @@ from dacflnode.wire.message import RoundMessage
 from dacflnode.wire.state_guard import DistanceGuard
 from dacflnode.wire.validation import Expectation
 
+pytestmark = pytest.mark.slow
+
 P = 6
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import grpc
@@ -25,6 +26,7 @@ from dacflnode.transport.grpc_transport import (
 from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
 from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
+from tests.harness import messages as harness
 
 P = 40
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -32,10 +34,7 @@ MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 LOGGER = "dacflnode.transport.receiver"
 
 
-def message(sender: str, round_: int, seed: int = 0, size: int = P) -> RoundMessage:
-    g = torch.Generator().manual_seed(seed + 10 * round_)
-    return RoundMessage(sender, round_, 1, {"omega": torch.randn(size, generator=g),
-                                            "x": torch.randn(size, generator=g)})
+message = partial(harness.message, size=P)
 
 
 def same(a: RoundMessage, b: RoundMessage) -> bool:
@@ -289,6 +288,7 @@ async def test_a_taken_port_is_an_error_that_names_the_address(server):
     await second.stop(grace=0)
 
 
+@pytest.mark.slow
 async def test_refusals_keep_their_status_when_the_sender_is_still_writing():
     # grpc/grpc#36066: a client write racing the end of the call replaces the status with
     # INTERNAL (about 1 push in 100 here without the fix); the servicer therefore reads a

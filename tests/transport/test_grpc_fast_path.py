@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import grpc
 import pytest
@@ -25,7 +26,7 @@ from dacflnode.wire import fast_path
 from dacflnode.wire.encoder import encode, make_header
 from dacflnode.wire.errors import Reason
 from dacflnode.wire.message import CHUNK_BYTES, RoundMessage
-from tests.transport import test_grpc_bad_input as bad_input
+from tests.harness import messages as harness
 from tests.transport.test_grpc_bad_input import same
 
 P = 700_000  # 2 x 2.8 MB: three 1 MiB chunks and a short one per tensor
@@ -34,8 +35,7 @@ MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 LOGGER = "dacflnode.transport.receiver"
 
 
-def message(sender: str, round_: int, seed: int = 0) -> RoundMessage:
-    return bad_input.message(sender, round_, seed, size=P)
+message = partial(harness.message, size=P)
 
 
 class Pair:

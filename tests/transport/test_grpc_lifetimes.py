@@ -15,7 +15,6 @@ from typing import Any, cast
 
 import grpc
 import pytest
-import torch
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
@@ -23,6 +22,8 @@ from dacflnode.transport.base import Identity, Inbox, PeerUnavailable, Transport
 from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls, unreachable
 from dacflnode.wire.errors import REASON_METADATA_KEY
 from dacflnode.wire.message import RoundMessage
+from tests.harness.messages import message
+from tests.harness.polling import until
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -79,24 +80,13 @@ async def alice(silent: tuple[Silent, str]) -> AsyncIterator[GrpcTransport]:
     await transport.stop(grace=0)
 
 
-@pytest.fixture
-async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
-    """What the event loop reports to its exception handler ("never retrieved", ...)."""
-    loop = asyncio.get_running_loop()
-    errors: list[dict[str, Any]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    yield errors
-    loop.set_exception_handler(previous)
-
-
-def message() -> RoundMessage:
-    return RoundMessage("alice", 0, 1, {"omega": torch.ones(P), "x": torch.zeros(P)})
+def sized(values: int) -> RoundMessage:
+    return message("alice", 0, size=values)
 
 
 CALLS: dict[str, Callable[[GrpcTransport], Coroutine[Any, Any, object]]] = {
     "hello": lambda t: t.hello("bob"),
-    "push": lambda t: t.push("bob", message(), timeout=20),
+    "push": lambda t: t.push("bob", sized(P), timeout=20),
     "pull": lambda t: t.pull("bob", 0, timeout=20),
 }
 
@@ -112,14 +102,15 @@ def client_tasks() -> list[asyncio.Task[Any]]:
     return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and client(t)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", list(CALLS))
 async def test_a_cancelled_caller_ends_its_call_and_gets_cancelled_error(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
     call: str,
 ) -> None:
     task = asyncio.create_task(CALLS[call](alice))
-    await asyncio.sleep(0.3)
-    assert not task.done() and silent[0].started == 1  # the neighbour took it, never answers
+    await until(lambda: silent[0].started == 1)  # the neighbour took it, never answers
+    assert not task.done()
     assert task in client_tasks()  # (with the tasks grpc runs for the call)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -133,10 +124,11 @@ async def test_a_cancelled_caller_ends_its_call_and_gets_cancelled_error(
 
 @pytest.mark.parametrize("call", list(CALLS))
 async def test_a_call_cut_off_by_stop_raises_transport_closed(
-    alice: GrpcTransport, loop_errors: list[dict[str, Any]], call: str
+    alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
+    call: str,
 ) -> None:
     task = asyncio.create_task(CALLS[call](alice))
-    await asyncio.sleep(0.3)
+    await until(lambda: silent[0].started == 1)  # the call is under way
     await alice.stop(grace=0)
     with pytest.raises(TransportClosed):
         await asyncio.wait_for(task, 5)
@@ -147,7 +139,7 @@ async def test_a_call_cut_off_by_stop_raises_transport_closed(
 
 async def test_every_call_keeps_its_deadline(alice: GrpcTransport) -> None:
     alice.hello_call_timeout = 0.3
-    for call in (alice.hello("bob"), alice.push("bob", message(), timeout=0.3),
+    for call in (alice.hello("bob"), alice.push("bob", sized(P), timeout=0.3),
                  alice.pull("bob", 0, timeout=0.3)):
         with pytest.raises(PeerUnavailable, match="DEADLINE_EXCEEDED"):
             await asyncio.wait_for(call, 5)
@@ -166,11 +158,14 @@ BIG = 4 * 1024 * 1024  # values per tensor: 32 MiB a state, more than grpc buffe
 
 
 class Recorded:
-    """A stub that records every call it starts, so a test can end one under its caller."""
+    """A stub that records every call it starts, so a test can end one under its caller, and
+    counts the writes of its streaming calls: done, and still waiting to be taken."""
 
     def __init__(self, stub: NeighborCalls) -> None:
         self._stub = stub
         self.calls: list[Any] = []
+        self.written = 0
+        self.writing = 0
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._stub, name)
@@ -178,25 +173,27 @@ class Recorded:
         def start(*args: Any, **kwargs: Any) -> Any:
             call = method(*args, **kwargs)
             self.calls.append(call)
+            write = getattr(call, "write", None)
+            if write is not None:
+
+                async def counted(*a: Any) -> None:
+                    self.writing += 1
+                    try:
+                        await write(*a)
+                        self.written += 1
+                    finally:
+                        self.writing -= 1
+
+                call.write = counted
             return call
 
         return start
 
 
-def record_calls(transport: GrpcTransport, peer: str = "bob") -> list[Any]:
+def record_calls(transport: GrpcTransport, peer: str = "bob") -> Recorded:
     recorded = Recorded(transport._stub(peer))
     transport._stubs[peer] = cast("NeighborCalls", recorded)
-    return recorded.calls
-
-
-def sized(values: int) -> RoundMessage:
-    return RoundMessage("alice", 0, 1, {"omega": torch.ones(values), "x": torch.zeros(values)})
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
+    return recorded
 
 
 async def retrying(call: Coroutine[Any, Any, object]) -> str:
@@ -208,12 +205,13 @@ async def retrying(call: Coroutine[Any, Any, object]) -> str:
     return "done"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", list(CALLS))
 async def test_a_call_that_grpc_cancels_under_its_caller_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
     call: str,
 ) -> None:
-    calls = record_calls(alice)
+    calls = record_calls(alice).calls
     task = asyncio.create_task(retrying(CALLS[call](alice)))
     await until(lambda: silent[0].started == 1)
     calls[0].cancel()  # grpc ends the call; the caller asked for nothing
@@ -227,15 +225,18 @@ async def test_a_call_that_grpc_cancels_under_its_caller_raises_peer_unavailable
     assert loop_errors == []
 
 
+@pytest.mark.slow
 async def test_a_push_cut_off_under_it_while_blocked_writing_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]]
 ) -> None:
-    calls = record_calls(alice)
+    recorded = record_calls(alice)
     task = asyncio.create_task(retrying(alice.push("bob", sized(BIG), timeout=20)))
     await until(lambda: silent[0].started == 1)
-    await asyncio.sleep(0.5)
-    assert not task.done()  # the neighbour reads nothing: the stream waits for window
-    calls[0].cancel()
+    # the neighbour reads nothing: chunks go out until grpc's buffers are full, and a write
+    # waits for window
+    await until(lambda: recorded.written > 0 and recorded.writing == 1)
+    assert not task.done()
+    recorded.calls[0].cancel()
     assert await asyncio.wait_for(task, 5) == "unavailable"
     assert 0 < alice.stats["bob"].bytes_sent < 2 * 4 * BIG  # cut off half-way
     assert client_tasks() == []
@@ -256,6 +257,7 @@ def test_an_internal_error_without_a_refusal_reason_is_retried(trailing, retry) 
     assert unreachable(err) is retry
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("values", [P, BIG], ids=["waiting-for-the-answer", "writing"])
 async def test_a_push_whose_process_froze_past_its_deadline_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
@@ -300,6 +302,7 @@ class FreezingStub:
         return call
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("before", ["write", "done_writing"])
 async def test_a_push_frozen_past_its_deadline_before_a_step_raises_peer_unavailable(
     alice: GrpcTransport, loop_errors: list[dict[str, Any]], before: str
@@ -341,6 +344,7 @@ SHORT_CALLS: dict[str, Callable[[GrpcTransport], Coroutine[Any, Any, object]]] =
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("call", list(SHORT_CALLS))
 async def test_a_call_frozen_past_its_deadline_as_it_starts_raises_peer_unavailable(
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
@@ -390,6 +394,7 @@ async def stoppable_bob() -> AsyncIterator[tuple[subprocess.Popen[str], str]]:
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 async def test_pushes_to_a_sigstopped_neighbour_raise_peer_unavailable_until_it_resumes(
     stoppable_bob: tuple[subprocess.Popen[str], str], loop_errors: list[dict[str, Any]]
 ) -> None:
@@ -398,7 +403,7 @@ async def test_pushes_to_a_sigstopped_neighbour_raise_peer_unavailable_until_it_
                           Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS)
     await alice.start()
     try:
-        await alice.push("bob", message(), timeout=20)
+        await alice.push("bob", sized(P), timeout=20)
         proc.send_signal(signal.SIGSTOP)
         for _ in range(3):  # a node's retries within one round
             assert await retrying(alice.push("bob", sized(P), timeout=0.5)) == "unavailable"

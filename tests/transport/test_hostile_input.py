@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
+from functools import partial
 
 import grpc
 import pytest
@@ -26,7 +27,9 @@ from dacflnode.transport.receiver import (
 )
 from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import Reason, WireError
-from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
+from dacflnode.wire.message import PROTOCOL_VERSION
+from tests.harness import messages as harness
+from tests.harness.polling import until
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -34,10 +37,12 @@ MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 LOGGER = "dacflnode.transport.receiver"
 
 
-def message(sender: str, round_: int = 0, seed: int = 0) -> RoundMessage:
-    g = torch.Generator().manual_seed(seed)
-    return RoundMessage(sender, round_, 2, {"omega": torch.randn(P, generator=g),
-                                            "x": torch.randn(P, generator=g)})
+message = partial(harness.message, size=P, degree=2)
+
+
+def receiving(r: Receiver) -> int:
+    """The streams whose header ``r`` took and which are still arriving."""
+    return sum(len(calls) for calls in r._receiving.values())
 
 
 def bob(idle: float = IDLE_TIMEOUT, total: float = STREAM_TIMEOUT,
@@ -145,7 +150,7 @@ async def test_a_third_stream_while_two_arrive_is_refused_in_progress():
     slow = [asyncio.create_task(r.push(stream_of(encode(message("alice", seed=s),
                                                         chunk_bytes=32), pause=0.05)))
             for s in (0, 1)]
-    await asyncio.sleep(0.08)  # both headers are in, and both streams keep sending
+    await until(lambda: receiving(r) == 2)  # both headers are in, and both streams keep sending
     with pytest.raises(WireError) as err:
         await r.push(stream_of(encode(message("alice", seed=2))))
     assert (err.value.code, err.value.reason) == ("ABORTED", Reason.IN_PROGRESS)
@@ -159,7 +164,7 @@ async def test_a_stalled_stream_in_a_neighbours_name_does_not_delay_its_real_pus
     r = bob()  # deadlines of 30 s and more: nothing here waits for them
     stalled = asyncio.create_task(r.push(stream_of(encode(message("alice", seed=9)),
                                                    stall_after=1)))
-    await asyncio.sleep(0.05)  # its header is in, then it sends nothing
+    await until(lambda: receiving(r) == 1)  # its header is in, then it sends nothing
     started = time.monotonic()
     await r.push(stream_of(encode(message("alice"))))
     assert time.monotonic() - started < 1.0
@@ -175,11 +180,11 @@ async def test_stalled_duplicates_give_way_after_the_first_message_deadline():
     stalled = [asyncio.create_task(r.push(stream_of(encode(message("alice", seed=s)),
                                                     stall_after=1)))
                for s in (7, 8)]
-    await asyncio.sleep(0.05)
+    await until(lambda: receiving(r) == 2)  # both headers are in
     with pytest.raises(WireError) as err:  # both candidates are fresh: retry later
         await r.push(stream_of(encode(message("alice"))))
     assert err.value.reason is Reason.IN_PROGRESS
-    await asyncio.sleep(first_message)
+    await asyncio.sleep(first_message)  # not a wait for an event: the deadline passes
     started = time.monotonic()
     await r.push(stream_of(encode(message("alice"))))  # takes the stalest one's place
     assert time.monotonic() - started < 1.0
@@ -191,12 +196,15 @@ async def test_stalled_duplicates_give_way_after_the_first_message_deadline():
     assert r._receiving == {}
 
 
+@pytest.mark.slow
 async def test_a_flood_of_duplicates_holds_at_most_two_buffers_per_state():
     r = bob(first_message=0.05)
     opened = []
     for i in range(30):  # each one stalls after its header; every new one finds stale ones
         opened.append(asyncio.create_task(r.push(stream_of(encode(message("alice", seed=i)),
                                                            stall_after=1))))
+        # not a wait for an event: the first-message deadline passes (the header needs far
+        # less), so that the next stream finds this one stale
         await asyncio.sleep(0.06)
         assert sum(len(v) for v in r._receiving.values()) <= 2
     await r.push(stream_of(encode(message("alice"))))

@@ -10,6 +10,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 #: A server and a client with the module's options (keepalive times scaled), one call, idle for
 #: 5 s (5 client pings; a server that refused them would strike at the 2nd and close at the
 #: 4th), one more call. argv[1]: the server's received-ping minimum, or "module".

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,12 +19,13 @@ from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire import decoder, encoder, fast_path, validation
 from dacflnode.wire.message import RoundMessage
+from tests.harness import messages as harness
+from tests.harness.polling import until
 
 P = 16
 
 
-def message(round_: int = 0) -> RoundMessage:
-    return RoundMessage("a", round_, 1, {"x": torch.arange(P, dtype=torch.float32)})
+message = partial(harness.message, "a", size=P, names=("x",))
 
 
 def cache() -> HeaderCache:
@@ -59,16 +61,6 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     g.open.set()
 
 
-@pytest.fixture
-async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
-    loop = asyncio.get_running_loop()
-    errors: list[dict[str, Any]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    yield errors
-    loop.set_exception_handler(previous)
-
-
 async def entered(gate: Gate) -> None:
     await asyncio.to_thread(gate.entered.wait, 5)
 
@@ -89,6 +81,7 @@ async def test_a_pusher_giving_up_does_not_cancel_the_preparation_of_the_others(
     assert await headers.get(sent) is out  # a retry reuses it
 
 
+@pytest.mark.slow
 async def test_a_failure_after_the_last_waiter_left_is_never_reported_as_unretrieved(
     gate: Gate, loop_errors: list[dict[str, Any]]
 ) -> None:
@@ -101,8 +94,7 @@ async def test_a_failure_after_the_last_waiter_left_is_never_reported_as_unretri
     gate.open.set()
     with pytest.raises(asyncio.CancelledError):
         await waiter
-    for _ in range(20):  # let the preparation fail with no one waiting
-        await asyncio.sleep(0.01)
+    await until(lambda: not headers._running)  # the preparation failed with no one waiting
     gc.collect()
     await asyncio.sleep(0)
     assert loop_errors == []

@@ -29,6 +29,7 @@ from dacflnode.wire import encoder
 from dacflnode.wire.errors import Reason, WireError
 from dacflnode.wire.message import CHUNK_BYTES, PROTOCOL_VERSION, Kind, RoundMessage
 from dacflnode.wire.state_guard import DistanceGuard
+from tests.harness.messages import message
 
 P = 64
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
@@ -39,15 +40,15 @@ def tensors_for(p: int) -> dict[str, tuple[int, ...]]:
     return {"omega": (p,), "x": (p,)}
 
 
-def message(sender: str, round_: int, p: int = P, seed: int = 0, degree: int = 2) -> RoundMessage:
-    g = torch.Generator().manual_seed(1000 * round_ + seed + sum(map(ord, sender)))
-    omega = torch.randn(p, generator=g)
-    x = torch.randn(p, generator=g)
-    # finite values whose bits a lossy path would change (NaN and infinities are refused)
-    omega[:4] = torch.tensor([-0.0, 3.4028235e38, -1.1754944e-38, 1e-45])
+def full_message(sender: str, round_: int, p: int = P, seed: int = 0,
+                 degree: int = 2) -> RoundMessage:
+    """A :func:`message` with every header field set and values that test the bits."""
     log_ = ((round_ - 2, ("b",)), (round_ - 1, ("b", "c"))) if round_ >= 2 else ()
-    return RoundMessage(sender, round_, degree, {"omega": omega, "x": x}, used_log=log_,
-                        kind=Kind.FINAL, anchors=(round_ + 3,))
+    msg = message(sender, round_, size=p, seed=seed, degree=degree, used_log=log_,
+                  kind=Kind.FINAL, anchors=(round_ + 3,))
+    # finite values whose bits a lossy path would change (NaN and infinities are refused)
+    msg.tensors["omega"][:4] = torch.tensor([-0.0, 3.4028235e38, -1.1754944e-38, 1e-45])
+    return msg
 
 
 def assert_bit_exact(got: RoundMessage, sent: RoundMessage) -> None:
@@ -202,7 +203,7 @@ async def test_a_node_that_is_not_a_neighbour_is_refused(cluster):
         await nodes["z"].transport.hello("b")
     assert (str(refused.value), refused.value.reason) == ("refused", Reason.NOT_NEIGHBOUR)
     with pytest.raises(WireError) as err:
-        await nodes["z"].transport.push("b", message("z", 3), timeout=5)
+        await nodes["z"].transport.push("b", full_message("z", 3), timeout=5)
     assert (err.value.code, err.value.message, err.value.reason) == (
         "PERMISSION_DENIED", "refused", Reason.UNKNOWN_SENDER)
     with pytest.raises(WireError) as err:
@@ -213,12 +214,12 @@ async def test_a_node_that_is_not_a_neighbour_is_refused(cluster):
                                                 Reason.UNKNOWN_SENDER: 1}
     assert nodes["b"].inbox.get(0) == {}
     with pytest.raises(ValueError, match="not a neighbour"):
-        await nodes["a"].transport.push("z", message("a", 0), timeout=5)
+        await nodes["a"].transport.push("z", full_message("a", 0), timeout=5)
 
 
 async def test_a_pushed_message_arrives_bit_exact(cluster):
     nodes = await cluster.build(FULL)
-    sent = message("a", 0)
+    sent = full_message("a", 0)
     await nodes["a"].transport.push("b", sent, timeout=5)
     got = await nodes["b"].inbox.wait(0, ["a"], timeout=5)
     assert_bit_exact(got["a"], sent)
@@ -230,7 +231,7 @@ async def test_a_pushed_message_arrives_bit_exact(cluster):
 
 async def test_non_contiguous_tensors_travel_as_their_values(cluster):
     nodes = await cluster.build(FULL)
-    base = message("a", 0, p=2 * P)
+    base = full_message("a", 0, p=2 * P)
     strided = RoundMessage("a", 0, 2, {"omega": base.tensors["omega"][::2],
                                        "x": base.tensors["x"].view(P, 2)[:, 1]})
     assert not any(t.is_contiguous() for t in strided.tensors.values())
@@ -244,7 +245,7 @@ async def test_non_contiguous_tensors_travel_as_their_values(cluster):
 async def test_a_multi_chunk_payload_arrives_bit_exact(cluster):
     p = 3 * CHUNK_BYTES // 8 + 1000  # two tensors, ~3 MiB in all: 4 chunks
     nodes = await cluster.build({"a": ["b"], "b": ["a"]}, p=p)
-    sent = message("a", 0, p=p, degree=1)
+    sent = full_message("a", 0, p=p, degree=1)
     assert sent.payload_bytes > 3 * CHUNK_BYTES
     await nodes["a"].transport.push("b", sent, timeout=20)
     got = await nodes["b"].inbox.wait(0, ["a"], timeout=5)
@@ -256,19 +257,19 @@ async def test_a_multi_chunk_payload_arrives_bit_exact(cluster):
 async def test_the_next_round_is_buffered_and_never_mixed_with_the_current(cluster):
     nodes = await cluster.build(FULL)
     a, c = nodes["a"].transport, nodes["c"].transport
-    early = message("a", 1)  # a finished round 0 before b did
+    early = full_message("a", 1)  # a finished round 0 before b did
     await a.push("b", early, timeout=5)
-    await c.push("b", message("c", 0), timeout=5)
+    await c.push("b", full_message("c", 0), timeout=5)
     now = await nodes["b"].inbox.wait(0, ["a", "c"], timeout=0.2)
     assert set(now) == {"c"}  # a's round-1 state does not stand in for its round-0 state
-    await a.push("b", late := message("a", 0, seed=7), timeout=5)
+    await a.push("b", late := full_message("a", 0, seed=7), timeout=5)
     now = await nodes["b"].inbox.wait(0, ["a", "c"], timeout=5)
     assert_bit_exact(now["a"], late)
 
     waiter = asyncio.create_task(nodes["b"].inbox.wait(1, ["a", "c"], timeout=5))
     nodes["b"].round = 1
     nodes["b"].inbox.discard_before(1)
-    await c.push("b", c1 := message("c", 1), timeout=5)
+    await c.push("b", c1 := full_message("c", 1), timeout=5)
     nxt = await waiter
     assert set(nxt) == {"a", "c"}
     assert_bit_exact(nxt["a"], early)
@@ -282,10 +283,10 @@ async def test_passed_and_too_far_rounds_are_refused_with_a_typed_reason(cluster
     nodes = await cluster.build(FULL)
     nodes["b"].round = 2
     with pytest.raises(WireError) as err:
-        await nodes["a"].transport.push("b", message("a", round_), timeout=5)
+        await nodes["a"].transport.push("b", full_message("a", round_), timeout=5)
     assert (err.value.code, err.value.reason) == ("FAILED_PRECONDITION", reason)
     assert all(nodes["b"].inbox.get(r) == {} for r in range(6))
-    await nodes["a"].transport.push("b", ok := message("a", 3), timeout=5)  # current + 1
+    await nodes["a"].transport.push("b", ok := full_message("a", 3), timeout=5)  # current + 1
     assert_bit_exact(nodes["b"].inbox.get(3)["a"], ok)
 
 
@@ -293,23 +294,23 @@ async def test_push_to_a_stopped_or_absent_peer_is_unavailable(cluster):
     nodes = await cluster.build({"a": ["b", "ghost"], "b": ["a"]})
     a = nodes["a"].transport
     await a.hello("b")
-    await a.push("b", message("a", 0), timeout=5)
+    await a.push("b", full_message("a", 0), timeout=5)
     await nodes["b"].transport.stop(grace=0)
     with pytest.raises(PeerUnavailable):
-        await a.push("b", message("a", 1), timeout=5)
+        await a.push("b", full_message("a", 1), timeout=5)
     assert not a.stats["b"].connected
     with pytest.raises(PeerUnavailable):
         await a.hello("b")
     with pytest.raises(PeerUnavailable):
         await a.hello("ghost")
     with pytest.raises(PeerUnavailable):
-        await a.push("ghost", message("a", 0), timeout=5)
+        await a.push("ghost", full_message("a", 0), timeout=5)
 
 
 async def test_pull_returns_what_was_published(cluster):
     nodes = await cluster.build(FULL)
     a, b = nodes["a"].transport, nodes["b"].transport
-    sent = message("a", 0)
+    sent = full_message("a", 0)
     await a.push("c", sent, timeout=5)  # pushing publishes: b can pull it later
     assert_bit_exact(await b.pull("a", 0), sent)
     with pytest.raises(WireError) as err:
@@ -318,11 +319,11 @@ async def test_pull_returns_what_was_published(cluster):
     # only the newest two rounds are kept
     for r in (1, 2):
         nodes["c"].round = r
-        await a.push("c", message("a", r), timeout=5)
+        await a.push("c", full_message("a", r), timeout=5)
     with pytest.raises(WireError) as err:
         await b.pull("a", 0)
     assert err.value.reason is Reason.NOT_KEPT
-    assert_bit_exact(await b.pull("a", 2), message("a", 2))
+    assert_bit_exact(await b.pull("a", 2), full_message("a", 2))
 
 
 async def test_the_header_is_hashed_once_per_message(cluster, monkeypatch):
@@ -336,14 +337,14 @@ async def test_the_header_is_hashed_once_per_message(cluster, monkeypatch):
     monkeypatch.setattr("dacflnode.transport.outgoing.make_header", counting)
     nodes = await cluster.build(FULL)
     a = nodes["a"].transport
-    sent = message("a", 0)
+    sent = full_message("a", 0)
     await asyncio.gather(a.push("b", sent, timeout=5), a.push("c", sent, timeout=5))
     with pytest.raises(WireError) as err:  # a retry: refused, b has it already
         await a.push("b", sent, timeout=5)
     assert (err.value.code, err.value.reason) == ("ALREADY_EXISTS", Reason.DUPLICATE)
     hashed = [] if cluster.kind == "memory-nocopy" else [0]  # no copy: nothing is encoded
     assert calls == hashed
-    await a.push("b", message("a", 1), timeout=5)
+    await a.push("b", full_message("a", 1), timeout=5)
     assert calls == ([*hashed, 1] if hashed else [])
     got = await nodes["c"].inbox.wait(0, ["a"], timeout=5)
     assert_bit_exact(got["a"], sent)
@@ -355,12 +356,12 @@ async def test_memory_partition_and_heal():
     a = nodes["a"].transport
     c.network.partition("a", "b")
     with pytest.raises(PeerUnavailable, match="partitioned"):
-        await a.push("b", message("a", 0), timeout=5)
+        await a.push("b", full_message("a", 0), timeout=5)
     with pytest.raises(PeerUnavailable):
         await nodes["b"].transport.hello("a")
-    await a.push("c", message("a", 0), timeout=5)  # other links are untouched
+    await a.push("c", full_message("a", 0), timeout=5)  # other links are untouched
     c.network.heal("a", "b")
-    await a.push("b", sent := message("a", 0), timeout=5)
+    await a.push("b", sent := full_message("a", 0), timeout=5)
     assert_bit_exact(nodes["b"].inbox.get(0)["a"], sent)
     await c.close()
 
@@ -370,12 +371,12 @@ async def test_refusals_carry_the_same_code_and_reason_on_every_transport(cluste
     a = nodes["a"].transport
     nodes["b"].round = 2
     cases = [
-        (a, message("a", 1), ("FAILED_PRECONDITION", Reason.ROUND_PASSED)),
-        (a, message("a", 2, p=P + 1), ("INVALID_ARGUMENT", Reason.BAD_PAYLOAD)),
+        (a, full_message("a", 1), ("FAILED_PRECONDITION", Reason.ROUND_PASSED)),
+        (a, full_message("a", 2, p=P + 1), ("INVALID_ARGUMENT", Reason.BAD_PAYLOAD)),
         (a, RoundMessage("a", 2, 1, {"omega": torch.zeros(P)}),
          ("INVALID_ARGUMENT", Reason.BAD_PAYLOAD)),
-        (a, message("a", 2, degree=0), ("INVALID_ARGUMENT", Reason.BAD_HEADER)),
-        (nodes["z"].transport, message("z", 2), ("PERMISSION_DENIED", Reason.UNKNOWN_SENDER)),
+        (a, full_message("a", 2, degree=0), ("INVALID_ARGUMENT", Reason.BAD_HEADER)),
+        (nodes["z"].transport, full_message("z", 2), ("PERMISSION_DENIED", Reason.UNKNOWN_SENDER)),
     ]
     for sender, msg, expected in cases:
         with pytest.raises(WireError) as err:
@@ -389,22 +390,22 @@ async def test_a_stopped_transport_refuses_new_calls(cluster):
     nodes = await cluster.build(FULL)
     a = nodes["a"].transport
     await a.hello("b")
-    await a.push("b", message("a", 0), timeout=5)
+    await a.push("b", full_message("a", 0), timeout=5)
     await a.stop(grace=0)
     with pytest.raises(TransportClosed):
         await a.hello("b")
     with pytest.raises(TransportClosed):
-        await a.push("c", message("a", 0), timeout=5)
+        await a.push("c", full_message("a", 0), timeout=5)
     with pytest.raises(TransportClosed):
         await a.pull("b", 0)
     if isinstance(a, GrpcTransport):
         assert a._channels == {}  # nothing was reopened
-    await nodes["b"].transport.push("c", message("b", 0), timeout=5)  # the others still talk
+    await nodes["b"].transport.push("c", full_message("b", 0), timeout=5)  # the others still talk
 
 
 async def test_the_receiver_gets_its_own_copy_unless_the_network_does_not_copy(cluster):
     nodes = await cluster.build(FULL)
-    sent = message("a", 0)
+    sent = full_message("a", 0)
     await nodes["a"].transport.push("b", sent, timeout=5)
     got = nodes["b"].inbox.get(0)["a"]
     pulled = await nodes["c"].transport.pull("a", 0)
@@ -421,7 +422,7 @@ async def test_the_receiver_gets_its_own_copy_unless_the_network_does_not_copy(c
 
 async def test_a_pull_refuses_a_state_that_does_not_match_what_it_expects(cluster):
     nodes = await cluster.build(FULL)
-    await nodes["a"].transport.push("b", message("a", 0), timeout=5)
+    await nodes["a"].transport.push("b", full_message("a", 0), timeout=5)
     with pytest.raises(WireError) as err:
         await nodes["c"].transport.pull("a", 0, expect_tensors=tensors_for(P + 1))
     assert (err.value.code, err.value.reason) == ("INVALID_ARGUMENT", Reason.BAD_PAYLOAD)
@@ -444,7 +445,7 @@ async def test_a_push_cut_off_by_stop_while_its_state_is_prepared_raises_transpo
     monkeypatch.setattr("dacflnode.transport.outgoing.make_header", slow)
     nodes = await cluster.build(FULL)
     a = nodes["a"].transport
-    push = asyncio.create_task(a.push("b", message("a", 0), timeout=5))
+    push = asyncio.create_task(a.push("b", full_message("a", 0), timeout=5))
     try:
         await asyncio.to_thread(held.wait, 5)
         await a.stop(grace=0)
@@ -463,10 +464,10 @@ def receiver_of(node: Node) -> Receiver:
 
 async def test_a_non_finite_state_from_a_member_is_refused_and_counted(cluster):
     nodes = await cluster.build(FULL)
-    kept = message("c", 0)
+    kept = full_message("c", 0)
     await nodes["c"].transport.push("b", kept, timeout=5)
     for i, bad in enumerate((math.nan, math.inf, -math.inf)):
-        poisoned = message("a", 0, seed=i)
+        poisoned = full_message("a", 0, seed=i)
         poisoned.tensors["x"][7] = bad
         with pytest.raises(WireError) as err:
             await nodes["a"].transport.push("b", poisoned, timeout=5)
@@ -475,7 +476,7 @@ async def test_a_non_finite_state_from_a_member_is_refused_and_counted(cluster):
     assert_bit_exact(nodes["b"].inbox.get(0)["c"], kept)
     assert receiver_of(nodes["b"]).refusals == {Reason.NON_FINITE: 3}
     assert nodes["b"].transport.stats["a"].bytes_received == 0
-    await nodes["a"].transport.push("b", ok := message("a", 0), timeout=5)  # still served
+    await nodes["a"].transport.push("b", ok := full_message("a", 0), timeout=5)  # still served
     assert_bit_exact(nodes["b"].inbox.get(0)["a"], ok)
 
 
@@ -497,11 +498,11 @@ async def test_a_forged_huge_state_with_a_valid_checksum_is_refused_by_the_guard
 
 async def test_one_push_per_sender_and_round_a_duplicate_changes_nothing(cluster):
     nodes = await cluster.build(FULL)
-    first = message("a", 0)
+    first = full_message("a", 0)
     await nodes["a"].transport.push("b", first, timeout=5)
     received = nodes["b"].transport.stats["a"].bytes_received
     with pytest.raises(WireError) as err:
-        await nodes["a"].transport.push("b", message("a", 0, seed=5), timeout=5)
+        await nodes["a"].transport.push("b", full_message("a", 0, seed=5), timeout=5)
     assert (err.value.code, err.value.reason) == ("ALREADY_EXISTS", Reason.DUPLICATE)
     assert_bit_exact(nodes["b"].inbox.get(0)["a"], first)
     assert nodes["b"].transport.stats["a"].bytes_received == received
@@ -516,7 +517,7 @@ async def test_strangers_get_one_uniform_answer_that_leaks_nothing(cluster):
     with pytest.raises(HandshakeRefused) as refused:
         await z.hello("b")
     answers.append(str(refused.value))
-    for attempt in (z.push("b", message("z", 5, p=P + 3), timeout=5), z.pull("b", 5)):
+    for attempt in (z.push("b", full_message("z", 5, p=P + 3), timeout=5), z.pull("b", 5)):
         with pytest.raises(WireError) as err:
             await attempt
         assert err.value.code == "PERMISSION_DENIED"
@@ -529,12 +530,12 @@ async def test_refusals_are_counted_per_neighbour_and_late_states_apart(cluster)
     nodes = await cluster.build({"a": ["b"], "b": ["a", "c"], "c": ["b"], "z": ["b"]})
     nodes["b"].round = 2
     with pytest.raises(WireError):  # a's round-1 state comes after b left round 1
-        await nodes["a"].transport.push("b", message("a", 1), timeout=5)
-    await nodes["c"].transport.push("b", message("c", 2), timeout=5)
+        await nodes["a"].transport.push("b", full_message("a", 1), timeout=5)
+    await nodes["c"].transport.push("b", full_message("c", 2), timeout=5)
     with pytest.raises(WireError):  # a duplicate: refused, not late
-        await nodes["c"].transport.push("b", message("c", 2, seed=1), timeout=5)
+        await nodes["c"].transport.push("b", full_message("c", 2, seed=1), timeout=5)
     with pytest.raises(WireError):  # a stranger is not counted by name
-        await nodes["z"].transport.push("b", message("z", 2), timeout=5)
+        await nodes["z"].transport.push("b", full_message("z", 2), timeout=5)
     receiver = receiver_of(nodes["b"])
     assert receiver.refused_by == {"a": 1, "c": 1}
     assert receiver.late_by == {"a": 1}

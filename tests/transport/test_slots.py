@@ -13,7 +13,6 @@ from typing import Any
 
 import grpc
 import pytest
-import torch
 
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.transport import channels
@@ -21,18 +20,13 @@ from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import SERVICE_NAME, GrpcTransport, reason_of, unreachable
 from dacflnode.transport.slots import PER_ADDRESS, PER_PEER, Call, CallSlots, peer_host
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
-from dacflnode.wire.message import RoundMessage
+from tests.harness.messages import message
+from tests.harness.polling import until
 
 P = 16
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 FIRST = 0.4  # the first-message deadline of the servers here
-
-
-def message(sender: str, round_: int = 0) -> RoundMessage:
-    g = torch.Generator().manual_seed(round_)
-    return RoundMessage(sender, round_, 1, {"omega": torch.randn(P, generator=g),
-                                            "x": torch.randn(P, generator=g)})
 
 
 class Clock:
@@ -197,10 +191,8 @@ async def test_over_grpc_a_neighbour_on_a_flooded_host_still_pushes_at_once():
                       for _ in range(4)]
     flood = [silent_call(flood_channels[i % 4], "PushState") for i in range(40)]
     try:
-        deadline = time.monotonic() + 10.0
-        while sum(1 for c in flood if c.done()) < 40 - PER_ADDRESS:
-            assert time.monotonic() < deadline, "the flood was not cut down to the quota"
-            await asyncio.sleep(0.05)
+        await until(lambda: sum(1 for c in flood if c.done()) >= 40 - PER_ADDRESS, 10.0,
+                    interval=0.05, what="the flood was not cut down to the quota")
         assert len(bob.slots) == PER_ADDRESS
         started = time.monotonic()
         await alice.push("bob", message("alice"), timeout=10.0)
@@ -235,10 +227,7 @@ async def test_over_tls_a_member_beyond_its_quota_is_refused_too_many_calls(pki)
                           tls=tls_files(pki, "carol").load())
     held = [silent_call(alice_channel, "PushState") for _ in range(PER_PEER)]
     try:
-        deadline = time.monotonic() + 10.0
-        while len(bob.slots) < PER_PEER:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await until(lambda: len(bob.slots) >= PER_PEER, 10.0, interval=0.05)
         got = await outcome(silent_call(alice_channel, "Hello"), 10.0)
         assert got == (grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.TOO_MANY_CALLS)
         assert bob.receiver.refusals == {Reason.TOO_MANY_CALLS: 1}

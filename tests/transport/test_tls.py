@@ -36,18 +36,12 @@ from dacflnode.transport.grpc_control import (
 )
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.wire.errors import WireError
-from dacflnode.wire.message import RoundMessage
+from tests.harness.messages import message
 
 P = 16
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
 TOKEN = "s3cret-control-token-0123456789"
-
-
-def message(sender: str, round_: int = 0) -> RoundMessage:
-    g = torch.Generator().manual_seed(round_)
-    return RoundMessage(sender, round_, 1, {"omega": torch.randn(P, generator=g),
-                                            "x": torch.randn(P, generator=g)})
 
 
 @pytest.fixture(scope="module")

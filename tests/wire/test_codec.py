@@ -1,4 +1,5 @@
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -7,17 +8,15 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.wire.decoder import Decoder, decode
 from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import Reason, Refusal, WireError
-from dacflnode.wire.message import CHUNK_BYTES, MAX_ANCHORS, MAX_USED_LOG, RoundMessage
+from dacflnode.wire.message import CHUNK_BYTES, MAX_ANCHORS, MAX_USED_LOG
 from dacflnode.wire.validation import Expectation, check_finite
+from tests.harness import messages as harness
 
 P = 1000
 
 
-def message(round_=3, sender="b", p=P):
-    g = torch.Generator().manual_seed(round_)
-    return RoundMessage(sender, round_, 2, {"omega": torch.randn(p, generator=g),
-                                             "x": torch.randn(p, generator=g)},
-                        used_log=((round_ - 1, ("a",)),))
+message = partial(harness.message, sender="b", round_=3, size=P, degree=2,
+                  used_log=((2, ("a",)),))
 
 
 def expect() -> Expectation:
@@ -36,7 +35,7 @@ def test_round_trip_is_bit_exact_and_keeps_the_header():
 
 
 def test_payload_travels_in_chunks_of_at_most_one_mebibyte():
-    big = message(p=600_000)  # 2 x 2.4 MB
+    big = message(size=600_000)  # 2 x 2.4 MB
     chunks = list(encode(big))
     sizes = [len(c.data) for c in chunks[1:-1]]
     assert chunks[0].WhichOneof("part") == "header"

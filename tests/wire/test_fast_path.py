@@ -4,6 +4,7 @@ the plain decoder give."""
 
 import gc
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -24,14 +25,12 @@ from dacflnode.wire.errors import Reason, WireError
 from dacflnode.wire.fast_path import DataSerializer, parse_chunk, serialize_data
 from dacflnode.wire.message import CHUNK_BYTES, RoundMessage
 from dacflnode.wire.validation import Expectation
+from tests.harness import messages as harness
 
 P = 300_000  # 2 x 1.2 MB: several full chunks and a short one per tensor
 
 
-def message(round_: int = 1, p: int = P, seed: int = 0) -> RoundMessage:
-    g = torch.Generator().manual_seed(seed + round_)
-    return RoundMessage("b", round_, 2, {"omega": torch.randn(p, generator=g),
-                                         "x": torch.randn(p, generator=g)})
+message = partial(harness.message, sender="b", round_=1, size=P, degree=2)
 
 
 def expect(p: int = P) -> Expectation:
@@ -132,14 +131,14 @@ def test_a_parsed_data_chunk_is_a_view_of_the_received_bytes_not_a_copy():
 @pytest.mark.parametrize("chunk_bytes", [CHUNK_BYTES, 65_536, 1000, 7])
 def test_decoding_parsed_chunks_is_bit_exact(chunk_bytes):
     p = P if chunk_bytes >= 65_536 else 5000
-    msg = message(p=p)
+    msg = message(size=p)
     out = decode((parse_chunk(raw) for raw in wire_bytes(msg, chunk_bytes)), expect(p))
     assert same_bytes(out, msg)
     assert (out.sender, out.round, out.degree) == ("b", 1, 2)
 
 
 def test_a_stream_fed_in_odd_pieces_is_bit_exact():
-    msg = message(p=5000)
+    msg = message(size=5000)
     payload = b"".join(t.numpy().tobytes() for t in msg.tensors.values())
     decoder = Decoder(expect(5000))
     decoder.header(make_header(msg))
@@ -183,46 +182,49 @@ def test_a_corrupted_chunk_still_fails_the_checksum():
     assert (err.value.code, err.value.reason) == ("DATA_LOSS", Reason.CHECKSUM)
 
 
+@pytest.mark.slow
 def test_the_pool_lends_a_buffer_again_only_once_no_tensor_views_it():
     pool = BufferPool(keep=4)
-    first = decode_with(pool, message(1))
+    first = decode_with(pool, message(round_=1))
     first_ptr = first.tensors["omega"].data_ptr()
-    second = decode_with(pool, message(2))
+    second = decode_with(pool, message(round_=2))
     assert second.tensors["omega"].data_ptr() != first_ptr  # the first is still in use
     x_of_first = first.tensors["x"]  # a view keeps the whole buffer in use
     del first
     gc.collect()
-    third = decode_with(pool, message(3))
+    third = decode_with(pool, message(round_=3))
     assert third.tensors["omega"].data_ptr() not in (first_ptr,
                                                       second.tensors["omega"].data_ptr())
-    assert torch.equal(x_of_first, message(1).tensors["x"])
+    assert torch.equal(x_of_first, message(round_=1).tensors["x"])
     del x_of_first, third
     gc.collect()
-    fourth = decode_with(pool, message(4))
+    fourth = decode_with(pool, message(round_=4))
     assert fourth.tensors["omega"].data_ptr() == first_ptr  # the oldest free one
     assert len(pool) == 3
-    assert same_bytes(fourth, message(4)) and same_bytes(second, message(2))
+    assert same_bytes(fourth, message(round_=4)) and same_bytes(second, message(round_=2))
 
 
+@pytest.mark.slow
 def test_a_reused_buffer_holds_only_the_new_state():
     pool = BufferPool(keep=1)
-    first = decode_with(pool, message(1))
+    first = decode_with(pool, message(round_=1))
     ptr = first.tensors["omega"].data_ptr()
     del first
     gc.collect()
-    again = decode_with(pool, message(2, seed=5))
+    again = decode_with(pool, message(round_=2, seed=5))
     assert again.tensors["omega"].data_ptr() == ptr
-    assert same_bytes(again, message(2, seed=5))
+    assert same_bytes(again, message(round_=2, seed=5))
 
 
 def test_a_full_pool_of_buffers_in_use_hands_out_buffers_it_does_not_keep():
     pool = BufferPool(keep=1)
-    held = [decode_with(pool, message(r)) for r in (1, 2, 3)]
+    held = [decode_with(pool, message(round_=r)) for r in (1, 2, 3)]
     assert len(pool) == 1
     assert len({m.tensors["x"].data_ptr() for m in held}) == 3
-    assert all(same_bytes(m, message(r)) for m, r in zip(held, (1, 2, 3), strict=True))
+    assert all(same_bytes(m, message(round_=r)) for m, r in zip(held, (1, 2, 3), strict=True))
 
 
+@pytest.mark.slow
 def test_a_refused_stream_gives_its_buffer_back_to_the_pool():
     pool = BufferPool(keep=1)
     msg = message()
