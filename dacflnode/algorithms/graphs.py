@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dacflnode.algorithms.names import RING_MIN_NODES
 from dacflnode.errors import ConfigError
 
 Edge = tuple[int, int]
@@ -63,10 +64,6 @@ def is_connected(n: int, edges: Edges) -> bool:
 def _need_nodes(topology: str, n: int, minimum: int) -> None:
     if n < minimum:
         raise ConfigError("nodes", f"topology '{topology}' needs at least {minimum} nodes, got {n}")
-
-
-#: The fewest nodes of a ring (two nodes have one edge: a complete graph).
-RING_MIN_NODES = 3
 
 
 def ring(n: int) -> Edges:

@@ -22,6 +22,8 @@ MATRIX_KINDS = ("dense", "sparse", "uniform", "custom")
 #: Topologies given as a graph with Metropolis-Hastings weights (simulator and daemons).
 GRAPH_KINDS = ("ring", "complete", "random-regular", "erdos-renyi", "edge-list")
 TOPOLOGIES = MATRIX_KINDS + GRAPH_KINDS
+#: The fewest nodes of a ring (two nodes have one edge: a complete graph).
+RING_MIN_NODES = 3
 
 #: The consensus demo's input signals and mixing matrices (:mod:`dacflnode.algorithms.fodac`).
 DEMO_INPUTS = ("I", "II")

@@ -9,7 +9,7 @@ from typing import Any
 import click
 import yaml
 
-from dacflnode.algorithms.graphs import RING_MIN_NODES
+from dacflnode.algorithms.names import RING_MIN_NODES
 from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import (
     GroupedCommand,

@@ -18,8 +18,7 @@ from dacflnode.cli.options import (
     pop_daemon_settings,
 )
 from dacflnode.errors import ConfigError
-from dacflnode.node.addresses import CONTROL_PORT_OFFSET
-from dacflnode.node.peers import METRICS_PORT_OFFSET
+from dacflnode.node.addresses import CONTROL_PORT_OFFSET, METRICS_PORT_OFFSET
 
 
 def _split(value: str | None) -> list[str] | None:

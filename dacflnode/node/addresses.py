@@ -16,6 +16,8 @@ from dacflnode.config.reader import file_error
 #: The control port defaults to the listen port plus this, on the loopback interface.
 CONTROL_PORT_OFFSET = 1000
 CONTROL_HOST = "127.0.0.1"
+#: ``dacflnode topology`` puts node.metrics on 127.0.0.1 at the listen port plus this.
+METRICS_PORT_OFFSET = 2000
 
 _HOST_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")
 _PORT_RE = re.compile(r"[0-9]{1,5}")

@@ -30,12 +30,12 @@ from dacflnode.learning.names import node_ids
 from dacflnode.node.addresses import (
     CONTROL_HOST,
     CONTROL_PORT_OFFSET,
+    METRICS_PORT_OFFSET,
     format_address,
     is_loopback,
 )
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.peers import (
-    METRICS_PORT_OFFSET,
     Neighbour,
     NodeSection,
     PeersFile,

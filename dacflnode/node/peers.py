@@ -101,8 +101,6 @@ __all__ = [
 _TOP_KEYS = ("node", "neighbours", "run")
 _NODE_KEYS = (*schema.names_of(NodeSettings), *NODE_DATA_KEYS)
 
-#: ``dacflnode topology`` puts node.metrics on 127.0.0.1 at the listen port plus this.
-METRICS_PORT_OFFSET = 2000
 _TLS_KEYS = schema.names_of(TlsSettings)
 _NEIGHBOUR_KEYS = ("id", "address")
 _DAEMON_KEYS = schema.names_of(DaemonSettings)
