@@ -65,6 +65,7 @@ from dacflnode.node.data import (
 )
 from dacflnode.node.membership import PeerState
 from dacflnode.node.peers import PeersFile, read_metrics_token
+from dacflnode.node.phase import Phase
 from dacflnode.node.round_log import RoundLog
 from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
@@ -84,6 +85,11 @@ log = logging.getLogger("dacflnode.daemon")
 
 #: How ``status`` shows an active neighbour whose last call failed (docs/faults.md).
 UNREACHABLE = "unreachable"
+
+#: Seconds the Neighbor service gives the calls in flight to finish when the node shuts down.
+NEIGHBOUR_STOP_GRACE = 2.0
+#: Seconds the Control service gives its calls in flight (a ``stop`` being answered).
+CONTROL_STOP_GRACE = 1.0
 
 
 @dataclass
@@ -206,7 +212,7 @@ class Daemon:
         status = NodeStatus(
             node_id=pf.node.id, algorithm=pf.run.algorithm[0],
             round=runner.round if runner else 0, rounds_total=pf.run.rounds,
-            phase=runner.phase if runner else "starting", neighbours=neighbours,
+            phase=runner.phase if runner else Phase.STARTING, neighbours=neighbours,
             last_accuracy=runner.last_accuracy if runner else math.nan,
             last_loss=runner.last_loss if runner else math.nan,
             consensus_residual=runner.residual() if runner else math.nan,
@@ -374,7 +380,7 @@ class Daemon:
         except (ConfigError, CheckpointError) as exc:
             log.error("%s: cannot start: %s", self.pf.node.id, exc)
             if self.runner is not None:
-                self.runner.phase = "failed"
+                self.runner.phase = Phase.FAILED
             return 2
 
     def _publish_token(self, token: str) -> str:
@@ -447,8 +453,8 @@ class Daemon:
             return await self._run(runner, transport, interceptors)
         finally:
             if transport is not None:
-                await transport.stop(grace=2.0)
-            await control.stop(grace=1.0)
+                await transport.stop(grace=NEIGHBOUR_STOP_GRACE)
+            await control.stop(grace=CONTROL_STOP_GRACE)
 
     async def _run(self, runner: NodeRunner, transport: GrpcTransport,
                    interceptors: Sequence[TokenInterceptor]) -> int:
@@ -500,11 +506,11 @@ class Daemon:
             await runner.run()
             if round_log.done:
                 round_log.summary()
-            if runner.phase == "left":
+            if runner.phase == Phase.LEFT:
                 log.info("%s: left the network after round %d", pf.node.id, runner.round)
         except Exception as exc:  # a refused handshake, a broken model file, ...
             log.error("%s: %s", pf.node.id, exc, exc_info=not isinstance(exc, RuntimeError))
-            runner.phase = "failed"
+            runner.phase = Phase.FAILED
             return 1
         return 0
 

@@ -45,6 +45,7 @@ import torch
 
 from dacflnode.algorithms.rounds import Algorithm, NodeState
 from dacflnode.config import DAEMON_DEFAULTS
+from dacflnode.config.daemon import MIN_ANCHOR_DELAY
 from dacflnode.learning.files import CorruptFile, read_verified, save_model
 from dacflnode.learning.layout import StateLayout
 from dacflnode.node.checkpoint import FINAL_MODEL, Checkpoint, save_checkpoint
@@ -52,8 +53,9 @@ from dacflnode.node.copies import Compression, PublicCopies, is_compressed
 from dacflnode.node.edges import Absorbed, EdgeBook
 from dacflnode.node.ledger import Ledger
 from dacflnode.node.membership import PeerState, PeerTrack
-from dacflnode.node.metrics_log import METRICS_FILE, append_line
+from dacflnode.node.metrics_log import METRICS_FILE, MetricsLine, append_line
 from dacflnode.node.persist import Persister, PersistError
+from dacflnode.node.phase import Phase
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.node.training import NodeTrainer
 from dacflnode.transport.base import (
@@ -74,10 +76,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("dacflnode.node")
 
 T = TypeVar("T")
-
-PHASES = ("starting", "waiting-for-peers", "joining", "exchanging", "training", "evaluating",
-          "closing", "leaving", "done", "left", "stopping", "stopped", "failed")
-
 
 #: While a round waits, the neighbours whose states have not come are asked whether they are
 #: there after this many seconds, then at doubling intervals up to PROBE_MAX (daemons only: a
@@ -130,7 +128,7 @@ class NodeSetup:
     #: Consecutive missed rounds after which a neighbour is declared gone (docs/faults.md).
     gone_after: int = DAEMON_DEFAULTS.gone_after
     #: Rounds from proposing a re-anchor to the anchor round (at least the network's diameter).
-    anchor_delay: int = 4
+    anchor_delay: int = MIN_ANCHOR_DELAY
     #: Injected faults: edge-rounds that are neither pushed nor waited for (tests, simulations).
     faults: FaultPlan | None = None
     #: Join a running network even when only one round behind it (start from a neighbour's
@@ -179,7 +177,7 @@ class NodeRunner:
         self.setup = setup
         self.transport = transport
         self.state = state
-        self.phase = "starting"
+        self.phase = Phase.STARTING
         self.last: RoundReport | None = None
         self.last_accuracy = math.nan
         self.last_loss = math.nan
@@ -386,18 +384,18 @@ class NodeRunner:
                 await self._settle_the_end()
             finally:
                 await self._stop_greeting()
-            self.phase = "done"
+            self.phase = Phase.DONE
             if self.setup.state_dir is not None and self.setup.checkpoints:
                 await self._write("checkpoint", self._save_checkpoint, self.setup.state_dir)
             await self._write_final()
             log.info("%s: all %d rounds done", self.setup.node_id, self.setup.rounds)
             return True
         except Stopped:
-            self.phase = "stopped"
+            self.phase = Phase.STOPPED
             log.info("%s: stopped at round %d", self.setup.node_id, self.round)
             return False
         except PersistError as exc:
-            self.phase = "failed"
+            self.phase = Phase.FAILED
             raise NodeFailed(str(exc)) from exc
 
     async def confirm_finished(self) -> bool:
@@ -409,7 +407,7 @@ class NodeRunner:
         setup = self.setup
         if self.round < setup.rounds:
             return False
-        self.phase = "done"
+        self.phase = Phase.DONE
         if setup.state_dir is not None:
             path = setup.state_dir / FINAL_MODEL
             problem = await asyncio.to_thread(_final_problem, path, self.round)
@@ -449,7 +447,7 @@ class NodeRunner:
         Neighbours that have not answered within ``hello_timeout`` are marked absent and the
         node goes on without them (they join when they come up), unless none answered at all.
         """
-        self.phase = "waiting-for-peers"
+        self.phase = Phase.WAITING_FOR_PEERS
         deadline = time.monotonic() + self.setup.hello_timeout
         pending = set(self.setup.neighbours) - set(self.book.quarantined)
         faults = self.setup.faults
@@ -525,7 +523,7 @@ class NodeRunner:
         front = max(ahead.values())
         if front <= self.round + (0 if self.setup.join else 1):
             return  # at most one round behind: pull what was missed (see _exchange)
-        self.phase = "joining"
+        self.phase = Phase.JOINING
         me, since = self.setup.node_id, self.round
         join_round = front + 2
         model = None
@@ -742,7 +740,7 @@ class NodeRunner:
         started = time.perf_counter()
         self._greet_the_missing()
         self._reanchor_if_due(t)
-        self.phase = "exchanging"
+        self.phase = Phase.EXCHANGING
         self._alive.clear()
         since = time.monotonic()
         traffic = self._traffic()
@@ -798,7 +796,7 @@ class NodeRunner:
                                    copies[setup.node_id].get("x"))
         exchange_s = time.perf_counter() - started
 
-        self.phase = "training"
+        self.phase = Phase.TRAINING
         t0 = time.perf_counter()
         result = await setup.trainer.train(prepared.train_from, t)
         train_s = time.perf_counter() - t0
@@ -811,7 +809,7 @@ class NodeRunner:
         accuracy = test_loss = None
         done = self.state.round
         if done % setup.eval_every == 0 or done == setup.rounds:
-            self.phase = "evaluating"
+            self.phase = Phase.EVALUATING
             accuracy, test_loss = await setup.view.evaluate(done, alg.model(self.state),
                                                             setup.trainer)
             self.last_accuracy, self.last_loss = accuracy, test_loss
@@ -841,7 +839,7 @@ class NodeRunner:
         that finishes holds ``Σ x = Σ tracked`` (docs/faults.md, section 1). A neighbour that
         misses a closing exchange is not waited for in the next ones. The node's round is
         ``R`` again afterwards."""
-        self.phase = "closing"
+        self.phase = Phase.CLOSING
         end = self.setup.rounds
         last = end + self.book.anchor_delay
         silent: set[str] = set()
@@ -894,7 +892,7 @@ class NodeRunner:
         that ``Σ x = Σ tracked`` stays exact among the nodes that remain."""
         setup = self.setup
         alg = setup.algorithm
-        self.phase = "leaving"
+        self.phase = Phase.LEAVING
         t = self.round
         heard = await self._closing_exchange(Kind.LEAVING)
         targets = self.mixing(t)
@@ -924,7 +922,7 @@ class NodeRunner:
             log.warning("%s: left at round %d with no neighbour to hand its share to",
                         setup.node_id, t)
         await self._stop_greeting()
-        self.phase = "left"
+        self.phase = Phase.LEFT
         if setup.state_dir is not None and setup.checkpoints:
             await self._write("checkpoint", self._save_checkpoint, setup.state_dir, True)
         await self._write_final()
@@ -1058,7 +1056,7 @@ class NodeRunner:
         self._pulling.add(key)
         try:
             message = await self.transport.pull(
-                peer, t, timeout=max(0.0, min(deadline - time.monotonic(), 30.0)))
+                peer, t, timeout=max(0.0, min(deadline - time.monotonic(), DEFAULT_PULL_TIMEOUT)))
             await inbox.put(message)
             log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer)
         except WireError as exc:
@@ -1087,28 +1085,28 @@ class NodeRunner:
 
     def _metrics_line(self, report: RoundReport, state_dir: Path) -> None:
         setup = self.setup
-        append_line(state_dir / METRICS_FILE, {
-            "round": report.round,
-            "node": setup.node_id,
-            "algorithm": setup.algorithm.name,
-            "lr": setup.trainer.lr_at(report.round - 1),
-            "train_loss": report.train_loss,
-            "samples": report.samples,
-            "accuracy": report.accuracy,
-            "test_loss": report.test_loss,
-            "consensus_residual": report.residual,
-            "neighbours_used": list(report.used),
-            "neighbours_missing": list(report.missing),
-            "alone_rounds": self.alone_rounds,
-            "refused_states": sum(t.refused_states for t in self.peers.values()),
-            "bytes_sent": report.bytes_sent,
-            "bytes_received": report.bytes_received,
-            "exchange_s": round(report.exchange_s, 4),
-            "train_s": round(report.train_s, 4),
-            "seconds": round(report.seconds, 4),
-            "data_size": setup.data.size if setup.data else None,
-            "class_counts": dict(setup.data.class_counts) if setup.data else None,
-        })
+        append_line(state_dir / METRICS_FILE, MetricsLine(
+            round=report.round,
+            node=setup.node_id,
+            algorithm=setup.algorithm.name,
+            lr=setup.trainer.lr_at(report.round - 1),
+            train_loss=report.train_loss,
+            samples=report.samples,
+            accuracy=report.accuracy,
+            test_loss=report.test_loss,
+            consensus_residual=report.residual,
+            neighbours_used=list(report.used),
+            neighbours_missing=list(report.missing),
+            alone_rounds=self.alone_rounds,
+            refused_states=sum(t.refused_states for t in self.peers.values()),
+            bytes_sent=report.bytes_sent,
+            bytes_received=report.bytes_received,
+            exchange_s=round(report.exchange_s, 4),
+            train_s=round(report.train_s, 4),
+            seconds=round(report.seconds, 4),
+            data_size=setup.data.size if setup.data else None,
+            class_counts=dict(setup.data.class_counts) if setup.data else None,
+        ))
 
     def _save_checkpoint(self, state_dir: Path, left: bool = False) -> None:
         fields = self.book.checkpoint_fields()
