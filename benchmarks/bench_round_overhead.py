@@ -43,8 +43,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from _common import add_standard_args, emit_result, machine
@@ -56,7 +57,7 @@ from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig, evaluate
 from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
 from dacflnode.node.training import ThreadedTrainer
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity
 from dacflnode.transport.grpc_transport import GrpcTransport
 
 RUN_FINGERPRINT = "bench-round-overhead"
@@ -119,10 +120,8 @@ class DaemonNodes:
             trainer = make_trainer(args, data, i)
             layout = trainer.layout
             identity = Identity(node_id, layout.fingerprint(), RUN_FINGERPRINT)
-            inbox = Inbox(senders=frozenset(nbrs),
-                          current_round=lambda nid=node_id: self.runners[nid].round)
-            transport = GrpcTransport(identity, "127.0.0.1:0", {}, inbox,
-                                      {name: (layout.numel,) for name in algorithm.exchanged})
+            transport = partial(GrpcTransport, identity, "127.0.0.1:0", {},
+                                tensors={name: (layout.numel,) for name in algorithm.exchanged})
             state_dir = tmp / node_id
             state_dir.mkdir(parents=True)
             setup = NodeSetup(
@@ -139,7 +138,7 @@ class DaemonNodes:
             self.reports[node_id] = []
             runner.on_round = self.reports[node_id].append  # called after the checkpoint
             self.runners[node_id] = runner
-            self.transports.append(transport)
+            self.transports.append(cast(GrpcTransport, runner.transport))
         self.payload_bytes = layout.numel * 4 * len(algorithm.exchanged)
 
     async def start(self) -> None:

@@ -35,8 +35,9 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -55,7 +56,7 @@ from dacflnode.node.control_token import (
     token_file,
     write_token_file,
 )
-from dacflnode.node.copies import compressed_spec, compression_for
+from dacflnode.node.copies import compression_for
 from dacflnode.node.data import (
     DataInfo,
     builtin_node_data,
@@ -67,12 +68,13 @@ from dacflnode.node.membership import PeerState
 from dacflnode.node.peers import PeersFile, read_metrics_token
 from dacflnode.node.phase import Phase
 from dacflnode.node.round_log import RoundLog
-from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup, RoundReport, compressed_spec
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.security.certs import check_node_material
 from dacflnode.security.tls import TlsMaterial
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity
 
 if TYPE_CHECKING:
     from dacflnode.node.faults import FaultPlan
@@ -432,21 +434,20 @@ class Daemon:
             built = await asyncio.to_thread(build_node, pf, self.faults)
             self.device = built.device
             self.data_info = built.setup.data
-            holder: dict[str, NodeRunner] = {}
-            inbox = Inbox(senders=pf.neighbour_ids(),
-                          current_round=lambda: holder["runner"].round if holder else 0)
-            tensors = {name: (built.setup.layout.numel,)
-                       for name in built.setup.algorithm.exchanged}
-            transport = GrpcTransport(built.identity, pf.node.listen,
-                                      {nb.id: nb.address for nb in pf.neighbours}, inbox,
-                                      tensors, compressed=compressed_spec(built.setup),
-                                      tls=tls, idle_timeout=pf.daemon.stream_idle_timeout,
-                                      stream_timeout=pf.daemon.stream_timeout,
-                                      first_message_timeout=pf.daemon.first_message_timeout,
-                                      health_listen=pf.node.health)
-            runner = NodeRunner(built.setup, transport, built.state, resume=built.checkpoint)
+            serve_neighbours = partial(
+                GrpcTransport, built.identity, pf.node.listen,
+                {nb.id: nb.address for nb in pf.neighbours},
+                tensors={name: (built.setup.layout.numel,)
+                         for name in built.setup.algorithm.exchanged},
+                compressed=compressed_spec(built.setup), tls=tls,
+                idle_timeout=pf.daemon.stream_idle_timeout,
+                stream_timeout=pf.daemon.stream_timeout,
+                first_message_timeout=pf.daemon.first_message_timeout,
+                health_listen=pf.node.health)
+            runner = NodeRunner(built.setup, serve_neighbours, built.state,
+                                resume=built.checkpoint)
+            transport = cast("GrpcTransport", runner.transport)
             self.receiver = transport.receiver
-            holder["runner"] = runner
             self.runner = runner
             if built.checkpoint is not None and await runner.confirm_finished():
                 return 0  # started again after its last round: nothing to wait for

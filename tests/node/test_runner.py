@@ -8,6 +8,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,9 +19,10 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig
 from dacflnode.node.checkpoint import Checkpoint
-from dacflnode.node.runner import NodeRunner, NodeSetup
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup
 from dacflnode.node.training import ThreadedTrainer
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.codec import Kind, RoundMessage
 from dacflnode.wire.errors import Reason, WireError
@@ -38,11 +40,8 @@ def make_runner(
     x, y = torch.randn(20, 1, 8, 8, generator=gen), torch.randint(0, 10, (20,), generator=gen)
     local = LocalTrainer(model, x, y, TrainConfig(lr=0.05), seed=0, node_index=0)
     algorithm = make_algorithm("dacfl")
-    runners: dict[str, NodeRunner] = {}
-    inbox = Inbox(senders=neighbours, current_round=lambda: runners[node_id].round)
-    transport = MemoryTransport(network, Identity(node_id, layout.fingerprint(), "test"),
-                                neighbours, inbox,
-                                {name: (layout.numel,) for name in algorithm.exchanged})
+    transport = partial(MemoryTransport, network, Identity(node_id, layout.fingerprint(), "test"),
+                        neighbours, tensors={name: (layout.numel,) for name in algorithm.exchanged})
     setup = NodeSetup(node_id=node_id, neighbours=neighbours, algorithm=algorithm,
                       trainer=ThreadedTrainer(local, x, y), layout=layout, rounds=rounds,
                       round_deadline=deadline, **options)
@@ -50,8 +49,7 @@ def make_runner(
     resume = None
     if used_prev:
         resume = Checkpoint(state, {}, {}, used_log=((start_round - 1, used_prev),))
-    runners[node_id] = NodeRunner(setup, transport, state, resume)
-    return runners[node_id]
+    return NodeRunner(setup, transport, state, resume)
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
