@@ -248,3 +248,28 @@ def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning
         asyncio.run(scenario())
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert sum("pulled round" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_runner_builds_its_inbox_with_what_the_inbox_asks_of_the_node():
+    """The inbox gets the node's round, the guard and the answer to a join when the runner
+    makes it, before the transport exists: nothing is patched in afterwards."""
+    network = MemoryNetwork()
+    a = make_runner(network, "a", ["b"], start_round=3)
+    inbox = a.transport.inbox
+    assert inbox.current_round() == 3
+    assert inbox.guard is not None and inbox.on_refused is not None
+    assert inbox.on_join is not None
+    assert inbox.on_join("b", 0) == 0  # a Hello that proposes nothing: mixed as always
+    assert inbox.copy_of is None and inbox.outgoing is None  # no compression, no poison
+    assert inbox.senders == ["b"]
+
+
+def test_a_join_proposal_is_answered_by_the_runners_edges():
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"], start_round=3)
+        assert a.transport.inbox.on_join is not None
+        assert a.transport.inbox.on_join("b", 6) == 6  # mixed again from the proposed round
+        assert a.peers["b"].active_from == 6
+
+    asyncio.run(scenario())
