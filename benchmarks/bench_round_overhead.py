@@ -2,7 +2,7 @@
 
 Builds ``--nodes`` complete nodes in one process, the way ``dacflnode.node.daemon.build_node``
 assembles them (a data share, the model seeded alike on every node, a
-:class:`~dacflnode.learning.train.LocalTrainer`, a :class:`~dacflnode.node.runner.NodeSetup`
+:class:`~dacflnode.learning.train.LocalTrainer`, a :class:`~dacflnode.node.runner_types.NodeSetup`
 with a ``state_dir`` in a temporary folder, so metrics lines and checkpoints are written every
 round), connects them over :class:`~dacflnode.transport.grpc_transport.GrpcTransport` on
 127.0.0.1 (2 nodes: one edge; more: a ring) and times ``--rounds`` rounds (exchange, mix,

@@ -10,7 +10,8 @@ Round ``t`` (the algorithm code of :mod:`dacflnode.algorithms.rounds`, see docs/
 3. *train* — the :class:`~dacflnode.node.training.NodeTrainer`, off the event loop, so the node
    keeps serving its neighbours;
 4. *complete* — :meth:`Algorithm.complete`, evaluation every few rounds through the
-   :class:`~dacflnode.node.policies.ModelView`, a metrics line and (optionally) a checkpoint.
+   :class:`~dacflnode.node.policies.ModelView`, a metrics line and (optionally) a checkpoint
+   (:mod:`dacflnode.node.outputs`).
 
 Faults (docs/faults.md; the bookkeeping is :class:`~dacflnode.node.edges.EdgeBook`): a neighbour
 that has not delivered by the round deadline is left out of that round's mix (its weight goes to
@@ -19,9 +20,13 @@ edge used on one end only is undone exactly by the node that used it. A neighbou
 ``gone_after`` rounds is declared gone (one that shows it is alive is late, not gone), and all
 nodes re-anchor at an agreed round. A node that drains out (:meth:`NodeRunner.request_leave`)
 hands its share of ``Σ x`` to its neighbours; a node far behind its neighbours joins at an agreed
-round from a neighbour's model, keeping its own mass when it restarted from its checkpoint. After
+round from a neighbour's model, keeping its own mass when it restarted from its checkpoint
+(:mod:`dacflnode.node.joining`, which also holds the handshakes). After
 the last round every node runs ``anchor_delay`` more exchanges, without mixing, to settle the
 last one-sided uses and apply the anchors proposed near the end.
+
+The runner builds the node's :class:`~dacflnode.transport.base.Inbox`, with everything the inbox
+asks of the node, and makes its transport from it (the function it is given).
 
 Task lifetimes are structured: the pushes of a round run in a task group that ends with the round
 (delivered, given up at the deadline, or cancelled when the round is abandoned); a stop request
@@ -104,8 +109,10 @@ class NodeRunner:
     """Runs the rounds of one node; :attr:`phase`, :attr:`state`, :attr:`last` and
     :attr:`peers` describe it.
 
-    ``resume``: the checkpoint the node restarts from (its state is ``state``); its edge
-    bookkeeping (one-sided uses to settle, anchors, what it knew of each neighbour) carries on.
+    ``make_transport``: the node's transport around the inbox the runner built (a
+    ``functools.partial`` of the transport's class, all but the inbox given). ``resume``: the
+    checkpoint the node restarts from (its state is ``state``); its edge bookkeeping (one-sided
+    uses to settle, anchors, what it knew of each neighbour) carries on.
     """
 
     def __init__(

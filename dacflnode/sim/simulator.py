@@ -2,9 +2,10 @@
 the in-memory transport, in one event loop.
 
 Exchange, mixing, the round bookkeeping, the metrics lines and the final files are the runner's
-own code; the simulator only builds each node's :class:`~dacflnode.node.runner.NodeSetup` with
-the policies a global view allows (see :mod:`dacflnode.sim.global_view`) and a trainer from the
-chosen engine (:mod:`dacflnode.sim.engine`):
+own code; the simulator only builds each node's
+:class:`~dacflnode.node.runner_types.NodeSetup` with the policies a global view allows (see
+:mod:`dacflnode.sim.global_view`) and a trainer from the chosen engine
+(:mod:`dacflnode.sim.engine`):
 
 * graph topologies: the daemon's Metropolis weights and active-edge rule, so ``launch`` and
   ``simulate --engine sequential`` produce the same models;

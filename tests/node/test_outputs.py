@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from dacflnode.learning.files import read_verified
 from dacflnode.node.checkpoint import CHECKPOINT, FINAL_MODEL, read_checkpoint
-from dacflnode.node.metrics_log import LINE_KEYS, METRICS_FILE, MetricsLine
+from dacflnode.node.metrics_log import LINE_KEYS, METRICS_FILE, MetricsLine, append_line
 from dacflnode.node.phase import Phase
 from dacflnode.transport.memory import MemoryNetwork
 from tests.node.test_runner import make_runner
 
 
-def test_the_metrics_line_keys_are_the_fields_of_metrics_line():
-    assert LINE_KEYS == tuple(f.name for f in fields(MetricsLine))
-    assert LINE_KEYS[:3] == ("round", "node", "algorithm")
-    assert LINE_KEYS[-2:] == ("data_size", "class_counts")
+def test_a_metrics_line_keeps_its_keys_and_their_order(tmp_path: Path):
+    """The keys of metrics.jsonl, in the order written, are a format that readers rely on."""
+    keys = ("round", "node", "algorithm", "lr", "train_loss", "samples", "accuracy", "test_loss",
+            "consensus_residual", "neighbours_used", "neighbours_missing", "alone_rounds",
+            "refused_states", "bytes_sent", "bytes_received", "exchange_s", "train_s",
+            "seconds", "data_size", "class_counts")
+    assert keys == LINE_KEYS
+    line = MetricsLine(**{k: i for i, k in enumerate(keys)})
+    append_line(tmp_path / METRICS_FILE, line)
+    assert (tmp_path / METRICS_FILE).read_text() == json.dumps(
+        {k: i for i, k in enumerate(keys)}) + "\n"
 
 
 def test_a_finished_run_writes_its_lines_its_checkpoint_and_its_final_model(tmp_path: Path):
