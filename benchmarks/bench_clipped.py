@@ -112,7 +112,7 @@ def run_once(cfg: RunConfig, dataset: Any, parts: Any) -> Outcome:
     norm = float(sim.initial.double().norm())
     base = sim.alg.mixing
     notes: dict[str, list[float]] = {}
-    sim.alg.mixing = Recording(base.kind, base.radius, scale=norm, notes=notes)
+    sim.alg.mixing = Recording(base.rule, base.radius, scale=norm, notes=notes)
     marks: list[float] = []
     accs: list[float] = []
     per_round_max: list[float] = []

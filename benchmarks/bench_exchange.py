@@ -10,7 +10,7 @@ runs, on 127.0.0.1 with ports picked by the kernel:
   options, windows included): ``S`` MB sent as preallocated 1 MiB ``bytes`` messages; the server
   only counts them and answers with the count. Timed from the call to the reply.
 * **dacflnode** -- two :class:`~dacflnode.transport.grpc_transport.GrpcTransport` (``a``, ``b``),
-  one handshake, then ``a.push("b", message)`` of a :class:`~dacflnode.wire.codec.RoundMessage`
+  one handshake, then ``a.push("b", message)`` of a :class:`~dacflnode.wire.message.RoundMessage`
   of that size, timed until it returns (the server returns once the message is in ``b``'s
   inbox: validated, assembled, trailer checksum verified). Every repeat is a new round (``b``'s
   inbox moves with it, and drops the previous round as a node does), so the sender hashes the
@@ -57,18 +57,12 @@ from _common import add_standard_args, emit_result, machine
 from dacflnode.transport import channels
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import GrpcTransport
-from dacflnode.wire.codec import (
-    CHUNK_BYTES,
-    BufferPool,
-    Decoder,
-    Expectation,
-    RoundMessage,
-    checksum,
-    make_header,
-    parse_chunk,
-    payload_slices,
-    serialized_chunks,
-)
+from dacflnode.wire.buffers import BufferPool
+from dacflnode.wire.decoder import Decoder
+from dacflnode.wire.encoder import checksum, make_header, payload_slices, serialized_chunks
+from dacflnode.wire.fast_path import parse_chunk
+from dacflnode.wire.message import CHUNK_BYTES, RoundMessage
+from dacflnode.wire.validation import Expectation
 
 MB = 1 << 20
 PUSH_TIMEOUT = 600.0

@@ -55,7 +55,8 @@ from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.datasets import DATASETS, Dataset, load_dataset
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig, evaluate
-from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup, RoundReport
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.transport.base import Identity
 from dacflnode.transport.grpc_transport import GrpcTransport

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -61,6 +60,7 @@ from types import FrameType
 from typing import Any
 
 from _common import add_standard_args, emit_result
+from _netns import COMMAND_TIMEOUT, LabError, hosts, sh
 
 from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
@@ -69,20 +69,7 @@ from dacflnode.node.metrics_log import read_metrics
 DATA = Path("/usr/share/datasets/fashion-mnist")
 COMPRESSORS = ("none", "int8", "topk:0.01")
 SUBJECT, TARGET = "topk:0.01", 3.0
-COMMAND_TIMEOUT = 20  # one ip/tc command
 TBF_BURST, TBF_LATENCY = "32kb", "400ms"
-
-
-class LabError(RuntimeError):
-    """The namespaces or links cannot be made here; the message says what is missing."""
-
-
-def sh(*args: str) -> str:
-    """Run one command; raise with its stderr when it fails."""
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout
 
 
 @dataclass
@@ -91,16 +78,6 @@ class Lab:
     ips: list[str]  # ... at ips[i], on eth0
     netem: bool  # False: the kernel has no sch_netem, links are shaped by tbf (rate only)
     qdisc: str  # the qdisc line of a node's eth0, as tc shows it
-
-
-def check_lab_tools() -> None:
-    if not sys.platform.startswith("linux"):
-        raise LabError("network namespaces are a Linux feature; run this on Linux")
-    if os.geteuid() != 0:
-        raise LabError("creating network namespaces needs root: run it with sudo")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            raise LabError(f"'{tool}' is missing: install iproute2")
 
 
 def shape(ns: str, dev: str, rate: str, delay_ms: float) -> bool:
@@ -124,43 +101,17 @@ def shape(ns: str, dev: str, rate: str, delay_ms: float) -> bool:
 def lab(prefix: str, subnet: str, nodes: int, rate: str, delay_ms: float,
         downlink: bool) -> Iterator[Lab]:
     """``nodes`` namespaces ``{prefix}-n{i}`` at ``{subnet}.{i + 1}/24``, bridged in
-    ``{prefix}-hub``, each node's ``eth0`` (and with ``downlink`` the hub's end of its veth
-    too) shaped to ``rate``; every namespace (and with it every link) is deleted on exit,
-    whatever ends the block."""
-    check_lab_tools()
-    hub = f"{prefix}-hub"
-    created: list[str] = []
-    try:
-        try:
-            sh("ip", "netns", "add", hub)
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            raise LabError(f"cannot create a network namespace here: {exc}") from None
-        created.append(hub)
-        sh("ip", "-n", hub, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", hub, "link", "set", "br0", "up")
-        namespaces, ips, netem = [], [], []
-        for i in range(nodes):
-            ns, ip = f"{prefix}-n{i}", f"{subnet}.{i + 1}"
-            sh("ip", "netns", "add", ns)
-            created.append(ns)
-            sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth",
-               "peer", "name", f"port{i}", "netns", hub)
-            sh("ip", "-n", hub, "link", "set", f"port{i}", "master", "br0")
-            sh("ip", "-n", hub, "link", "set", f"port{i}", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+    ``{prefix}-hub`` (:func:`_netns.hosts`), each node's ``eth0`` (and with ``downlink`` the
+    hub's end of its veth too) shaped to ``rate``; every namespace (and with it every link) is
+    deleted on exit, whatever ends the block."""
+    with hosts(prefix, subnet, nodes, tools=("ip", "tc")) as made:
+        netem = []
+        for i, ns in enumerate(made.namespaces):
             netem.append(shape(ns, "eth0", rate, delay_ms))  # the node's uplink
             if downlink:
-                netem.append(shape(hub, f"port{i}", rate, delay_ms))  # its downlink
-            namespaces.append(ns)
-            ips.append(ip)
-        qdisc = sh("tc", "-n", namespaces[0], "qdisc", "show", "dev", "eth0").strip()
-        yield Lab(namespaces, ips, all(netem), qdisc)
-    finally:
-        for ns in reversed(created):  # deleting a namespace deletes its veth ends and bridge
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True,
-                           timeout=COMMAND_TIMEOUT, check=False)
+                netem.append(shape(made.hub, f"port{i}", rate, delay_ms))  # its downlink
+        qdisc = sh("tc", "-n", made.namespaces[0], "qdisc", "show", "dev", "eth0").strip()
+        yield Lab(made.namespaces, made.ips, all(netem), qdisc)
 
 
 def link_tx(ns: str) -> int:

@@ -37,12 +37,13 @@ from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig
-from dacflnode.node.runner import NodeRunner, NodeSetup
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.transport.base import Identity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import Refusal
+from dacflnode.wire.message import RoundMessage
 from dacflnode.wire.state_guard import RobustGuard
 
 

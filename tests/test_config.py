@@ -18,6 +18,7 @@ from dacflnode.config import (
     schema,
 )
 from dacflnode.config.fingerprint import fingerprint_data, run_fingerprint
+from dacflnode.config.node import NodeSettings, TlsSettings
 from dacflnode.errors import ConfigError
 
 
@@ -239,10 +240,37 @@ def test_the_docs_check_fails_on_a_stale_file_and_the_writer_fixes_it(tmp_path):
 
 def test_the_reference_lists_every_setting_with_its_scope():
     text = docs.render()
-    for cls in (RunConfig, DaemonSettings):
+    for cls, prefix in ((RunConfig, ""), (DaemonSettings, ""), (NodeSettings, ""),
+                        (TlsSettings, "tls.")):
         for d in schema.fields_of(cls):
-            row = next(line for line in text.splitlines() if line.startswith(f"| `{d.name}` |"))
+            row = next(line for line in text.splitlines()
+                       if line.startswith(f"| `{prefix}{d.name}` |"))
             assert f"| {d.setting.scope.value}" in row and d.setting.help in row
+
+
+def test_a_files_own_section_takes_values_of_the_declared_type_only():
+    exact = {"id": "a", "share": 2, "insecure": True, "tls": {"ca": "ca.crt"}}
+    node = schema.from_mapping(NodeSettings, exact, exact=True)
+    assert (node.id, node.share, node.insecure) == ("a", 2, True)
+    assert node.tls == TlsSettings(ca="ca.crt")
+    for key, value, message in [
+        ("insecure", "yes", "expected true or false, got 'yes'"),
+        ("share", "2", "expected an integer, got '2'"),
+        ("share", True, "expected an integer, got True"),
+        ("control_token", 12345, "expected a string, got int"),
+        ("tls", ["ca.crt"], "expected a mapping, got a list of 1"),
+    ]:
+        with pytest.raises(ConfigError, match=message) as err:
+            schema.from_mapping(NodeSettings, {key: value}, exact=True)
+        assert err.value.field == key
+    with pytest.raises(ConfigError) as err:
+        schema.from_mapping(NodeSettings, {"control_token": 1234567890123456789}, exact=True)
+    assert "1234567890123456789" not in str(err.value)  # a secret is never echoed
+    with pytest.raises(ConfigError, match="expected a string, got int") as err:
+        schema.from_mapping(NodeSettings, {"tls": {"key": 5}}, exact=True)
+    assert err.value.field == "tls.key"
+    # the run settings' own coercion (command-line strings) is unchanged
+    assert config_from_mapping({"resize": "yes", "rounds": "3"}).rounds == 3
 
 
 @pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "int8", "topk:0.01", "randk:0.5"])
@@ -272,4 +300,4 @@ def test_the_consensus_step_defaults_to_the_compressors_and_can_be_set():
     topk = RunConfig(compression="topk:0.01").consensus_gamma()
     assert topk is not None and topk < 0.1
     assert RunConfig(compression="topk:0.01", consensus_step=0.3).consensus_gamma() == 0.3
-    assert RunConfig(compression="int8").mixing_rule(None).kind == "choco"
+    assert RunConfig(compression="int8").mixing_rule(None).rule == "choco"

@@ -93,7 +93,7 @@ def test_tighten_dir_leaves_a_folder_only_the_owner_and_a_reading_group_may_ente
 
 
 def test_every_file_of_a_rotating_daemon_log_is_0640(tmp_path, umask_000, monkeypatch):
-    monkeypatch.setattr(logs, "LOG_FILE_BYTES", 2000)
+    monkeypatch.setattr(logs.handlers, "LOG_FILE_BYTES", 2000)
     logger = logging.getLogger("dacflnode.test_filemodes")
     logger.propagate = False
     logs.install(logger, tmp_path, console=False)

@@ -300,18 +300,32 @@ def randk_gamma(fraction: float) -> float:
     return 1.0 if fraction >= 1.0 else fraction / 2.0
 
 
-def _check_sparse(values: Tensor, indices: Tensor | None, numel: int, kind: str) -> None:
+def _check_sparse(values: Tensor, indices: Tensor | None, numel: int, method: str) -> None:
     if not _all_finite(values):
-        raise ValueError(f"{kind} payload holds a NaN or infinite value")
+        raise ValueError(f"{method} payload holds a NaN or infinite value")
     if indices is None or indices.numel() == 0:
         return
     if int(indices[0]) < 0 or int(indices[-1]) >= numel:
-        raise ValueError(f"{kind} payload holds an index outside [0, {numel})")
+        raise ValueError(f"{method} payload holds an index outside [0, {numel})")
     if indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()):
-        raise ValueError(f"{kind} payload indices are not strictly increasing")
+        raise ValueError(f"{method} payload indices are not strictly increasing")
 
 
-class TopKCompressor(Compressor):
+class _SparseCompressor(Compressor):
+    """What ``topk:F`` and ``randk:F`` share: the fraction ``F`` of the entries sent, and the
+    consensus step ``gamma(F)`` that goes with it."""
+
+    fraction: float
+
+    def __init__(self, spec: CompressionSpec, gamma: Callable[[float], float]) -> None:
+        if spec.fraction is None:
+            raise ValueError(f"{spec.method} needs a fraction: {spec.method}:F")
+        self.spec = spec
+        self.fraction = spec.fraction
+        self.default_gamma = gamma(spec.fraction)
+
+
+class TopKCompressor(_SparseCompressor):
     """``topk:F``: the ``k = max(1, ceil(F·n))`` entries of largest magnitude, as float32
     values and int32 indices sorted ascending (8·k bytes). Ties at the k-th magnitude go to
     the lowest indices, so the choice is a function of the vector alone. Decoding is a scatter
@@ -319,11 +333,7 @@ class TopKCompressor(Compressor):
     which is the error feedback this compressor needs."""
 
     def __init__(self, spec: CompressionSpec) -> None:
-        if spec.fraction is None:
-            raise ValueError("topk needs a fraction: topk:F")
-        self.spec = spec
-        self.fraction = spec.fraction
-        self.default_gamma = topk_gamma(spec.fraction)
+        super().__init__(spec, topk_gamma)
 
     def parts(self, numel: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         k = sparse_count(self.fraction, numel)
@@ -440,7 +450,7 @@ def random_indices(seed: int, numel: int, k: int) -> Tensor:
         return torch.from_numpy(chosen.astype(np.int64))
 
 
-class RandKCompressor(Compressor):
+class RandKCompressor(_SparseCompressor):
     """``randk:F``: the values (float32, 4·k bytes) of ``k = max(1, ceil(F·n))`` entries whose
     indices both ends derive from ``seed`` (:func:`random_indices`), so no index travels.
 
@@ -450,11 +460,7 @@ class RandKCompressor(Compressor):
     (exact)."""
 
     def __init__(self, spec: CompressionSpec) -> None:
-        if spec.fraction is None:
-            raise ValueError("randk needs a fraction: randk:F")
-        self.spec = spec
-        self.fraction = spec.fraction
-        self.default_gamma = randk_gamma(spec.fraction)
+        super().__init__(spec, randk_gamma)
 
     def parts(self, numel: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         return {"values": (torch.float32, (sparse_count(self.fraction, numel),))}
@@ -473,7 +479,7 @@ class RandKCompressor(Compressor):
         return out
 
 
-_KINDS: dict[str, Callable[[CompressionSpec], Compressor]] = {
+_COMPRESSORS: dict[str, Callable[[CompressionSpec], Compressor]] = {
     "fp16": Float16Compressor,
     "bf16": BFloat16Compressor,
     "int8": Int8Compressor,
@@ -488,7 +494,7 @@ def make_compressor(spec: CompressionSpec | str) -> Compressor | None:
     parsed = parse_compression(spec) if isinstance(spec, str) else spec
     if not parsed.compressed:
         return None
-    return _KINDS[parsed.kind](parsed)
+    return _COMPRESSORS[parsed.method](parsed)
 
 
 #: A consensus error above this counts as diverged: :func:`choco_consensus` stops there.

@@ -28,29 +28,29 @@ def fodac_step(w: np.ndarray, x: np.ndarray, r_next: np.ndarray, r_now: np.ndarr
     return tracked
 
 
-def fig3_inputs(kind: str, nodes: int = 10, steps: int = 20) -> np.ndarray:
+def fig3_inputs(inputs: str, nodes: int = 10, steps: int = 20) -> np.ndarray:
     """The paper's reference inputs, shape ``[steps, nodes]`` for t = 1..steps, i = 1..nodes.
 
     Inputs I: ``r_i(t) = sin t + (1/t)^i + t + i`` (large spread between nodes);
     Inputs II: the same without ``+ i``.
     """
-    if kind not in DEMO_INPUTS:
+    if inputs not in DEMO_INPUTS:
         raise ValueError(f"inputs must be one of {DEMO_INPUTS}")
     t = np.arange(1, steps + 1, dtype=np.float64)[:, None]
     i = np.arange(1, nodes + 1, dtype=np.float64)[None, :]
     r = np.sin(t) + (1.0 / t) ** i + t
-    return r + i if kind == "I" else r
+    return r + i if inputs == "I" else r
 
 
-def demo_matrix(kind: str, nodes: int, seed: int) -> np.ndarray:
+def demo_matrix(matrix: str, nodes: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    if kind == "sparse":
+    if matrix == "sparse":
         return sparse_random_matrix(nodes, rng)
-    if kind == "dense":
+    if matrix == "dense":
         return dense_random_matrix(nodes, rng)
-    if kind == "uniform":
+    if matrix == "uniform":
         return uniform_matrix(nodes)
-    if kind == "ring":
+    if matrix == "ring":
         return metropolis_matrix(nodes, graphs.ring(nodes))
     raise ValueError(f"matrix must be one of {DEMO_MATRICES}")
 

@@ -60,13 +60,17 @@ def is_connected(n: int, edges: Edges) -> bool:
     return len(seen) == n
 
 
-def _need_nodes(kind: str, n: int, minimum: int) -> None:
+def _need_nodes(topology: str, n: int, minimum: int) -> None:
     if n < minimum:
-        raise ConfigError("nodes", f"topology '{kind}' needs at least {minimum} nodes, got {n}")
+        raise ConfigError("nodes", f"topology '{topology}' needs at least {minimum} nodes, got {n}")
+
+
+#: The fewest nodes of a ring (two nodes have one edge: a complete graph).
+RING_MIN_NODES = 3
 
 
 def ring(n: int) -> Edges:
-    _need_nodes("ring", n, 3)
+    _need_nodes("ring", n, RING_MIN_NODES)
     return normalize_edges(n, ((i, (i + 1) % n) for i in range(n)))
 
 

@@ -238,24 +238,24 @@ class Mixing:
     DACFL), ``clipped`` (:func:`clipped_sum` with ``radius``, the same at every node) or, in a
     compressed run, ``choco`` (:func:`choco_sum` of the public copies with step ``gamma``)."""
 
-    kind: str = "exact"
+    rule: str = "exact"
     radius: float | None = None
     gamma: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in (*MIXINGS, CHOCO):
-            raise ValueError(f"unknown mixing '{self.kind}' (choose from {', '.join(MIXINGS)})")
-        if self.kind == "clipped" and (self.radius is None or not self.radius > 0
+        if self.rule not in (*MIXINGS, CHOCO):
+            raise ValueError(f"unknown mixing '{self.rule}' (choose from {', '.join(MIXINGS)})")
+        if self.rule == "clipped" and (self.radius is None or not self.radius > 0
                                        or not math.isfinite(self.radius)):
             raise ValueError(f"clipped mixing needs a finite radius > 0, got {self.radius}")
-        if self.kind == CHOCO and (self.gamma is None or not 0 < self.gamma <= 1):
+        if self.rule == CHOCO and (self.gamma is None or not 0 < self.gamma <= 1):
             raise ValueError(f"CHOCO mixing needs a step in (0, 1], got {self.gamma}")
 
     def mix(self, node: str, weights: Mapping[str, float],
             vectors: Mapping[str, Tensor]) -> Tensor:
-        if self.kind == "exact":
+        if self.rule == "exact":
             return weighted_sum(weights, vectors)
-        if self.kind == CHOCO:
+        if self.rule == CHOCO:
             raise ValueError("a compressed run mixes the public copies (choco_sum)")
         assert self.radius is not None
         return clipped_sum(node, weights, vectors, self.radius)
@@ -296,7 +296,7 @@ class Algorithm(ABC):
             raise ValueError(f"weights must include the node itself ({node})")
         own = self.outgoing(state)
         mixed: dict[str, Tensor] = {}
-        if self.mixing.kind == CHOCO:
+        if self.mixing.rule == CHOCO:
             if copies is None:
                 raise ValueError("a compressed run mixes public copies: none were given")
             assert self.mixing.gamma is not None
@@ -400,7 +400,7 @@ def make_algorithm(
     elif name == "dpsgd":
         alg = DPSGD()
     elif name == "fedavg":
-        if mixing.kind != "exact":
+        if mixing.rule != "exact":
             raise ValueError("fedavg averages at a server and has no neighbour to clip;"
                              " use mixing exact for it")
         alg = FedAvg()

@@ -71,9 +71,9 @@ def active_edges(
 
 @dataclass(frozen=True)
 class TopologySpec:
-    """What the user asked for; see module docstring for the kinds."""
+    """What the user asked for: ``topology`` is one of the kinds in the module docstring."""
 
-    kind: str = "dense"
+    topology: str = "dense"
     nodes: int = 10
     seed: int = 0
     time_varying: int = 0  # rebuild every k rounds; 0 = static
@@ -85,17 +85,16 @@ class TopologySpec:
     matrix: tuple[tuple[float, ...], ...] | None = None  # custom
 
     def validate(self) -> None:
-        if self.kind not in TOPOLOGIES:
-            raise ConfigError(
-                "topology", f"unknown topology '{self.kind}' (choose from {', '.join(TOPOLOGIES)})"
-            )
+        if self.topology not in TOPOLOGIES:
+            raise ConfigError("topology", f"unknown topology '{self.topology}' (choose from "
+                                          f"{', '.join(TOPOLOGIES)})")
         if self.nodes < 2:
             raise ConfigError("nodes", f"a network needs at least 2 nodes, got {self.nodes}")
         if self.time_varying < 0:
             raise ConfigError("time_varying", f"must be >= 0 rounds, got {self.time_varying}")
-        if self.kind == "custom" and self.matrix is None:
+        if self.topology == "custom" and self.matrix is None:
             raise ConfigError("mixing_matrix", "topology 'custom' needs a mixing matrix file")
-        if self.kind == "edge-list" and not self.edge_list:
+        if self.topology == "edge-list" and not self.edge_list:
             raise ConfigError("edge_list", "topology 'edge-list' needs an edge list file")
 
 
@@ -109,9 +108,9 @@ class MixingSchedule:
 
     def __post_init__(self) -> None:
         self.spec.validate()
-        if self.spec.kind in GRAPH_KINDS:
+        if self.spec.topology in GRAPH_KINDS:
             self._base = self._base_graph()
-        elif self.spec.kind == "custom":
+        elif self.spec.topology == "custom":
             w = np.asarray(self.spec.matrix, dtype=np.float64)
             if w.shape != (self.spec.nodes, self.spec.nodes):
                 raise ConfigError(
@@ -164,13 +163,13 @@ class MixingSchedule:
     def _base_graph(self) -> graphs.Edges:
         s = self.spec
         rng = np.random.default_rng([_SALT_BASE, s.seed])
-        if s.kind == "ring":
+        if s.topology == "ring":
             return graphs.ring(s.nodes)
-        if s.kind == "complete":
+        if s.topology == "complete":
             return graphs.complete(s.nodes)
-        if s.kind == "random-regular":
+        if s.topology == "random-regular":
             return graphs.random_regular(s.nodes, s.degree, rng)
-        if s.kind == "erdos-renyi":
+        if s.topology == "erdos-renyi":
             return graphs.erdos_renyi(s.nodes, s.edge_prob, rng)
         assert s.edge_list is not None
         n, edges = graphs.read_edge_list(Path(s.edge_list))
@@ -180,13 +179,13 @@ class MixingSchedule:
 
     def _build(self, epoch: int) -> np.ndarray:
         s = self.spec
-        if s.kind == "uniform":
+        if s.topology == "uniform":
             return uniform_matrix(s.nodes)
-        if s.kind == "custom":
+        if s.topology == "custom":
             return np.asarray(s.matrix, dtype=np.float64)
-        if s.kind == "dense":
+        if s.topology == "dense":
             return dense_random_matrix(s.nodes, self._rng(epoch))
-        if s.kind == "sparse":
+        if s.topology == "sparse":
             return sparse_random_matrix(s.nodes, self._rng(epoch), s.zero_fraction)
         return metropolis_matrix(s.nodes, self._graph_edges(epoch))
 

@@ -8,17 +8,12 @@ from pathlib import Path
 import click
 
 from dacflnode.cli.errors import config_errors
+from dacflnode.cli.options import out_dir_option
 
 
 @click.command("certs")
 @click.argument("node_ids", metavar="NODE_ID...", nargs=-1, required=True)
-@click.option(
-    "--out",
-    "out_dir",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Folder of the CA and the certificates (created when missing).",
-)
+@out_dir_option("Folder of the CA and the certificates (created when missing).")
 @click.option(
     "--days",
     type=int,

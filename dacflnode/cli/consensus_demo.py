@@ -8,23 +8,14 @@ import click
 
 from dacflnode.algorithms.names import DEMO_INPUTS, DEMO_MATRICES
 from dacflnode.cli.errors import config_errors
+from dacflnode.cli.options import choice_option
 
 
 @click.command("consensus-demo")
-@click.option(
-    "--inputs",
-    type=click.Choice(DEMO_INPUTS),
-    default="I",
-    show_default=True,
-    help="I: r_i(t) = sin t + (1/t)^i + t + i;  II: the same without + i.",
-)
-@click.option(
-    "--matrix",
-    type=click.Choice(DEMO_MATRICES),
-    default="sparse",
-    show_default=True,
-    help="Mixing matrix (ring = 10-node ring with Metropolis weights).",
-)
+@choice_option("--inputs", DEMO_INPUTS, "I",
+               "I: r_i(t) = sin t + (1/t)^i + t + i;  II: the same without + i.")
+@choice_option("--matrix", DEMO_MATRICES, "sparse",
+               "Mixing matrix (ring = 10-node ring with Metropolis weights).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random matrices.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also write a PNG plot here.")

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from dacflnode.cli.errors import config_errors
 from dacflnode.errors import ConfigError
+from dacflnode.logs import LOG_FORMATS
 
 if TYPE_CHECKING:
     from dacflnode.node.peers import PeersFile
@@ -44,10 +45,10 @@ T = TypeVar("T")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.option("--log-format", default="text", show_default=True,
-              type=click.Choice(["text", "json"]),
+              type=click.Choice(LOG_FORMATS),
               help="Of stderr and STATE_DIR/daemon.log: text lines, or one JSON object per line "
                    "with time, level, logger, node, round, neighbour, event, reason, message, "
-                   "traceback (null where not known; see dacflnode/logs.py).")
+                   "traceback (null where not known; see dacflnode/logs/json_format.py).")
 @click.option("--insecure", is_flag=True,
               help="Allow a non-loopback node.listen without node.tls (the same as "
                    "node.insecure: true): neighbours are then not authenticated.")

@@ -16,7 +16,7 @@ from dacflnode.cli.errors import config_errors
 from dacflnode.config.run import read_yaml_file
 from dacflnode.errors import ConfigError
 
-_KINDS = ("folder", "table", "python")
+_OWN_DATASETS = ("folder", "table", "python")
 
 # the settings `data check` reads from a --config file (top level, or a peers file's run: and
 # node: sections); flags of the same names override them
@@ -89,7 +89,7 @@ def data_cmd() -> None:
               help="Run config (or peers file) naming dataset, classes, label_column, "
                    "image_size, channels, resize, holdout, test_root; flags override it, "
                    "and what it leaves out takes the run's default.")
-@click.option("--dataset", type=click.Choice(_KINDS),
+@click.option("--dataset", type=click.Choice(_OWN_DATASETS),
               help="The form of the data. [default: folder for a folder of class subfolders, "
                    "table for CSV/Parquet]")
 @click.option("--classes", metavar="NAME,...",
@@ -122,6 +122,7 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
       dacflnode data check data.csv --dataset table --label-column species --json
       dacflnode data check photos --classes cat,dog --channels 3 --image-size 64
     """
+    from dacflnode.config import RunConfig
     from dacflnode.learning.owndata import load_local_data
     from dacflnode.learning.owndata.split import read_source
 
@@ -131,23 +132,24 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
     if isinstance(settings.get("classes"), str):
         settings["classes"] = _split_list(settings["classes"])
     root = Path(path)
-    kind = settings.get("dataset") or ("folder" if root.is_dir() and not any(
+    dataset = settings.get("dataset") or ("folder" if root.is_dir() and not any(
         p.suffix.lower() in (".csv", ".parquet", ".pq") for p in root.iterdir()) else "table")
-    if kind not in _KINDS:
+    if dataset not in _OWN_DATASETS:
         raise ConfigError("dataset", f"data check reads own data (folder, table or python), "
-                                     f"got {kind!r}")
+                                     f"got {dataset!r}")
     classes = settings.get("classes")
     inferred = not classes
-    if inferred and kind != "python":
+    if inferred and dataset != "python":
         classes = list(read_source(str(root), label_column=settings.get("label_column"),
                                    ).classes) if root.exists() else []
     shape = None  # without a run's settings: the first image's shape
-    if kind == "folder" and (settings.get("image_size") or settings.get("channels")):
-        side = int(settings.get("image_size") or 28)
-        shape = (int(settings.get("channels") or 1), side, side)
+    if dataset == "folder" and (settings.get("image_size") or settings.get("channels")):
+        declared = RunConfig()  # what a run that leaves one out uses
+        side = int(settings.get("image_size") or declared.image_size)
+        shape = (int(settings.get("channels") or declared.channels), side, side)
     with _progress(not as_json, "decoding") as progress:
         data = load_local_data(
-            kind, root, classes=classes or [], input_shape=shape,
+            dataset, root, classes=classes or [], input_shape=shape,
             resize=bool(settings.get("resize", True)),
             label_column=settings.get("label_column"), test_root=settings.get("test_root"),
             holdout=float(settings.get("holdout", 0.0) or 0.0), seed=int(settings.get("seed", 0)),
@@ -173,7 +175,7 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
 def _print_check(data: Any, inferred: bool, missing: list[str], problems: list[str]) -> None:
     shape = "x".join(str(s) for s in data.contract.input_shape)
     origin = " (from the data: pass --classes or --config to check against a run)"
-    click.echo(f"{data.contract.kind} {data.source}: {data.train_size} training samples, "
+    click.echo(f"{data.contract.form} {data.source}: {data.train_size} training samples, "
                f"input {shape}, {data.num_classes} classes{origin if inferred else ''}")
     if data.contract.feature_names:
         names = list(data.contract.feature_names)

@@ -9,23 +9,23 @@ from typing import Any
 import click
 import yaml
 
+from dacflnode.algorithms.graphs import RING_MIN_NODES
 from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import (
     GroupedCommand,
-    cluster_run_options,
+    cluster_options,
     config_from_options,
-    daemon_option_fields,
-    daemon_options,
+    out_dir_option,
+    pop_daemon_settings,
 )
+from dacflnode.config import RunConfig, load_yaml_config
 
 
 @click.command(cls=GroupedCommand, option_groups={
     "out_dir": "output", "as_json": "output", "quiet": "output", "tls_dir": "network",
     "faults_file": "runtime", "fresh": "output"})
-@cluster_run_options(topology="ring; complete for 2 nodes")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="DIR/<node-id>/ gets metrics.jsonl, final.safetensors, daemon.log.")
-@daemon_options
+@cluster_options(topology="ring; complete for 2 nodes")
+@out_dir_option("DIR/<node-id>/ gets metrics.jsonl, final.safetensors, daemon.log.")
 @click.option("--tls", "tls_dir", type=click.Path(file_okay=False),
               help="Mutual TLS between the nodes, with the certificates in TLS_DIR (created "
                    "when missing, as `dacflnode certs` does).")
@@ -76,11 +76,10 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
     from dacflnode.node.launcher import launch as run_launch
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
-    daemon_settings = {d.name: options.pop(d.name) for d in daemon_option_fields()
-                       if d.name in options}
+    daemon_settings = pop_daemon_settings(options)
     if options.get("topology") is None and not _file_sets(options.get("config_file"),
                                                           "topology"):
-        options["topology"] = "ring" if (options.get("nodes") or 10) >= 3 else "complete"
+        options["topology"] = _default_topology(options)
     cfg = config_from_options(options)
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -132,6 +131,16 @@ def _interrupted(root: Path, nodes: int, rounds: int, algorithms: tuple[str, ...
                    f"{rounds}", err=True)
     click.echo(f"to resume, run the same command again (the nodes go on from their "
                f"checkpoints in {root}/); to start over, add --fresh", err=True)
+
+
+def _default_topology(options: dict[str, Any]) -> str:
+    """ring, or complete for fewer nodes than a ring needs; the nodes as the run will have
+    them: ``--nodes``, else the ``--config`` file's, else the declared default."""
+    nodes = options.get("nodes")
+    if nodes is None:
+        config_file = options.get("config_file")
+        nodes = (load_yaml_config(Path(config_file)) if config_file else RunConfig()).nodes
+    return "ring" if nodes >= RING_MIN_NODES else "complete"
 
 
 def _file_sets(config_file: str | None, key: str) -> bool:

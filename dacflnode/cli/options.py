@@ -15,14 +15,21 @@ declared ``group``; a command names the sections of its own options.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from dacflnode.config import DaemonSettings, RunConfig, config_from_mapping, load_yaml_config
-from dacflnode.config.schema import OPTION_GROUPS, Declared, fields_of
+from dacflnode.config.schema import (
+    OPTION_GROUPS,
+    Declared,
+    check,
+    field_of,
+    fields_of,
+    from_mapping,
+)
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -163,13 +170,16 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def cluster_run_options(**default_text: str) -> Decorator:
-    """``--config`` and one option per run setting a daemon uses, with the values a daemon
-    runs; ``default_text`` (by setting name) says what the command uses when not given."""
+def cluster_options(**default_text: str) -> Decorator:
+    """The options of a command that runs daemons: ``--config`` and one option per run setting
+    a daemon uses, with the values a daemon runs (``default_text``, by setting name, says what
+    the command uses when not given), then one per daemon setting (``--round-deadline``,
+    ``--hello-timeout``, ...; see :func:`pop_daemon_settings`)."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         options = [_CONFIG_OPTION, *(run_option(d, True, default_text)
-                                     for d in run_option_fields(cluster=True))]
+                                     for d in run_option_fields(cluster=True)),
+                   *map(daemon_option, daemon_option_fields())]
         for option in reversed(options):
             func = option(func)
         return func
@@ -177,11 +187,38 @@ def cluster_run_options(**default_text: str) -> Decorator:
     return decorate
 
 
-def daemon_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """One option per daemon setting (``--round-deadline``, ``--hello-timeout``)."""
-    for d in reversed(daemon_option_fields()):
-        func = daemon_option(d)(func)
-    return func
+def daemon_setting_option(name: str) -> Decorator:
+    """The option of the daemon setting ``name`` alone, for a command that plays that part
+    of a daemon (``simulate --gone-after``); check its value with :func:`daemon_settings`."""
+    return daemon_option(field_of(DaemonSettings, name))
+
+
+def daemon_settings(values: Mapping[str, Any]) -> DaemonSettings:
+    """The daemon settings ``values`` (by name) over the defaults, checked as a peers file's
+    are (:class:`~dacflnode.errors.ConfigError` naming the setting)."""
+    settings = from_mapping(DaemonSettings, values)
+    check(settings)
+    return settings
+
+
+def pop_daemon_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """The daemon settings among a cluster command's ``options``, taken out of them (they go
+    to every peers file, beside the run settings)."""
+    return {d.name: options.pop(d.name) for d in daemon_option_fields() if d.name in options}
+
+
+def out_dir_option(text: str) -> Decorator:
+    """``--out DIR`` (``out_dir``, required): the folder a command writes into; ``text``: its
+    help."""
+    return click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+                        help=text)
+
+
+def choice_option(flag: str, choices: Sequence[str], default: str, text: str) -> Decorator:
+    """``flag`` taking one of ``choices``, ``default`` when not given (shown in ``--help``);
+    ``text``: its help."""
+    return click.option(flag, type=click.Choice(choices), default=default, show_default=True,
+                        help=text)
 
 
 def config_from_options(options: dict[str, Any]) -> RunConfig:

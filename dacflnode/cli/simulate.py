@@ -11,8 +11,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dacflnode.cli.errors import config_errors
-from dacflnode.cli.options import GroupedCommand, config_from_options, run_options
-from dacflnode.config import DAEMON_DEFAULTS
+from dacflnode.cli.options import (
+    GroupedCommand,
+    config_from_options,
+    daemon_setting_option,
+    daemon_settings,
+    run_options,
+)
 
 if TYPE_CHECKING:
     from dacflnode.sim.simulator import RoundRecord
@@ -32,10 +37,7 @@ if TYPE_CHECKING:
               help="Play the fault plan in FILE (drops, cuts, crashes, leaves, joins; see "
                    "examples/faults/README.md); the summary then reports the consensus "
                    "invariant per round.")
-@click.option("--gone-after", type=click.IntRange(min=1), default=DAEMON_DEFAULTS.gone_after,
-              show_default=True,
-              help="With --faults: consecutive missed rounds before a node declares a neighbour "
-                   "gone (a daemon's run.gone_after; give launch the same to compare).")
+@daemon_setting_option("gone_after")
 @click.option("--ray", "ray_address", metavar="ADDRESS|local",
               help="Train the nodes on the workers of a Ray cluster: its head's HOST:PORT "
                    "(`ray start --head`), or local to start Ray here. Results equal the local "
@@ -66,14 +68,16 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
           --data-root devices/ --test-root devices/test/ --out runs/own   # DIR/<node-id>/
     """
     from dacflnode.errors import ConfigError
+    from dacflnode.learning.names import node_ids
     from dacflnode.node.faults import load_fault_plan
     from dacflnode.sim.engine import RayTarget
     from dacflnode.sim.experiment import run_experiment
-    from dacflnode.sim.simulator import graph_edges, node_ids
+    from dacflnode.sim.simulator import graph_edges
 
     if ray_workers is not None and ray_address is None:
         raise ConfigError("ray_workers", "needs --ray ADDRESS|local")
     ray = RayTarget(ray_address, ray_workers) if ray_address is not None else None
+    gone_after = daemon_settings({"gone_after": gone_after}).gone_after
     cfg = config_from_options(options)
     faults = (load_fault_plan(faults_file, node_ids(cfg.nodes), cfg.rounds, graph_edges(cfg))
               if faults_file else None)

@@ -12,11 +12,14 @@ import yaml
 from dacflnode.cli.errors import config_errors
 from dacflnode.cli.options import (
     GroupedCommand,
-    cluster_run_options,
+    cluster_options,
     config_from_options,
-    daemon_options,
+    out_dir_option,
+    pop_daemon_settings,
 )
 from dacflnode.errors import ConfigError
+from dacflnode.node.addresses import CONTROL_PORT_OFFSET
+from dacflnode.node.peers import METRICS_PORT_OFFSET
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -40,14 +43,8 @@ def _ports(value: str | None, field: str) -> list[int] | None:
     "base_port": "network", "ports": "network", "control_base_port": "network",
     "control_ports": "network", "metrics_ports": "network", "metrics_host": "network",
     "listen_host": "network", "tls_dir": "network", "insecure": "network"})
-@click.argument("kind", metavar="KIND")
-@click.option(
-    "--out",
-    "out_dir",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Write DIR/<node-id>.yaml, one peers file per node.",
-)
+@click.argument("graph", metavar="KIND")
+@out_dir_option("Write DIR/<node-id>.yaml, one peers file per node.")
 @click.option(
     "--hosts",
     default="127.0.0.1",
@@ -65,12 +62,13 @@ def _ports(value: str | None, field: str) -> list[int] | None:
 @click.option(
     "--control-base-port",
     type=int,
-    help="Node i's control port is this + i on 127.0.0.1. [default: listen port + 1000]",
+    help="Node i's control port is this + i on 127.0.0.1. "
+    f"[default: listen port + {CONTROL_PORT_OFFSET}]",
 )
 @click.option("--control-ports", help="Comma list of control ports, one per node.")
 @click.option("--metrics-ports",
               help="Comma list of Prometheus /metrics ports, one per node (default: listen port"
-                   " + 2000, or none when --control-ports is given).")
+                   f" + {METRICS_PORT_OFFSET}, or none when --control-ports is given).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               help="Address the /metrics endpoints listen on (another host's scraper needs"
                    " 0.0.0.0 or the node's address; then every node requires one bearer"
@@ -97,12 +95,11 @@ def _ports(value: str | None, field: str) -> list[int] | None:
     help="Write node.insecure: true, which lets a node listen on a non-loopback address"
     " without TLS (anyone who reaches it can push or pull models).",
 )
-@daemon_options
 @click.option("--json", "as_json", is_flag=True, help="Print the nodes as a JSON list.")
-@cluster_run_options(topology="KIND")
+@cluster_options(topology="KIND")
 @config_errors
 def topology_cmd(
-    kind: str,
+    graph: str,
     out_dir: str,
     hosts: str,
     base_port: int,
@@ -143,26 +140,24 @@ def topology_cmd(
           --data-root /data/photos --test-root /data/test --out cluster  # node-i: DIR/node-i
     """
     from dacflnode.algorithms.graphs import read_edge_list
-    from dacflnode.cli.options import daemon_option_fields
-    from dacflnode.node.cluster import check_kind, generate_cluster
+    from dacflnode.node.cluster import check_graph, generate_cluster
     from dacflnode.node.peers import parse_peers
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
-    daemon_settings = {d.name: options.pop(d.name) for d in daemon_option_fields()
-                       if d.name in options}
-    kind = check_kind(kind.strip().lower())
+    daemon_settings = pop_daemon_settings(options)
+    graph = check_graph(graph.strip().lower())
     given_topology = options.get("topology")
-    if given_topology is not None and given_topology != kind:
-        raise ConfigError("topology", f"--topology {given_topology} disagrees with KIND {kind}")
-    options["topology"] = kind
+    if given_topology is not None and given_topology != graph:
+        raise ConfigError("topology", f"--topology {given_topology} disagrees with KIND {graph}")
+    options["topology"] = graph
     if options.get("nodes") is None and options.get("config_file") is None:
-        if kind == "edge-list" and options.get("edge_list"):
+        if graph == "edge-list" and options.get("edge_list"):
             options["nodes"] = read_edge_list(options["edge_list"])[0]
         else:
             raise ConfigError("nodes", "give the number of nodes with --nodes N")
     cfg = config_from_options(options)
     paths = generate_cluster(
-        kind,
+        graph,
         cfg.nodes,
         cfg,
         Path(out_dir),

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from dacflnode.algorithms.compression_spec import parse_compression
 from dacflnode.algorithms.names import (
     ALGORITHMS,
@@ -26,6 +24,7 @@ from dacflnode.algorithms.names import (
     TOPOLOGIES,
 )
 from dacflnode.config import schema
+from dacflnode.config.reader import read_yaml
 from dacflnode.config.schema import Scope, setting
 from dacflnode.errors import ConfigError
 from dacflnode.learning.names import DATASETS, PARTITIONS, PRECISIONS
@@ -528,18 +527,18 @@ class RunConfig:
     def topology_spec(self) -> TopologySpec:
         from dacflnode.algorithms.topology import TopologySpec, load_matrix_file
 
-        kind = (
+        topology = (
             "custom"
             if self.mixing_matrix and self.topology in ("dense", "custom")
             else self.topology
         )
         matrix = (
             load_matrix_file(self.mixing_matrix)
-            if kind == "custom" and self.mixing_matrix
+            if topology == "custom" and self.mixing_matrix
             else None
         )
         return TopologySpec(
-            kind=kind,
+            topology=topology,
             nodes=self.nodes,
             seed=self.seed,
             time_varying=self.time_varying,
@@ -665,12 +664,7 @@ def config_from_mapping(values: Mapping[str, Any], base: RunConfig | None = None
 def read_yaml_file(path: str | Path) -> Any:
     """The YAML document in ``path`` (``{}`` when empty); :class:`ConfigError` (field
     ``config``) naming the file when it cannot be read or parsed."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from exc
+    data = read_yaml(path, "config")[1]
     return {} if data is None else data
 
 

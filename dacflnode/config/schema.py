@@ -4,8 +4,8 @@ A settings class is a plain dataclass whose every field is made with :func:`sett
 decorated with :func:`declared`. The type comes from the annotation, the default from the field,
 the rest from :class:`Setting` in the field's metadata. Everything else is derived from that one
 declaration: the command-line options (:mod:`dacflnode.cli.options`), the YAML parsing of
-``--config`` and of a peers file's ``run:`` section (:func:`from_mapping`), the handshake
-fingerprint (:mod:`dacflnode.config.fingerprint`) and ``docs/configuration.md``
+``--config`` and of a peers file's ``run:`` and ``node:`` sections (:func:`from_mapping`), the
+handshake fingerprint (:mod:`dacflnode.config.fingerprint`) and ``docs/configuration.md``
 (:mod:`dacflnode.config.docs`).
 
 Why stdlib dataclasses and not pydantic v2: the settings are ~40 flat scalars and five small
@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dacflnode.config.reader import describe, type_name
 from dacflnode.errors import ConfigError
 
 T = TypeVar("T")
@@ -187,6 +188,12 @@ class Declared:
         return typing.get_origin(self.base) is tuple
 
     @property
+    def section(self) -> type[Any] | None:
+        """The declared settings class of a nested mapping (``node.tls``), else ``None``."""
+        base = self.base
+        return base if isinstance(base, type) and dataclasses.is_dataclass(base) else None
+
+    @property
     def item(self) -> Any:
         """The element type of a list setting (``str``, or ``tuple[str, str]`` for pairs)."""
         return typing.get_args(self.base)[0]
@@ -250,13 +257,27 @@ def names_of(cls: type[Any]) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------- values
-def coerce(d: Declared, value: Any) -> Any:
-    """``value`` (from YAML or a flag) as the declared type; ConfigError naming the field."""
+def coerce(d: Declared, value: Any, exact: bool = False) -> Any:
+    """``value`` (from YAML or a flag) as the declared type; ConfigError naming the field.
+
+    ``exact``: the value must already have the declared type, as a YAML file writes it (no
+    ``'yes'`` for true, no number for a string): for sections only a file holds, whose strings
+    may be secrets (an error names a wrong string's type, never its value).
+    """
     name = d.name
     if value is None:
         if d.optional:
             return None
         raise ConfigError(name, "must not be empty")
+    if d.section is not None:
+        if not isinstance(value, Mapping):
+            raise ConfigError(name, f"expected a mapping, got {describe(value)}")
+        try:
+            return from_mapping(d.section, value, exact=exact)
+        except ConfigError as exc:
+            raise ConfigError(f"{name}.{exc.field}", exc.message) from None
+    if exact and not d.is_list:
+        return _exact(d, value)
     if d.is_list:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
@@ -264,8 +285,8 @@ def coerce(d: Declared, value: Any) -> Any:
         # names with choices (algorithms) are case-blind; free names (classes) keep their case
         fold = str.lower if d.setting.choices is not None else str
         return tuple(fold(str(v).strip()) for v in items if str(v).strip())
-    kind = d.base
-    if kind is bool:
+    base = d.base
+    if base is bool:
         if isinstance(value, bool):
             return value
         if str(value).lower() in ("true", "yes", "1", "on"):
@@ -273,14 +294,14 @@ def coerce(d: Declared, value: Any) -> Any:
         if str(value).lower() in ("false", "no", "0", "off"):
             return False
         raise ConfigError(name, f"expected true or false, got {value!r}")
-    if kind is int:
+    if base is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ConfigError(name, f"expected an integer, got {value!r}")
         try:
             return int(value)
         except (TypeError, ValueError):
             raise ConfigError(name, f"expected an integer, got {value!r}") from None
-    if kind is float:
+    if base is float:
         try:
             number = float(value) if not isinstance(value, bool) else math.nan
         except (TypeError, ValueError):
@@ -288,23 +309,44 @@ def coerce(d: Declared, value: Any) -> Any:
         if not math.isfinite(number):
             raise ConfigError(name, f"expected a number, got {value!r}")
         return number
-    if kind is str:
+    if base is str:
         if isinstance(value, Mapping | list):
             raise ConfigError(name, f"expected a single value, got {value!r}")
         return str(value)
     raise ConfigError(name, f"unsupported value {value!r}")
 
 
-def from_mapping(cls: type[T], values: Mapping[str, Any], base: T | None = None) -> T:
+def _exact(d: Declared, value: Any) -> Any:
+    """``value`` if it has ``d``'s scalar type as YAML writes it (see :func:`coerce`)."""
+    base = d.base
+    if base is bool and isinstance(value, bool):
+        return value
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if base is int and is_int:
+        return value
+    if base is float and (is_int or isinstance(value, float)) and math.isfinite(value):
+        return float(value)
+    if base is str and isinstance(value, str):
+        return value
+    expected = {bool: "true or false", int: "an integer", float: "a number"}
+    if base in expected:
+        raise ConfigError(d.name, f"expected {expected[base]}, got {value!r}")
+    raise ConfigError(d.name, f"expected a string, got {type_name(value)}")
+
+
+def from_mapping(
+    cls: type[T], values: Mapping[str, Any], base: T | None = None, exact: bool = False
+) -> T:
     """Apply ``values`` (snake_case or kebab-case keys; ``None`` = "not given" only for
-    optional fields) over ``base`` or the defaults; unknown keys name themselves."""
+    optional fields) over ``base`` or the defaults; unknown keys name themselves. ``exact``:
+    see :func:`coerce`."""
     known = {d.name: d for d in fields_of(cls)}
     changes: dict[str, Any] = {}
     for raw_key, value in values.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
             raise ConfigError(str(raw_key), "unknown option")
-        changes[key] = coerce(known[key], value)
+        changes[key] = coerce(known[key], value, exact)
     start = base if base is not None else cls()
     return dataclasses.replace(start, **changes)  # type: ignore[type-var]
 

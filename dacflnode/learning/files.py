@@ -76,8 +76,9 @@ def atomic_save(tensors: Mapping[str, torch.Tensor], path: Path, meta: Mapping[s
     to disk, read back and verified, then renamed over ``path``. With ``keep_previous``, the
     file ``path`` held before becomes ``keep_previous`` first: hard-linked there, so ``path``
     names a verified file at every moment (a process killed between the steps leaves the old
-    file at ``path``, never no file); on a file system without hard links it is renamed, and
-    for that instant only ``keep_previous`` holds one (:func:`read_verified` of either)."""
+    file at ``path``, never no file, though for the instant between the two renames both names
+    are that one file); on a file system without hard links it is renamed, and for that
+    instant only ``keep_previous`` holds one (:func:`read_verified` of either)."""
     contiguous = {k: v.contiguous() for k, v in tensors.items()}
     tmp = path.with_name(path.name + ".tmp")
     prepare_file(tmp, SECRET_MODE)  # save_file truncates it and keeps the mode

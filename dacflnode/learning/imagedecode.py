@@ -59,12 +59,12 @@ def _fast_png(data: bytes) -> Image.Image | None:
     pos = 8
     idat: list[bytes] = []
     while pos + 8 <= n:
-        length, kind = struct.unpack_from(">I4s", data, pos)
-        if kind == b"IDAT":
+        length, chunk_type = struct.unpack_from(">I4s", data, pos)
+        if chunk_type == b"IDAT":
             idat.append(data[pos + 8:pos + 8 + length])
-        elif kind == b"IEND":
+        elif chunk_type == b"IEND":
             break
-        elif kind in (b"PLTE", b"tRNS", b"fdAT", b"acTL"):
+        elif chunk_type in (b"PLTE", b"tRNS", b"fdAT", b"acTL"):
             return None  # transparency or animation: Pillow's reader knows what they mean
         pos += 12 + length
     else:

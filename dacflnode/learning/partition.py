@@ -241,6 +241,7 @@ def _dirichlet(
             nodes,
             min_size,
             _DIRICHLET_TRIES,
+            extra={"event": "partition_rebalanced"},
         )
         counts = _repair_counts(counts, min_size)
 

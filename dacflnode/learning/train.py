@@ -74,28 +74,28 @@ class TrainConfig:
         if self.local_steps is not None and self.local_steps < 1:
             raise ConfigError("local_steps", f"must be >= 1, got {self.local_steps}")
 
-    def lr_at(self, round: int) -> float:
-        """Learning rate of round ``round`` (0-based): ``lr * lr_decay ** round``."""
-        return self.lr * self.lr_decay**round
+    def lr_at(self, round_: int) -> float:
+        """Learning rate of round ``round_`` (0-based): ``lr * lr_decay ** round_``."""
+        return self.lr * self.lr_decay**round_
 
 
-def plan_seed(seed: int, node_index: int, round: int, epoch: int) -> int:
+def plan_seed(seed: int, node_index: int, round_: int, epoch: int) -> int:
     """A 63-bit generator seed derived from the run seed and the node, round and epoch.
 
     Hash-based, so it is the same on every machine and Python process, and nearby inputs give
     unrelated streams.
     """
-    digest = hashlib.sha256(f"dacfl-batch-plan|{seed}|{node_index}|{round}|{epoch}".encode())
+    digest = hashlib.sha256(f"dacfl-batch-plan|{seed}|{node_index}|{round_}|{epoch}".encode())
     return int.from_bytes(digest.digest()[:8], "little") & ((1 << 63) - 1)
 
 
 def batch_plan(
-    num_samples: int, cfg: TrainConfig, seed: int, node_index: int, round: int
+    num_samples: int, cfg: TrainConfig, seed: int, node_index: int, round_: int
 ) -> list[torch.Tensor]:
     """The mini-batches (``int64`` index tensors into the node's data) of one round.
 
     Each epoch is a fresh permutation from a :class:`torch.Generator` seeded with
-    :func:`plan_seed` ``(seed, node_index, round, epoch)``, cut into batches of
+    :func:`plan_seed` ``(seed, node_index, round_, epoch)``, cut into batches of
     ``cfg.batch_size``; the last, partial batch of an epoch is kept. With ``cfg.local_steps`` set
     the plan has exactly that many batches, drawing further epochs as needed, and the final epoch
     is cut short. A node without data gets an empty plan. Same inputs, same plan.
@@ -109,7 +109,7 @@ def batch_plan(
     while True:
         if cfg.local_steps is None and epoch >= cfg.local_epochs:
             return plan
-        gen = torch.Generator().manual_seed(plan_seed(seed, node_index, round, epoch))
+        gen = torch.Generator().manual_seed(plan_seed(seed, node_index, round_, epoch))
         perm = torch.randperm(num_samples, generator=gen)
         for batch in torch.split(perm, cfg.batch_size):
             if cfg.local_steps is not None and len(plan) >= cfg.local_steps:
@@ -250,10 +250,10 @@ class LocalTrainer:
     def num_samples(self) -> int:
         return int(self.data_y.shape[0])
 
-    def plan(self, round: int) -> list[torch.Tensor]:
-        return batch_plan(self.num_samples, self.cfg, self.seed, self.node_index, round)
+    def plan(self, round_: int) -> list[torch.Tensor]:
+        return batch_plan(self.num_samples, self.cfg, self.seed, self.node_index, round_)
 
-    def train(self, flat_start: torch.Tensor, round: int) -> TrainResult:
+    def train(self, flat_start: torch.Tensor, round_: int) -> TrainResult:
         """Train from ``flat_start`` for one round and return the new flat state.
 
         The optimizer is created afresh every round: the model a node trains is replaced by a
@@ -265,13 +265,13 @@ class LocalTrainer:
         model.train()
         opt = torch.optim.SGD(
             model.parameters(),
-            lr=self.cfg.lr_at(round),
+            lr=self.cfg.lr_at(round_),
             momentum=self.cfg.momentum,
             weight_decay=self.cfg.weight_decay,
         )
         losses: list[torch.Tensor] = []
         samples = 0
-        for idx in self.plan(round):
+        for idx in self.plan(round_):
             idx = idx.to(self.device)
             xb = _to_format(self.data_x.index_select(0, idx), self.channels_last)
             yb = self.data_y.index_select(0, idx)

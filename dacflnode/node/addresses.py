@@ -11,7 +11,7 @@ import ipaddress
 import re
 from pathlib import Path
 
-from dacflnode.errors import ConfigError
+from dacflnode.config.reader import file_error
 
 #: The control port defaults to the listen port plus this, on the loopback interface.
 CONTROL_PORT_OFFSET = 1000
@@ -19,11 +19,6 @@ CONTROL_HOST = "127.0.0.1"
 
 _HOST_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")
 _PORT_RE = re.compile(r"[0-9]{1,5}")
-
-
-def file_error(field: str, file: Path, message: str) -> ConfigError:
-    """A ConfigError for the dotted key ``field`` of the file ``file``."""
-    return ConfigError(field, f"in {file}: {message}")
 
 
 def parse_address(value: object, field: str, file: Path) -> tuple[str, int]:

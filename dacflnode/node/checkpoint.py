@@ -31,7 +31,7 @@ from dacflnode.algorithms.rounds import NodeState
 from dacflnode.filemodes import SECRET_MODE, prepare_file
 from dacflnode.learning.files import CorruptFile, atomic_save, read_verified
 from dacflnode.node.membership import PeerTrack
-from dacflnode.wire.codec import UsedLog
+from dacflnode.wire.message import UsedLog
 
 CHECKPOINT = "checkpoint.safetensors"
 #: The model a node writes after its last round (or when it leaves).
@@ -41,7 +41,7 @@ CHECKPOINT_PREV = "checkpoint.prev.safetensors"
 #: Where a damaged newest checkpoint is moved when the node resumes from the previous one.
 CHECKPOINT_DAMAGED = "checkpoint.damaged.safetensors"
 
-log = logging.getLogger("dacflnode.node")
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -217,12 +217,14 @@ def load_checkpoint(state_dir: Path, run_info: Mapping[str, str], numel: int) ->
         os.replace(tmp, path)
         log.warning("%s %s; resuming from the previous checkpoint %s (round %d) instead%s",
                     path, damage, prev, checkpoint.state.round,
-                    f"; the damaged file is kept as {CHECKPOINT_DAMAGED}" if damaged else "")
+                    f"; the damaged file is kept as {CHECKPOINT_DAMAGED}" if damaged else "",
+                    extra={"event": "checkpoint_fallback", "round": checkpoint.state.round})
     else:
         _check_owner(checkpoint, path, run_info, numel)
     if not checkpoint.verified:
         log.warning("%s was written without a checksum (by an older dacflnode): it is used "
-                    "unverified; the next checkpoint carries one", path)
+                    "unverified; the next checkpoint carries one", path,
+                    extra={"event": "checkpoint_unverified"})
     return checkpoint
 
 

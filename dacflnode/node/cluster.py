@@ -1,6 +1,6 @@
 """Generate the peers files of a whole cluster from one graph (``dacflnode topology``).
 
-The graph is the one ``dacflnode simulate`` builds for the same kind, size and seed
+The graph is the one ``dacflnode simulate`` builds for the same topology, size and seed
 (:meth:`MixingSchedule.base_edges`), node ``i`` is ``node-i`` and holds data part ``i``, and every
 file carries the whole member list and edge list, so a time-varying run drops the same edges on
 every node and in the simulator.
@@ -26,6 +26,7 @@ from dacflnode.algorithms.topology import GRAPH_KINDS, MATRIX_KINDS, MixingSched
 from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, SECRET_MODE, make_dir, write_text
+from dacflnode.learning.names import node_ids
 from dacflnode.node.addresses import (
     CONTROL_HOST,
     CONTROL_PORT_OFFSET,
@@ -44,38 +45,37 @@ from dacflnode.node.peers_yaml import dump_peers
 from dacflnode.security.certs import tls_files, write_certs
 
 
-def node_ids(n: int) -> list[str]:
-    """The ids of a generated cluster (the simulator's ids too)."""
-    return [f"node-{i}" for i in range(n)]
-
-
-def check_kind(kind: str) -> str:
-    """``kind`` if it is a graph kind a cluster can be generated from, else a ConfigError."""
-    if kind in GRAPH_KINDS:
-        return kind
-    if kind in MATRIX_KINDS:
+def check_graph(topology: str) -> str:
+    """``topology`` if it is a graph a cluster can be generated from (the ``KIND`` of
+    ``dacflnode topology``), else a ConfigError."""
+    if topology in GRAPH_KINDS:
+        return topology
+    if topology in MATRIX_KINDS:
         raise ConfigError(
             "kind",
-            f"'{kind}' is a mixing-matrix topology, which needs a global view of the network;"
+            f"'{topology}' is a mixing-matrix topology, which needs a global view of the network;"
             f" a cluster needs a graph: {', '.join(GRAPH_KINDS)}",
         )
-    raise ConfigError("kind", f"unknown graph kind '{kind}' (choose from {', '.join(GRAPH_KINDS)})")
+    raise ConfigError(
+        "kind", f"unknown graph kind '{topology}' (choose from {', '.join(GRAPH_KINDS)})"
+    )
 
 
 def cluster_graph(
-    kind: str, nodes: int, run: RunConfig, edge_list: str | None = None
+    topology: str, nodes: int, run: RunConfig, edge_list: str | None = None
 ) -> graphs.Edges:
-    """The base graph the simulator builds for ``kind`` with the run's seed and parameters."""
-    check_kind(kind)
-    if kind == "edge-list" and not edge_list:
+    """The base graph the simulator builds for the graph ``topology`` with the run's seed and
+    parameters."""
+    check_graph(topology)
+    if topology == "edge-list" and not edge_list:
         raise ConfigError("edge_list", "kind 'edge-list' needs an edge list file (--edge-list)")
     spec = TopologySpec(
-        kind=kind,
+        topology=topology,
         nodes=nodes,
         seed=run.seed,
         degree=run.degree,
         edge_prob=run.edge_prob,
-        edge_list=edge_list if kind == "edge-list" else None,
+        edge_list=edge_list if topology == "edge-list" else None,
     )
     edges = MixingSchedule(spec).base_edges()
     assert edges is not None  # a graph kind always has a base graph
@@ -134,7 +134,7 @@ def peers_file_mode(pf: PeersFile) -> int:
 
 
 def generate_cluster(
-    kind: str,
+    topology: str,
     nodes: int,
     run: RunConfig,
     out_dir: Path,
@@ -182,7 +182,7 @@ def generate_cluster(
     """
     if seed is not None:
         run = dataclasses.replace(run, seed=int(seed))
-    kind = check_kind(kind)
+    topology = check_graph(topology)
     if isinstance(nodes, bool) or nodes < 2:
         raise ConfigError("nodes", f"a cluster needs at least 2 nodes, got {nodes}")
     if len(run.algorithm) != 1:
@@ -195,8 +195,8 @@ def generate_cluster(
     host_list = [h.strip() for h in hosts if h.strip()]
     if not host_list:
         raise ConfigError("hosts", "name at least one host")
-    edge_file = _absolute(edge_list or run.edge_list) if kind == "edge-list" else None
-    edges = cluster_graph(kind, nodes, run, edge_file)
+    edge_file = _absolute(edge_list or run.edge_list) if topology == "edge-list" else None
+    edges = cluster_graph(topology, nodes, run, edge_file)
 
     ids = node_ids(nodes)
     listen_ports = _port_list(ports, nodes, "ports") or [base_port + i for i in range(nodes)]
@@ -243,8 +243,8 @@ def generate_cluster(
     cfg = dataclasses.replace(
         run,
         nodes=nodes,
-        topology=kind,
-        edge_list=edge_file if kind == "edge-list" else _absolute(run.edge_list),
+        topology=topology,
+        edge_list=edge_file if topology == "edge-list" else _absolute(run.edge_list),
         data_root=_absolute(run.data_root),
         test_root=_absolute(run.test_root),
         mixing_matrix=_absolute(run.mixing_matrix),

@@ -29,7 +29,7 @@ import torch
 import xxhash
 
 from dacflnode.algorithms.compression import Compressor, make_compressor, stable_seed
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.message import RoundMessage
 
 Tensor = torch.Tensor
 Vectors = dict[str, Tensor]

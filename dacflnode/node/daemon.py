@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     from dacflnode.transport.receiver import Receiver
     from dacflnode.transport.tls_failures import HandshakeWatch
 
-log = logging.getLogger("dacflnode.daemon")
+log = logging.getLogger(__name__)
 
 #: How ``status`` shows an active neighbour whose last call failed (docs/faults.md).
 UNREACHABLE = "unreachable"
@@ -118,11 +118,12 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     initial = layout.flatten_module(model)
     algorithm = make_algorithm(run.algorithm[0], run.fodac_variant, run.mixing_rule(initial))
     if algorithm.mixing.radius is not None:
-        log.info("%s: clipped mixing, radius %.6g", pf.node.id, algorithm.mixing.radius)
+        log.info("%s: clipped mixing, radius %.6g", pf.node.id, algorithm.mixing.radius,
+                 extra={"event": "clipped_mixing", "node": pf.node.id})
     compression = compression_for(run.compression, run.consensus_gamma(), run.seed)
     if compression is not None:
         log.info("%s: compression %s, CHOCO step %g", pf.node.id, compression.spec,
-                 compression.gamma)
+                 compression.gamma, extra={"event": "compression", "node": pf.node.id})
     device = pick_device(run.device)
     trainer = LocalTrainer(model, data.train_x, data.train_y,
                            run.train_config(), seed=run.seed, node_index=pf.node.share,
@@ -134,7 +135,8 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
         log.info("%s: %d training samples (%s), %d test samples; data contract: %s",
                  pf.node.id, data.info.size, ", ".join(
                      f"{k} {v}" for k, v in data.info.class_counts.items()),
-                 data.info.test_size, contract_summary(data.contract))
+                 data.info.test_size, contract_summary(data.contract),
+                 extra={"event": "data_loaded", "node": pf.node.id})
     run_info = {"run_fingerprint": identity.run_fingerprint,
                 "model_fingerprint": identity.model_fingerprint, "node": pf.node.id}
     make_dir(pf.node.state_dir)
@@ -142,7 +144,8 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     if checkpoint is not None:
         state = checkpoint.state
         trainer.local.update(checkpoint.local)
-        log.info("%s: resuming from round %d", pf.node.id, state.round)
+        log.info("%s: resuming from round %d", pf.node.id, state.round,
+                 extra={"event": "resuming", "node": pf.node.id, "round": state.round})
     else:
         state = NodeState.initial(initial)
     active = pf.active_neighbour_ids if run.time_varying > 0 else None
@@ -280,7 +283,8 @@ class Daemon:
         """SIGTERM drains when ``run.drain_on_sigterm`` says so; anything else stops."""
         drain = sig == signal.SIGTERM and self.pf.daemon.drain_on_sigterm
         log.info("%s: %s: %s", self.pf.node.id, sig.name,
-                 "leaving the network" if drain else "stopping")
+                 "leaving the network" if drain else "stopping",
+                 extra={"event": "signal", "node": self.pf.node.id})
         self.stop(drain=drain)
 
     async def checkpoint_bytes(self) -> bytes | None:
@@ -309,7 +313,8 @@ class Daemon:
         log.warning(
             "%s: neighbours are not authenticated (no node.tls): anyone who reaches %s can push"
             " states in a neighbour's name or pull this node's model; set node.tls (see"
-            " `dacflnode certs` and docs/security.md)", self.pf.node.id, self.pf.node.listen)
+            " `dacflnode certs` and docs/security.md)", self.pf.node.id, self.pf.node.listen,
+            extra={"event": "unauthenticated", "node": self.pf.node.id})
         return None
 
     def control_exposed(self) -> bool:
@@ -358,7 +363,8 @@ class Daemon:
         self.metrics_server = server
         log.info("%s: Prometheus metrics on %s://%s/metrics (%s)", self.pf.node.id,
                  server.scheme, format_address(host, bound),
-                 "bearer token required" if token else "no token")
+                 "bearer token required" if token else "no token",
+                 extra={"event": "metrics_serving", "node": self.pf.node.id})
         return server
 
     # ---------------------------------------------------------------- lifecycle
@@ -380,7 +386,8 @@ class Daemon:
                 if metrics_server is not None:
                     await metrics_server.stop()
         except (ConfigError, CheckpointError) as exc:
-            log.error("%s: cannot start: %s", self.pf.node.id, exc)
+            log.error("%s: cannot start: %s", self.pf.node.id, exc,
+                      extra={"event": "start_failed", "node": self.pf.node.id})
             if self.runner is not None:
                 self.runner.phase = Phase.FAILED
             return 2
@@ -429,7 +436,8 @@ class Daemon:
             where = self._publish_token(token)
             await control.start()
             log.info("%s: control service on %s (%s, token required: %s)", pf.node.id,
-                     pf.node.control, "TLS" if control_tls else "plaintext", where)
+                     pf.node.control, "TLS" if control_tls else "plaintext", where,
+                     extra={"event": "control_serving", "node": pf.node.id})
 
             built = await asyncio.to_thread(build_node, pf, self.faults)
             self.device = built.device
@@ -499,18 +507,21 @@ class Daemon:
             raise self._bind_error(exc, setting, address) from exc
         log.info("%s: serving neighbours on %s with %s (round %d of %d, %s on %s)", pf.node.id,
                  pf.node.listen, "mutual TLS" if transport.tls else "no authentication",
-                 runner.round, pf.run.rounds, pf.run.algorithm[0], self.device)
+                 runner.round, pf.run.rounds, pf.run.algorithm[0], self.device,
+                 extra={"event": "serving", "node": pf.node.id, "round": runner.round})
         if pf.node.health is not None:
             log.info("%s: grpc.health.v1 alone, in plaintext, on %s", pf.node.id,
-                     pf.node.health)
+                     pf.node.health, extra={"event": "health_serving", "node": pf.node.id})
         try:
             await runner.run()
             if round_log.done:
                 round_log.summary()
             if runner.phase == Phase.LEFT:
-                log.info("%s: left the network after round %d", pf.node.id, runner.round)
+                log.info("%s: left the network after round %d", pf.node.id, runner.round,
+                         extra={"event": "left", "node": pf.node.id, "round": runner.round})
         except Exception as exc:  # a refused handshake, a broken model file, ...
-            log.error("%s: %s", pf.node.id, exc, exc_info=not isinstance(exc, RuntimeError))
+            log.error("%s: %s", pf.node.id, exc, exc_info=not isinstance(exc, RuntimeError),
+                      extra={"event": "failed", "node": pf.node.id})
             runner.phase = Phase.FAILED
             return 1
         return 0
@@ -565,11 +576,13 @@ def guard_state_dir(state_dir: Path, node: str) -> None:
     except OSError as exc:
         log.warning("%s: the state folder %s is open to other users (mode %03o) and cannot be "
                     "changed (%s): make it the node user's own with mode 0700 (`chmod 700 %s`)",
-                    node, state_dir, mode, exc.strerror or exc, state_dir)
+                    node, state_dir, mode, exc.strerror or exc, state_dir,
+                    extra={"event": "state_dir_open", "node": node})
         return
     if changed:
         log.warning("%s: the state folder %s was open to other users (mode %03o): set to %03o",
-                    node, state_dir, mode, stat.S_IMODE(state_dir.stat().st_mode))
+                    node, state_dir, mode, stat.S_IMODE(state_dir.stat().st_mode),
+                    extra={"event": "state_dir_tightened", "node": node})
 
 
 def watch_handshakes(node: str) -> HandshakeWatch | None:
@@ -583,19 +596,20 @@ def watch_handshakes(node: str) -> HandshakeWatch | None:
     if verbosity_hides_failures():
         log.warning("%s: GRPC_VERBOSITY=%s hides failed TLS handshakes: they are neither "
                     "counted nor logged; unset it to see them", node,
-                    os.environ.get("GRPC_VERBOSITY"))
+                    os.environ.get("GRPC_VERBOSITY"),
+                    extra={"event": "tls_handshakes_hidden", "node": node})
         return None
 
     def failed(reason: str, detail: str) -> None:
         log.warning("%s: TLS handshake failed (%s): %s", node, reason, detail,
-                    extra={"event": "tls_handshake_failed", "reason": reason})
+                    extra={"node": node, "event": "tls_handshake_failed", "reason": reason})
 
     watch = HandshakeWatch(failed)
     try:
         watch.start()
     except OSError as exc:
         log.warning("%s: failed TLS handshakes are not counted: cannot start the relay of "
-                    "stderr: %s", node, exc)
+                    "stderr: %s", node, exc, extra={"event": "tls_handshakes_hidden", "node": node})
         return None
     return watch
 
@@ -617,4 +631,4 @@ def setup_logging(state_dir: Path, level: str = "INFO", log_format: str = "text"
                  node=node)
     guard_state_dir(state_dir, node or state_dir.name)
     before, after = raise_open_files_limit()
-    log.info("open-files limit %d (was %d)", after, before)
+    log.info("open-files limit %d (was %d)", after, before, extra={"event": "open_files_limit"})

@@ -30,7 +30,7 @@ from dacflnode.learning.datasets import eval_subset, load_dataset
 from dacflnode.learning.models import default_model_for, default_model_for_shape
 from dacflnode.learning.partition import partition
 
-log = logging.getLogger("dacflnode.data")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
     )
     if local.skipped:
         log.warning("%s: %d undecodable files skipped (bad_files: skip)", run.data_root,
-                    local.skipped)
+                    local.skipped, extra={"event": "data_files_skipped"})
     shape = model_input_shape(local.contract.input_shape)
     test_x, test_y = eval_subset(local.test_x, local.test_y, run.eval_samples, run.seed)
     names = list(run.classes)

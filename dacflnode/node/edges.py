@@ -18,9 +18,9 @@ import torch
 
 from dacflnode.node.ledger import Entry, Ledger
 from dacflnode.node.membership import QUARANTINE_OFFENCES, PeerState, PeerTrack
-from dacflnode.wire.codec import MAX_ANCHORS, MAX_USED_LOG, Kind, RoundMessage, UsedLog
+from dacflnode.wire.message import MAX_ANCHORS, MAX_USED_LOG, Kind, RoundMessage, UsedLog
 
-log = logging.getLogger("dacflnode.node")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,13 +144,17 @@ class EdgeBook:
                     self.ledger.forget(settled.uncovered)
                     anchor = self.propose_anchor(round_)
                     log.warning("%s: %d one-sided uses of %s could not be settled; re-anchor "
-                                "at round %d", self.node, len(settled.uncovered), sender, anchor)
+                                "at round %d", self.node, len(settled.uncovered), sender, anchor,
+                                extra={"event": "unsettled", "node": self.node,
+                                       "neighbour": sender})
                 for (r, _), entry in settled.undo:
                     out.add(entry, -1.0)
                     out.corrections += 1
                     track.corrections += 1
                     log.info("%s: round %d: %s did not mix this node's round-%d state; "
-                             "undid the one-sided use", self.node, round_, sender, r)
+                             "undid the one-sided use", self.node, round_, sender, r,
+                             extra={"event": "one_sided_undone", "node": self.node, "round": round_,
+                                    "neighbour": sender})
             for anchor in message.anchors:
                 self._hear_anchor(round_, anchor, sender)
             if message.kind is Kind.LEAVING:
@@ -162,7 +166,9 @@ class EdgeBook:
                     self.ledger.forget(unsettled)
                     self.propose_anchor(round_)
                 log.info("%s: %s leaves the network (round %d)", self.node, sender,
-                         message.round)
+                         message.round,
+                         extra={"event": "neighbour_leaving", "node": self.node,
+                                "round": message.round, "neighbour": sender})
             elif message.kind is Kind.HANDOVER:
                 track.state = PeerState.LEFT
                 track.handover_round = None
@@ -171,19 +177,24 @@ class EdgeBook:
                     continue  # re-anchored in this round: the share is in no one's sum
                 out.add(message.tensors["x"], 1.0)
                 out.shares += 1
-                log.info("%s: took over the share of %s", self.node, sender)
+                log.info("%s: took over the share of %s", self.node, sender,
+                         extra={"event": "handover_received", "node": self.node,
+                                "neighbour": sender})
         return out
 
     def _hear_anchor(self, round_: int, anchor: int, sender: str) -> None:
         if anchor > round_:
             if anchor not in self.anchors:
-                log.info("%s: re-anchor at round %d (heard from %s)", self.node, anchor, sender)
+                log.info("%s: re-anchor at round %d (heard from %s)", self.node, anchor, sender,
+                         extra={"event": "reanchor_heard", "node": self.node, "round": anchor,
+                                "neighbour": sender})
             self.anchors.add(anchor)
         elif anchor not in self.applied and anchor >= self.joined:
             self.applied.add(anchor)  # heard too late: do not propose again for this one
             later = self.propose_anchor(round_)
             log.warning("%s: heard of the round-%d re-anchor only in round %d; proposing "
-                        "round %d", self.node, anchor, round_, later)
+                        "round %d", self.node, anchor, round_, later,
+                        extra={"event": "reanchor_late", "node": self.node, "round": round_})
 
     def record_round(
         self, round_: int, active: Sequence[str], weights: Mapping[str, float],
@@ -232,10 +243,12 @@ class EdgeBook:
             anchor = self.propose_anchor(round_)
             for j in gone:
                 log.warning("%s: %s missed %d rounds in a row: declared gone; re-anchor at "
-                            "round %d", self.node, j, self.gone_after, anchor)
+                            "round %d", self.node, j, self.gone_after, anchor,
+                            extra={"event": "neighbour_gone", "node": self.node, "neighbour": j})
             for j in handovers_missing:
                 log.warning("%s: the handover of %s did not come; re-anchor at round %d",
-                            self.node, j, anchor)
+                            self.node, j, anchor,
+                            extra={"event": "handover_missing", "node": self.node, "neighbour": j})
         return gone
 
     # ------------------------------------------------------------------ offences
@@ -320,7 +333,9 @@ class EdgeBook:
     def _activate(self, peer: str, from_round: int) -> None:
         track = self.peers[peer]
         if track.state is not PeerState.ACTIVE or track.active_from != from_round:
-            log.info("%s: edge to %s mixed from round %d", self.node, peer, from_round)
+            log.info("%s: edge to %s mixed from round %d", self.node, peer, from_round,
+                     extra={"event": "edge_active", "node": self.node, "round": from_round,
+                            "neighbour": peer})
         track.state = PeerState.ACTIVE
         track.active_from = from_round
         track.consecutive = 0

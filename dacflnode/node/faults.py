@@ -64,10 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from dacflnode.errors import ConfigError
-from dacflnode.node.addresses import file_error
+from dacflnode.config.reader import FileErrors, describe, read_yaml
 from dacflnode.security.certs import NODE_ID_RE
 
 __all__ = [
@@ -175,6 +172,11 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
+def _name(event: Event) -> str:
+    """What ``event`` is called in a plan file (``crash``, ``leave``, ...)."""
+    return type(event).__name__.lower()
+
+
 def _within(round_: int, start: int, end: int | None) -> bool:
     """``start <= round_ < end`` (``end`` None: no end)."""
     return start <= round_ and (end is None or round_ < end)
@@ -191,6 +193,10 @@ class FaultPlan:
     def __init__(self, events: Iterable[Event] = (), source: Path | None = None) -> None:
         self.events: tuple[Event, ...] = tuple(events)
         self.source = source
+        self.poisons = tuple(e for e in self.events if isinstance(e, Poison))
+        self.crashes = tuple(e for e in self.events if isinstance(e, Crash))
+        self.leaves = tuple(e for e in self.events if isinstance(e, Leave))
+        self.joins = tuple(e for e in self.events if isinstance(e, Join))
         #: per node: the rounds ``[start, end)`` in which it neither sends nor receives
         self._off: dict[str, list[tuple[int, int | None]]] = {}
         #: per directed edge: the rounds ``[start, end)`` in which its states are lost
@@ -239,23 +245,7 @@ class FaultPlan:
                 factor = event.scale * (1.0 if factor is None else factor)
         return factor
 
-    @property
-    def poisons(self) -> tuple[Poison, ...]:
-        return tuple(e for e in self.events if isinstance(e, Poison))
-
     # ------------------------------------------------------------------ node events
-    @property
-    def crashes(self) -> tuple[Crash, ...]:
-        return tuple(e for e in self.events if isinstance(e, Crash))
-
-    @property
-    def leaves(self) -> tuple[Leave, ...]:
-        return tuple(e for e in self.events if isinstance(e, Leave))
-
-    @property
-    def joins(self) -> tuple[Join, ...]:
-        return tuple(e for e in self.events if isinstance(e, Join))
-
     def crashes_of(self, node: str) -> list[Crash]:
         """``node``'s crashes, earliest first."""
         return sorted((c for c in self.crashes if c.node == node), key=lambda c: c.round)
@@ -280,15 +270,15 @@ class FaultPlan:
         ``edges`` (the run's graph, either direction; ``None``: every pair of nodes may talk),
         starts at or after round ``rounds`` where that would never happen, or contradicts
         another event of the same node; return the plan."""
-        where = _Where(self.source)
+        errors = FileErrors(self.source)
         for i, event in enumerate(self.events):
-            _check_event(event, f"faults[{i}]", where, ids, rounds)
+            _check_event(event, f"faults[{i}]", errors, ids, rounds)
         if edges is not None:
-            self._check_edges(where, edges)
-        self._check_lives(where)
+            self._check_edges(errors, edges)
+        self._check_node_events(errors)
         return self
 
-    def _check_edges(self, where: _Where, edges: Iterable[tuple[str, str]]) -> None:
+    def _check_edges(self, errors: FileErrors, edges: Iterable[tuple[str, str]]) -> None:
         """Every edge an event drops, cuts or poisons is an edge of the graph: a plan entry on
         a non-edge would never happen."""
         adjacent: dict[str, set[str]] = {}
@@ -308,68 +298,55 @@ class FaultPlan:
             for a, b, key in pairs:
                 if b not in adjacent.get(a, ()):
                     near = ", ".join(sorted(adjacent.get(a, ()))) or "none"
-                    raise where.err(
+                    raise errors.error(
                         f"faults[{i}].{key}",
                         f"{a} -- {b} is not an edge of this run's graph ({a}'s neighbours: "
                         f"{near}), so this entry would never happen: name an edge of the graph")
 
-    def _check_lives(self, where: _Where) -> None:
+    def _check_node_events(self, errors: FileErrors) -> None:
         """Per node: one join, one leave, crashes that do not overlap, all while it runs."""
         first: dict[tuple[str, str], int] = {}
         for i, event in enumerate(self.events):
             if isinstance(event, Join | Leave):
-                kind = "join" if isinstance(event, Join) else "leave"
-                key = (kind, event.node)
+                verb = "join" if isinstance(event, Join) else "leave"
+                key = (verb, event.node)
                 if key in first:
-                    raise where.err(f"faults[{i}]", f"{event.node} {kind}s twice (faults"
+                    raise errors.error(f"faults[{i}]", f"{event.node} {verb}s twice (faults"
                                     f"[{first[key]}] already says when)")
                 first[key] = i
         for node in sorted({e.node for e in self.node_events}):
             join = self.join_round(node)
             leave = self.leave_round(node)
             if join is not None and leave is not None and leave <= join:
-                raise where.err(f"faults[{first[('leave', node)]}].round",
+                raise errors.error(f"faults[{first[('leave', node)]}].round",
                                 f"{node} leaves in round {leave}, not after it joins ({join})")
             running_from = join if join is not None else 0
             gone = False
             for crash in self.crashes_of(node):
                 i = self.events.index(crash)
                 if gone:
-                    raise where.err(f"faults[{i}]", f"{node} has crashed for good before "
+                    raise errors.error(f"faults[{i}]", f"{node} has crashed for good before "
                                     f"round {crash.round}")
                 if crash.round < running_from:
-                    raise where.err(f"faults[{i}].round",
+                    raise errors.error(f"faults[{i}].round",
                                     f"{node} crashes in round {crash.round}, before it runs "
                                     f"(again) in round {running_from}")
                 if leave is not None and crash.round >= leave:
-                    raise where.err(f"faults[{i}].round",
+                    raise errors.error(f"faults[{i}].round",
                                     f"{node} crashes in round {crash.round}, after it leaves "
                                     f"(round {leave})")
                 if crash.restart is None:
                     gone = True
                     if leave is not None:
-                        raise where.err(f"faults[{i}].restart", f"{node} crashes for good, so "
+                        raise errors.error(f"faults[{i}].restart", f"{node} crashes for good, so "
                                         f"it cannot leave in round {leave}: give a restart")
                 else:
                     running_from = crash.restart
 
 
-class _Where:
-    """Errors that name the plan's file when there is one."""
-
-    def __init__(self, source: Path | None) -> None:
-        self.source = source
-
-    def err(self, field: str, message: str) -> ConfigError:
-        if self.source is None:
-            return ConfigError(field, message)
-        return file_error(field, self.source, message)
-
-
 def _check_event(
-    event: Event, field: str, where: _Where, ids: Collection[str] | None, rounds: int | None
+    event: Event, field: str, errors: FileErrors, ids: Collection[str] | None, rounds: int | None
 ) -> None:
-    kind = type(event).__name__.lower()
     nodes: list[tuple[str, str]]
     if isinstance(event, Stall):
         nodes = [(event.node, "drop")]
@@ -380,46 +357,46 @@ def _check_event(
     elif isinstance(event, Poison):
         nodes = [(event.node, "poison"), *((n, f"to[{k}]") for k, n in enumerate(event.to))]
     else:
-        nodes = [(event.node, kind)]
+        nodes = [(event.node, _name(event))]
     for node, key in nodes:
         if not NODE_ID_RE.fullmatch(node):
-            raise where.err(f"{field}.{key}", f"not a node id: {node!r}")
+            raise errors.error(f"{field}.{key}", f"not a node id: {node!r}")
         if ids is not None and node not in ids:
             close = difflib.get_close_matches(node, list(ids), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise where.err(f"{field}.{key}", f"no node {node!r} in this run{hint}")
+            raise errors.error(f"{field}.{key}", f"no node {node!r} in this run{hint}")
     if isinstance(event, Poison):
         if not 0 <= event.first <= event.last:
-            raise where.err(f"{field}.rounds", f"expected 0 <= first <= last, got "
+            raise errors.error(f"{field}.rounds", f"expected 0 <= first <= last, got "
                             f"[{event.first}, {event.last}]")
         if not math.isfinite(event.scale) or event.scale == 1.0:
-            raise where.err(f"{field}.scale", f"expected a finite factor other than 1 (-1 flips "
+            raise errors.error(f"{field}.scale", f"expected a finite factor other than 1 (-1 flips "
                             f"the sign), got {event.scale}")
         if event.node in event.to:
-            raise where.err(f"{field}.to", f"{event.node} does not send to itself")
+            raise errors.error(f"{field}.to", f"{event.node} does not send to itself")
         return
     if len(nodes) == 2 and nodes[0][0] == nodes[1][0]:
-        raise where.err(f"{field}.{nodes[0][1][:-3]}", f"an edge joins two nodes, got "
+        raise errors.error(f"{field}.{nodes[0][1][:-3]}", f"an edge joins two nodes, got "
                         f"{nodes[0][0]} twice")
     if isinstance(event, Stall | Drop):
         if not 0 <= event.first <= event.last:
-            raise where.err(f"{field}.rounds", f"expected 0 <= first <= last, got "
+            raise errors.error(f"{field}.rounds", f"expected 0 <= first <= last, got "
                             f"[{event.first}, {event.last}]")
         return
     start = event.start if isinstance(event, Cut) else event.round
     if start < 0:
-        raise where.err(f"{field}.round", f"must be >= 0, got {start}")
+        raise errors.error(f"{field}.round", f"must be >= 0, got {start}")
     if isinstance(event, Cut) and event.heal is not None and event.heal <= event.start:
-        raise where.err(f"{field}.heal", f"must come after round {event.start}, got "
+        raise errors.error(f"{field}.heal", f"must come after round {event.start}, got "
                         f"{event.heal}")
     if isinstance(event, Join) and event.round < 1:
-        raise where.err(f"{field}.round", "a node that joins in round 0 starts with the others: "
+        raise errors.error(f"{field}.round", "a node that joins in round 0 starts with the others: "
                         "leave the event out")
     if isinstance(event, Crash) and event.restart is not None and event.restart < event.round:
-        raise where.err(f"{field}.restart", f"must not come before round {event.round}, got "
+        raise errors.error(f"{field}.restart", f"must not come before round {event.round}, got "
                         f"{event.restart}")
     if rounds is not None and isinstance(event, Crash | Leave | Join) and event.round >= rounds:
-        raise where.err(f"{field}.round", f"the run has rounds 0..{rounds - 1}, so round "
+        raise errors.error(f"{field}.round", f"the run has rounds 0..{rounds - 1}, so round "
                         f"{event.round} never comes")
 
 
@@ -431,15 +408,7 @@ def load_fault_plan(
     """Read and check a plan file (see the module docstring); node ids are checked against
     ``ids``, dropped, cut and poisoned edges against the graph's ``edges`` and node events
     against a run of ``rounds`` rounds when given."""
-    file = Path(path).expanduser().absolute()
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ConfigError("faults", f"cannot read {file}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("faults", f"in {file}: not valid YAML: {exc}") from exc
+    file, data = read_yaml(path, "faults")
     return parse_fault_plan(data, file, ids, rounds, edges)
 
 
@@ -448,120 +417,110 @@ def parse_fault_plan(
     rounds: int | None = None, edges: Iterable[tuple[str, str]] | None = None,
 ) -> FaultPlan:
     """Check the parsed YAML ``data`` of a plan (``source``: the file, for messages)."""
-    where = _Where(source)
+    errors = FileErrors(source)
     if isinstance(data, Mapping):
         extra = [str(k) for k in data if k != "faults"]
         if extra:
-            raise where.err(extra[0], "unknown key (a fault plan has one key: faults)")
+            raise errors.error(extra[0], "unknown key (a fault plan has one key: faults)")
         data = data.get("faults")
     if data is None:
         data = []
     if not isinstance(data, list):
-        raise where.err("faults", f"expected a list of events, got {_kind(data)}")
-    events = [_parse_event(item, f"faults[{i}]", where) for i, item in enumerate(data)]
+        raise errors.error("faults", f"expected a list of events, got {describe(data)}")
+    events = [_parse_event(item, f"faults[{i}]", errors) for i, item in enumerate(data)]
     return FaultPlan(events, source).check(ids, rounds, edges)
 
 
-def _parse_event(item: Any, field: str, where: _Where) -> Event:
+def _parse_event(item: Any, field: str, errors: FileErrors) -> Event:
     if not isinstance(item, Mapping):
-        raise where.err(field, f"expected a mapping such as {{drop: node-1, rounds: [3, 5]}}, "
-                        f"got {_kind(item)}")
+        raise errors.error(field, f"expected a mapping such as {{drop: node-1, rounds: [3, 5]}}, "
+                        f"got {describe(item)}")
     keys = {str(k).replace("-", "_"): v for k, v in item.items()}
-    kinds = [k for k in keys if k in _KEYS]
-    if len(kinds) != 1:
-        found = f"{', '.join(kinds)}" if kinds else "none"
-        raise where.err(field, f"give exactly one of {', '.join(_KEYS)} (found {found})")
-    kind = kinds[0]
+    names = [k for k in keys if k in _KEYS]
+    if len(names) != 1:
+        found = f"{', '.join(names)}" if names else "none"
+        raise errors.error(field, f"give exactly one of {', '.join(_KEYS)} (found {found})")
+    name = names[0]
     for key in keys:
-        if key != kind and key not in _KEYS[kind]:
-            allowed = ", ".join(_KEYS[kind])
-            raise where.err(f"{field}.{key}", f"unknown key for a {kind} event (it takes "
+        if key != name and key not in _KEYS[name]:
+            allowed = ", ".join(_KEYS[name])
+            raise errors.error(f"{field}.{key}", f"unknown key for a {name} event (it takes "
                             f"{allowed})")
-    for key in _REQUIRED[kind]:
+    for key in _REQUIRED[name]:
         if key not in keys:
-            raise where.err(f"{field}.{key}", f"a {kind} event needs it")
-    target = keys[kind]
-    if kind == "drop":
-        first, last = _rounds(keys["rounds"], f"{field}.rounds", where)
+            raise errors.error(f"{field}.{key}", f"a {name} event needs it")
+    target = keys[name]
+    if name == "drop":
+        first, last = _rounds(keys["rounds"], f"{field}.rounds", errors)
         if isinstance(target, list):
-            sender, receiver = _pair(target, f"{field}.drop", where)
+            sender, receiver = _pair(target, f"{field}.drop", errors)
             return Drop(sender, receiver, first, last)
-        return Stall(_node(target, f"{field}.drop", where), first, last)
-    if kind == "poison":
-        first, last = _rounds(keys["rounds"], f"{field}.rounds", where)
+        return Stall(_node(target, f"{field}.drop", errors), first, last)
+    if name == "poison":
+        first, last = _rounds(keys["rounds"], f"{field}.rounds", errors)
         to = keys.get("to", [])
         if isinstance(to, str | int) and not isinstance(to, bool):
             to = [to]
         if not isinstance(to, list):
-            raise where.err(f"{field}.to", f"expected a list of node ids, got {_kind(to)}")
-        return Poison(_node(target, f"{field}.poison", where), first, last,
-                      _scale(keys["scale"], f"{field}.scale", where),
-                      tuple(_node(n, f"{field}.to[{k}]", where) for k, n in enumerate(to)))
-    if kind == "cut":
-        a, b = _pair(target, f"{field}.cut", where)
+            raise errors.error(f"{field}.to", f"expected a list of node ids, got {describe(to)}")
+        return Poison(_node(target, f"{field}.poison", errors), first, last,
+                      _scale(keys["scale"], f"{field}.scale", errors),
+                      tuple(_node(n, f"{field}.to[{k}]", errors) for k, n in enumerate(to)))
+    if name == "cut":
+        a, b = _pair(target, f"{field}.cut", errors)
         heal = keys.get("heal")
-        return Cut(a, b, _round(keys["round"], f"{field}.round", where),
-                   None if heal is None else _round(heal, f"{field}.heal", where))
-    node = _node(target, f"{field}.{kind}", where)
-    round_ = _round(keys["round"], f"{field}.round", where)
-    if kind == "crash":
+        return Cut(a, b, _round(keys["round"], f"{field}.round", errors),
+                   None if heal is None else _round(heal, f"{field}.heal", errors))
+    node = _node(target, f"{field}.{name}", errors)
+    round_ = _round(keys["round"], f"{field}.round", errors)
+    if name == "crash":
         restart = keys.get("restart")
         return Crash(node, round_,
-                     None if restart is None else _round(restart, f"{field}.restart", where))
-    return Leave(node, round_) if kind == "leave" else Join(node, round_)
+                     None if restart is None else _round(restart, f"{field}.restart", errors))
+    return Leave(node, round_) if name == "leave" else Join(node, round_)
 
 
-def _node(value: Any, field: str, where: _Where) -> str:
+def _node(value: Any, field: str, errors: FileErrors) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise where.err(field, f"expected a node id, got {_kind(value)}")
+        raise errors.error(field, f"expected a node id, got {describe(value)}")
     text = str(value).strip()
     if not NODE_ID_RE.fullmatch(text):
-        raise where.err(field, f"not a node id: {value!r}")
+        raise errors.error(field, f"not a node id: {value!r}")
     return text
 
 
-def _pair(value: Any, field: str, where: _Where) -> tuple[str, str]:
+def _pair(value: Any, field: str, errors: FileErrors) -> tuple[str, str]:
     if not isinstance(value, list) or len(value) != 2:
-        raise where.err(field, f"expected two node ids [A, B], got {_kind(value)}")
-    return _node(value[0], f"{field}[0]", where), _node(value[1], f"{field}[1]", where)
+        raise errors.error(field, f"expected two node ids [A, B], got {describe(value)}")
+    return _node(value[0], f"{field}[0]", errors), _node(value[1], f"{field}[1]", errors)
 
 
-def _round(value: Any, field: str, where: _Where) -> int:
+def _round(value: Any, field: str, errors: FileErrors) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise where.err(field, f"expected a round number, got {_kind(value)}")
+        raise errors.error(field, f"expected a round number, got {describe(value)}")
     if value < 0:
-        raise where.err(field, f"must be >= 0, got {value}")
+        raise errors.error(field, f"must be >= 0, got {value}")
     return value
 
 
-def _scale(value: Any, field: str, where: _Where) -> float:
+def _scale(value: Any, field: str, errors: FileErrors) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise where.err(field, f"expected a number such as 5.0 or -1, got {_kind(value)}")
+        raise errors.error(field, f"expected a number such as 5.0 or -1, got {describe(value)}")
     return float(value)
 
 
-def _rounds(value: Any, field: str, where: _Where) -> tuple[int, int]:
+def _rounds(value: Any, field: str, errors: FileErrors) -> tuple[int, int]:
     """``[a, b]`` (rounds a..b) or one round ``a``."""
     if isinstance(value, list):
         if len(value) != 2:
-            raise where.err(field, f"expected [first, last], got {len(value)} values")
-        first = _round(value[0], f"{field}[0]", where)
-        last = _round(value[1], f"{field}[1]", where)
+            raise errors.error(field, f"expected [first, last], got {len(value)} values")
+        first = _round(value[0], f"{field}[0]", errors)
+        last = _round(value[1], f"{field}[1]", errors)
         if last < first:
-            raise where.err(field, f"the last round comes before the first: [{first}, {last}]")
+            raise errors.error(field, f"the last round comes before the first: [{first}, {last}]")
         return first, last
-    one = _round(value, field, where)
+    one = _round(value, field, errors)
     return one, one
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    return repr(value)
 
 
 # ---------------------------------------------------------------------------------------- daemons
@@ -573,10 +532,10 @@ def check_for_daemons(plan: FaultPlan, what: str = "a daemon") -> FaultPlan:
            Join: "start its daemon later"}
     for i, event in enumerate(plan.events):
         if isinstance(event, Crash | Leave | Join):
-            kind = type(event).__name__.lower()
-            raise _Where(plan.source).err(
-                f"faults[{i}].{kind}",
-                f"{what} plays only drop, cut and poison events; a {kind} is played by "
+            name = _name(event)
+            raise FileErrors(plan.source).error(
+                f"faults[{i}].{name}",
+                f"{what} plays only drop, cut and poison events; a {name} is played by "
                 f"`dacflnode simulate --faults` (on real daemons, {how[type(event)]})")
     return plan
 

@@ -87,7 +87,9 @@ class Handshakes:
                 except HandshakeRefused as exc:
                     raise RuntimeError(f"neighbour {peer} refused or was refused: {exc}") from exc
                 pending.discard(peer)
-                log.info("%s: neighbour %s is up", setup.node_id, peer)
+                log.info("%s: neighbour %s is up", setup.node_id, peer,
+                         extra={"event": "neighbour_up", "node": self.setup.node_id,
+                                "neighbour": peer})
             if not pending:
                 break
             if time.monotonic() > deadline:
@@ -102,7 +104,9 @@ class Handshakes:
                         track.state = PeerState.ABSENT
                 log.warning("%s: %s did not answer within %.0fs; going on without them (they "
                             "join when they come up)", setup.node_id,
-                            ", ".join(sorted(pending)), setup.hello_timeout)
+                            ", ".join(sorted(pending)), setup.hello_timeout,
+                            extra={"event": "neighbours_silent", "node": self.setup.node_id,
+                                   "neighbour": sorted(pending)})
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -172,19 +176,25 @@ class Handshakes:
                     copies.commit(copies.adopt(peer, message.copy_next, full.tensors))
                     tensors = full.tensors
             except (PeerUnavailable, WireError, ValueError) as exc:
-                log.warning("%s: could not pull a model from %s to join: %s", me, peer, exc)
+                log.warning("%s: could not pull a model from %s to join: %s", me, peer, exc,
+                            extra={"event": "join_pull_failed", "node": self.setup.node_id,
+                                   "neighbour": peer})
                 continue
             model = (tensors["omega"] if "omega" in tensors else tensors["x"]).reshape(
                 state.x.shape).clone()
             heard = message.anchors
             stale = any(r > since and me in used for r, used in message.used_log)
             log.info("%s: joining at round %d from the round-%d model of %s", me, join_round,
-                     message.round, peer)
+                     message.round, peer,
+                     extra={"event": "joining", "node": self.setup.node_id, "round": join_round,
+                            "neighbour": peer})
             break
         if model is None:  # its own model keeps the invariant as well (x = ω = ω_prev)
             model = state.omega.clone()
             log.warning("%s: no neighbour handed a model; joining at round %d with its own",
-                        me, join_round)
+                        me, join_round,
+                        extra={"event": "joining_alone", "node": self.setup.node_id,
+                               "round": join_round})
         alg = setup.algorithm
         edges = self.edges
         passed = sorted(a for a in {*heard, *edges.anchors} if since < a < join_round)
@@ -194,13 +204,17 @@ class Handshakes:
         if stale:
             log.warning("%s: the checkpoint (round %d) is older than what its neighbours mixed "
                         "of this node: its mass is unknown; it joins without it and proposes a "
-                        "re-anchor", me, since)
+                        "re-anchor", me, since,
+                        extra={"event": "stale_checkpoint", "node": me, "round": since})
         elif self.gone_for:
             log.info("%s: %s declared this node gone: it joins without its mass (the "
-                     "re-anchor takes it)", me, ", ".join(sorted(self.gone_for)))
+                     "re-anchor takes it)", me, ", ".join(sorted(self.gone_for)),
+                     extra={"event": "rejoin_after_gone", "node": me,
+                            "neighbour": sorted(self.gone_for)})
         elif passed:
             log.info("%s: the network re-anchored at round %s since this node's round %d: "
-                     "it joins with mass 0", me, ", ".join(map(str, passed)), since)
+                     "it joins with mass 0", me, ", ".join(map(str, passed)), since,
+                     extra={"event": "rejoin_after_anchor", "node": me})
         if stale or self.gone_for or not restarted:
             edges.reset(join_round)
         else:
@@ -223,7 +237,9 @@ class Handshakes:
             except (PeerUnavailable, HandshakeRefused) as exc:
                 self.edges.peers[peer].state = PeerState.ABSENT
                 log.warning("%s: %s did not agree on the join: %s", self.setup.node_id, peer,
-                            exc)
+                            exc,
+                            extra={"event": "join_refused", "node": self.setup.node_id,
+                                   "neighbour": peer})
         for peer, track in self.edges.peers.items():
             if peer not in ahead and track.state is PeerState.ACTIVE:
                 track.state = PeerState.ABSENT  # a neighbour still at the start: it joins us
@@ -247,7 +263,9 @@ class Handshakes:
         except (PeerUnavailable, HandshakeRefused, TransportClosed):
             pass
         except Exception:  # background work: log it, never let it end the node
-            log.exception("%s: handshake with %s failed unexpectedly", self.setup.node_id, peer)
+            log.exception("%s: handshake with %s failed unexpectedly", self.setup.node_id, peer,
+                          extra={"event": "handshake_failed", "node": self.setup.node_id,
+                                 "neighbour": peer})
 
     async def stop(self) -> None:
         """Cancel the greetings in flight, and wait for them to end."""

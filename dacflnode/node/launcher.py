@@ -5,6 +5,11 @@ with its state directory at ``DIR/<node-id>/`` — the layout ``simulate`` write
 ``metrics.jsonl`` files for progress, and summarises the per-round Average/Var of Acc like the
 simulator does.
 
+The daemons are started as a user starts one, through the command line
+(:data:`DAEMON_COMMAND`): the launcher relies on the ``start`` command's options, a layer above
+``node``, across a process boundary and never by an import. It is the one place ``node`` does,
+and ``tests/node/test_launcher.py`` checks that ``start`` accepts the command line built here.
+
 With a fault plan (``launch --faults FILE``) every daemon gets a copy of the file
 (``DIR/faults.yaml``, passed as ``dacflnode start --faults``), so the whole cluster drops the
 same edge-rounds, and the run ends with the models ``simulate --faults FILE`` computes. Daemons
@@ -34,6 +39,7 @@ from dacflnode.algorithms.topology import GRAPH_KINDS
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
+from dacflnode.learning.names import node_ids
 from dacflnode.logs import LOG_FILE_BACKUPS
 from dacflnode.node.checkpoint import (
     CHECKPOINT,
@@ -41,13 +47,16 @@ from dacflnode.node.checkpoint import (
     CHECKPOINT_PREV,
     FINAL_MODEL,
 )
-from dacflnode.node.cluster import cluster_graph, generate_cluster, node_ids
+from dacflnode.node.cluster import cluster_graph, generate_cluster
 from dacflnode.node.daemon_algorithms import check_algorithm
 from dacflnode.node.faults import check_for_daemons, load_fault_plan
 from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
 from dacflnode.node.peers import load_peers
 
 LaunchProgress = Callable[[str, int, int, float | None], None]
+
+#: How a daemon is started: ``dacflnode start`` run by this interpreter, in a process of its own.
+DAEMON_COMMAND = (sys.executable, "-m", "dacflnode", "start")
 
 #: What a run leaves in each node's folder: an earlier run is found by them, ``--fresh``
 #: deletes them (nothing else: the folder may hold the user's own files, or a data cache).
@@ -59,6 +68,12 @@ RESULTS = (METRICS_FILE, CHECKPOINT, CHECKPOINT_PREV, FINAL_MODEL)
 #: What ``--fresh`` says, in every refusal to resume.
 FRESH_HINT = ("run the same command with --fresh to start over (it deletes that run's metrics, "
               "checkpoints, final models and logs)")
+
+
+def daemon_argv(peers: Path, faults: Path | None = None) -> list[str]:
+    """The command line of the daemon of peers file ``peers``, playing fault plan ``faults``."""
+    plan = ["--faults", str(faults)] if faults is not None else []
+    return [*DAEMON_COMMAND, "--peers", str(peers), *plan]
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -149,12 +164,10 @@ async def run_cluster(
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     started = time.perf_counter()
     procs = []
-    plan = ["--faults", str(faults)] if faults is not None else []
     for path, d in zip(paths, node_dirs, strict=True):
         log = open_text(d / "daemon.out", LOG_MODE)
         procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dacflnode", "start", "--peers", str(path), *plan,
-            stdout=log, stderr=asyncio.subprocess.STDOUT, env=env,
+            *daemon_argv(path, faults), stdout=log, stderr=asyncio.subprocess.STDOUT, env=env,
         ))
         log.close()
     follower = asyncio.ensure_future(_follow(algorithm, node_dirs, run.rounds, procs, progress))

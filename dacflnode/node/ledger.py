@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.message import RoundMessage
 
 Key = tuple[int, str]  # (round, neighbour)
 

@@ -65,7 +65,7 @@ __all__ = [
     "MetricsServer",
 ]
 
-log = logging.getLogger("dacflnode.metrics")
+log = logging.getLogger(__name__)
 
 #: What :class:`MetricsServer` answers on: Prometheus's default scrape path.
 METRICS_PATH = "/metrics"
@@ -217,7 +217,8 @@ class MetricsServer:
             try:
                 sock, _ = await loop.sock_accept(listener)
             except OSError as exc:  # out of descriptors (the node's other servers, say)
-                log.warning("metrics: cannot accept a connection: %s", exc)
+                log.warning("metrics: cannot accept a connection: %s", exc,
+                            extra={"event": "metrics_accept_failed"})
                 await asyncio.sleep(0.1)
                 continue
             if len(self._conns) >= self.max_connections:
@@ -310,7 +311,7 @@ class MetricsServer:
         if self._token is not None and not self._authorized(headers.get(b"authorization", b"")):
             self.refused += 1
             log.warning("metrics: refused a request without the bearer token of "
-                        "node.metrics_token")
+                        "node.metrics_token", extra={"event": "metrics_token_refused"})
             return _Reply(401, b"unauthorized: send Authorization: Bearer <node.metrics_token>\n",
                           [("WWW-Authenticate", 'Bearer realm="dacflnode metrics"')])
         if request.method not in (b"GET", b"HEAD"):
@@ -342,7 +343,8 @@ class MetricsServer:
             try:
                 self.refresh()
             except Exception:  # a failed refresh serves the last status, and says why
-                log.warning("metrics: could not refresh the status", exc_info=True)
+                log.warning("metrics: could not refresh the status", exc_info=True,
+                            extra={"event": "status_failed"})
         body = encoder(self.registry)
         extra = []
         if compress:

@@ -98,7 +98,8 @@ class Outputs:
         problem = await asyncio.to_thread(_final_problem, path, state.round)
         if problem is not None:
             log.warning("%s: the final model %s %s: writing it again from the checkpoint",
-                        setup.node_id, path, problem)
+                        setup.node_id, path, problem,
+                        extra={"event": "final_rewritten", "node": setup.node_id})
             await self.final_model(state)
 
 

@@ -28,10 +28,11 @@
       members: [node-0, node-1]      # every node id in partition order
       edges: [[node-0, node-1]]      # the whole graph
 
-Every ``run:`` key, its default and whether it must match across the run is listed in
-``docs/configuration.md``. Relative paths (``node.state_dir``, ``run.data_root``,
-``run.edge_list``, ``run.mixing_matrix``) are relative to the folder of the peers file. Keys may
-be spelled in ``kebab-case`` too.
+Every ``run:`` key, its default and whether it must match across the run, and every ``node:``
+key (:class:`~dacflnode.config.node.NodeSettings`), are listed in ``docs/configuration.md``.
+Relative paths (``node.state_dir``, ``run.data_root``, ``run.edge_list``,
+``run.mixing_matrix``) are relative to the folder of the peers file. Keys may be spelled in
+``kebab-case`` too.
 
 Every problem is a :class:`~dacflnode.errors.ConfigError` whose ``field`` is the dotted key
 (``node.listen``, ``neighbours[1].address``, ``run.algorithm``, ...) and whose message names the
@@ -40,7 +41,7 @@ file.
 When ``run.members`` and ``run.edges`` are given, the graph is the edges, indexed by the order of
 the members: node ``members[i]`` is node ``i`` of the simulator, so a time-varying run
 (``run.time_varying > 0``) drops the same edges in the same rounds as ``dacflnode simulate`` does
-(:func:`~dacflnode.algorithms.topology.active_edges`). ``run.topology`` and its parameters then
+(:class:`~dacflnode.node.run_graph.RunGraph`). ``run.topology`` and its parameters then
 only record how the edges were drawn.
 
 Exposure is checked at load (``docs/security.md``): a ``node.listen`` reachable from other hosts
@@ -59,7 +60,6 @@ Addresses are parsed in :mod:`dacflnode.node.addresses`, the algorithm policy li
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -67,24 +67,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dacflnode.algorithms import graphs
-from dacflnode.algorithms.topology import TOPOLOGIES, active_edges
+from dacflnode.algorithms.topology import TOPOLOGIES
 from dacflnode.config import schema
 from dacflnode.config.daemon import DaemonSettings
 from dacflnode.config.fingerprint import fingerprint_data, run_fingerprint
+from dacflnode.config.node import NODE_DATA_KEYS, NodeSettings, TlsSettings
+from dacflnode.config.reader import FileErrors, describe, read_yaml
 from dacflnode.config.run import RunConfig, config_from_mapping
 from dacflnode.errors import ConfigError, MixingMatrixError
 from dacflnode.node.addresses import (
     CONTROL_HOST,
     CONTROL_PORT_OFFSET,
-    file_error,
     format_address,
     is_loopback,
     parse_address,
 )
 from dacflnode.node.daemon_algorithms import DAEMON_ALGORITHMS, check_algorithm
+from dacflnode.node.run_graph import RunGraph
 from dacflnode.security.certs import NODE_ID_RE, check_node_id
 from dacflnode.security.tls import TlsFiles
 
@@ -99,17 +99,11 @@ __all__ = [
 ]
 
 _TOP_KEYS = ("node", "neighbours", "run")
-#: Node-scope run settings about this device's data, which ``node:`` may hold too (each device
-#: points at its own files); they are read exactly as under ``run:``.
-_NODE_DATA_KEYS = ("data_root", "test_root", "bad_files")
-_NODE_KEYS = (
-    "id", "listen", "control", "metrics", "health", "state_dir", "share", "tls", "insecure",
-    "control_token", "metrics_token", "metrics_token_file", *_NODE_DATA_KEYS,
-)
+_NODE_KEYS = (*schema.names_of(NodeSettings), *NODE_DATA_KEYS)
 
 #: ``dacflnode topology`` puts node.metrics on 127.0.0.1 at the listen port plus this.
 METRICS_PORT_OFFSET = 2000
-_TLS_KEYS = ("ca", "cert", "key")
+_TLS_KEYS = schema.names_of(TlsSettings)
 _NEIGHBOUR_KEYS = ("id", "address")
 _DAEMON_KEYS = schema.names_of(DaemonSettings)
 _RUN_KEYS = schema.names_of(RunConfig)
@@ -177,21 +171,24 @@ class PeersFile:
             len(self.daemon.members), ((index[a], index[b]) for a, b in self.daemon.edges)
         )
 
+    def run_graph(self) -> RunGraph | None:
+        """``run.members`` and ``run.edges`` as the run's graph (None when no edges are given)."""
+        base = self.base_edges()
+        if base is None:
+            return None
+        return RunGraph.of(self.daemon.members, base, self.run.time_varying, self.run.seed,
+                           self.run.drop_prob)
+
     def active_neighbour_ids(self, t: int) -> list[str]:
         """The neighbours this node exchanges with in round ``t``, sorted.
 
-        All of them for a static run; for ``run.time_varying = k > 0`` the ones whose edge
-        :func:`~dacflnode.algorithms.topology.active_edges` keeps in epoch ``t // k`` — the
-        subgraph the simulator uses in round ``t``.
+        All of them for a static run; for ``run.time_varying = k > 0`` the ones the run's graph
+        keeps in round ``t`` (:meth:`RunGraph.active_neighbours`, the simulator's rule too).
         """
-        k = self.run.time_varying
-        base = self.base_edges()
-        if k <= 0 or base is None:
+        graph = self.run_graph()
+        if self.run.time_varying <= 0 or graph is None:
             return sorted(self.neighbour_ids())
-        members = self.daemon.members
-        me = members.index(self.node.id)
-        edges = active_edges(len(members), base, self.run.seed, t // k, self.run.drop_prob)
-        return sorted(members[j if i == me else i] for i, j in edges if me in (i, j))
+        return graph.active_neighbours(self.node.id, t)
 
     def run_fingerprint(self, contract: str | None = None) -> str:
         """SHA-256 (hex) of the settings every node of a run must share.
@@ -210,15 +207,7 @@ class PeersFile:
 # ---------------------------------------------------------------------------------------- loading
 def load_peers(path: str | Path) -> PeersFile:
     """Read and check a peers file (see the module docstring)."""
-    file = Path(path).expanduser().absolute()
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ConfigError("peers", f"cannot read {file}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("peers", f"in {file}: not valid YAML: {exc}") from exc
+    file, data = read_yaml(path, "peers")
     return parse_peers(data, file)
 
 
@@ -234,9 +223,8 @@ class _Parser:
     def __init__(self, file: Path) -> None:
         self.file = file
         self.base = file.parent
-
-    def err(self, field: str, message: str) -> ConfigError:
-        return file_error(field, self.file, message)
+        self.errors = FileErrors(file)
+        self.err = self.errors.error
 
     # ------------------------------------------------------------------ generic helpers
     def mapping(
@@ -246,24 +234,12 @@ class _Parser:
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
-            raise self.err(where, f"expected a mapping, got {_kind(value)}")
-        allowed = tuple(allowed)
-        out: dict[str, Any] = {}
-        for raw_key, item in value.items():
-            key = str(raw_key).replace("-", "_")
-            field = f"{prefix}{raw_key}"
-            if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise self.err(field, f"unknown key (expected one of {', '.join(allowed)}){hint}")
-            if key in out:
-                raise self.err(field, "given twice (snake_case and kebab-case)")
-            out[key] = item
-        return out
+            raise self.err(where, f"expected a mapping, got {describe(value)}")
+        return self.errors.keys(value, where, allowed, prefix)
 
     def ident(self, value: Any, field: str) -> str:
         if isinstance(value, bool) or not isinstance(value, str | int):
-            raise self.err(field, f"expected a node id, got {_kind(value)}")
+            raise self.err(field, f"expected a node id, got {describe(value)}")
         text = str(value).strip()
         if not NODE_ID_RE.fullmatch(text):
             raise self.err(
@@ -273,13 +249,6 @@ class _Parser:
             )
         return text
 
-    def integer(self, value: Any, field: str, minimum: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.err(field, f"expected an integer, got {value!r}")
-        if value < minimum:
-            raise self.err(field, f"must be >= {minimum}, got {value}")
-        return value
-
     def path(self, value: Any, field: str) -> Path:
         if not isinstance(value, str) or not value.strip():
             raise self.err(field, f"expected a path, got {value!r}")
@@ -287,7 +256,7 @@ class _Parser:
 
     def listing(self, value: Any, field: str) -> list[Any]:
         if not isinstance(value, list):
-            raise self.err(field, f"expected a list, got {_kind(value)}")
+            raise self.err(field, f"expected a list, got {describe(value)}")
         return value
 
     # ------------------------------------------------------------------ sections
@@ -311,7 +280,7 @@ class _Parser:
     def with_node_data(self, run_value: Any, node_raw: dict[str, Any]) -> Any:
         """``run:`` with the data keys of ``node:`` (data_root, test_root, bad_files) added;
         a key given in both sections is refused."""
-        given = {k: node_raw.pop(k) for k in _NODE_DATA_KEYS if k in node_raw}
+        given = {k: node_raw.pop(k) for k in NODE_DATA_KEYS if k in node_raw}
         if not given:
             return run_value
         if run_value is None:
@@ -330,15 +299,30 @@ class _Parser:
             raise self.err("node.id", "required: this node's id")
         return self.ident(raw["id"], "node.id")
 
+    def node_settings(self, raw: dict[str, Any], node_id: str) -> NodeSettings:
+        """The ``node:`` keys as declared (:class:`NodeSettings`), each of its type; an empty
+        key is not given."""
+        values = {k: v for k, v in raw.items() if v is not None}
+        values["id"] = node_id
+        if "tls" in values:
+            values["tls"] = self.mapping(values["tls"], "node.tls", _TLS_KEYS, "node.tls.")
+        try:
+            settings = schema.from_mapping(NodeSettings, values, exact=True)
+            schema.check(settings)
+        except ConfigError as exc:
+            raise self.err(f"node.{exc.field}", exc.message) from None
+        return settings
+
     def node(
         self, raw: dict[str, Any], node_id: str, run: RunConfig, daemon: DaemonSettings
     ) -> NodeSection:
-        if raw.get("listen") is None:
+        given = self.node_settings(raw, node_id)
+        if given.listen is None:
             raise self.err("node.listen", "required: the host:port neighbours connect to")
-        host, port = parse_address(raw["listen"], "node.listen", self.file)
+        host, port = parse_address(given.listen, "node.listen", self.file)
         listen = format_address(host, port)
-        if raw.get("control") is not None:
-            control = format_address(*parse_address(raw["control"], "node.control", self.file))
+        if given.control is not None:
+            control = format_address(*parse_address(given.control, "node.control", self.file))
         else:
             control_port = port + CONTROL_PORT_OFFSET if port else 0
             if control_port > 65535:
@@ -350,17 +334,17 @@ class _Parser:
             control = format_address(CONTROL_HOST, control_port)
         if port and control == listen:
             raise self.err("node.control", f"is the listen address {listen}")
-        metrics = self.metrics(raw.get("metrics"), listen, control)
-        health = self.extra_address(raw.get("health"), "node.health",
+        metrics = self.metrics(given.metrics, listen, control)
+        health = self.extra_address(given.health, "node.health",
                                     {"node.listen": listen, "node.control": control,
                                      "node.metrics": metrics})
         state_dir = (
-            self.path(raw["state_dir"], "node.state_dir")
-            if raw.get("state_dir") is not None
+            self.path(given.state_dir, "node.state_dir")
+            if given.state_dir is not None
             else self.base / node_id
         )
-        if raw.get("share") is not None:
-            share = self.integer(raw["share"], "node.share", 0)
+        if given.share is not None:
+            share = given.share
         elif daemon.members:
             share = daemon.members.index(node_id)
         elif run.own_data:
@@ -371,22 +355,21 @@ class _Parser:
             )
         if share >= run.nodes:
             raise self.err("node.share", f"must be < run.nodes = {run.nodes}, got {share}")
-        tls = self.tls(raw.get("tls"))
-        insecure = self.boolean(raw.get("insecure"), "node.insecure")
-        token = self.token(raw.get("control_token"))
-        self.exposure(host, control, tls, insecure, token)
-        metrics_token, metrics_token_file = self.metrics_token(raw)
+        tls = self.tls(given.tls)
+        token = self.token(given.control_token)
+        self.exposure(host, control, tls, given.insecure, token)
+        metrics_token, metrics_token_file = self.metrics_token(given)
         self.metrics_exposure(metrics, metrics_token, metrics_token_file)
         return NodeSection(
-            node_id, listen, control, state_dir, share, tls, insecure, token, metrics, health,
-            metrics_token, metrics_token_file,
+            node_id, listen, control, state_dir, share, tls, given.insecure, token, metrics,
+            health, metrics_token, metrics_token_file,
         )
 
-    def metrics_token(self, raw: dict[str, Any]) -> tuple[str | None, Path | None]:
+    def metrics_token(self, given: NodeSettings) -> tuple[str | None, Path | None]:
         """``node.metrics_token`` or ``node.metrics_token_file`` (one of them); the value is
         never echoed. The file is read when the daemon starts (:func:`read_metrics_token`), as
         the TLS files are, so that a peers file can be checked away from the node's host."""
-        value, file_value = raw.get("metrics_token"), raw.get("metrics_token_file")
+        value, file_value = given.metrics_token, given.metrics_token_file
         if value is not None and file_value is not None:
             raise self.err("node.metrics_token_file", "contradicts node.metrics_token: keep one")
         if file_value is None:
@@ -426,14 +409,13 @@ class _Parser:
                 raise self.err(field, f"is the {key} address {other}: use another port")
         return address
 
-    def tls(self, value: Any) -> TlsFiles | None:
-        if value is None:
+    def tls(self, given: TlsSettings | None) -> TlsFiles | None:
+        if given is None:
             return None
-        raw = self.mapping(value, "node.tls", _TLS_KEYS, "node.tls.")
         for key in _TLS_KEYS:
-            if raw.get(key) is None:
+            if getattr(given, key) is None:
                 raise self.err(f"node.tls.{key}", "required: node.tls names a ca, cert and key")
-        return TlsFiles(*(self.path(raw[key], f"node.tls.{key}") for key in _TLS_KEYS))
+        return TlsFiles(*(self.path(getattr(given, key), f"node.tls.{key}") for key in _TLS_KEYS))
 
     def tls_ids(self, node_id: str, neighbours: tuple[Neighbour, ...]) -> None:
         """Every id must be a DNS name: TLS clients check the neighbour's certificate for it."""
@@ -444,20 +426,10 @@ class _Parser:
             except ConfigError as exc:
                 raise self.err(where, exc.message) from None
 
-    def boolean(self, value: Any, field: str) -> bool:
-        """``value`` as a flag; an absent or empty key is false."""
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            raise self.err(field, f"expected true or false, got {value!r}")
-        return value
-
-    def token(self, value: Any, field: str = "node.control_token") -> str | None:
+    def token(self, value: str | None, field: str = "node.control_token") -> str | None:
         if value is None:
             return None
         # never echo the value: it is a secret
-        if not isinstance(value, str):
-            raise self.err(field, f"expected a string, got {_kind_of(value)}")
         if not _TOKEN_RE.fullmatch(value):
             raise self.err(
                 field,
@@ -699,18 +671,3 @@ def read_metrics_token(path: Path, peers_file: Path) -> str:
                           f"{_TOKEN_MIN} printable ASCII characters without spaces (got "
                           f"{len(token)} characters)")
     return token
-
-
-def _kind_of(value: Any) -> str:
-    """The type of ``value``, never the value itself (for secrets)."""
-    return "nothing" if value is None else type(value).__name__
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)

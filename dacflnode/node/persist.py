@@ -41,7 +41,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-log = logging.getLogger("dacflnode.node")
+log = logging.getLogger(__name__)
 
 #: Errors that no retry within seconds can fix.
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -103,7 +103,7 @@ class Persister:
 
     ``tries`` counts every attempt (at least 1); the pause before attempt ``k + 1`` is
     ``pause * 2**(k - 1)`` seconds. ``sleep`` is how it pauses (tests pass a fake).
-    :attr:`retried` counts the failed attempts that were tried again, over the node's life.
+    :attr:`retried` counts the failed attempts that were tried again, since the node started.
     """
 
     def __init__(
@@ -147,6 +147,7 @@ class Persister:
                         err.errno, str(path)) from exc
                 wait = self.pause * 2 ** (attempt - 1)
                 log.warning("%s: writing the %s to %s failed: %s; trying again in %.1fs",
-                            self.node_id, what, path, reason, wait)
+                            self.node_id, what, path, reason, wait,
+                            extra={"event": "write_retry", "node": self.node_id})
                 self.retried += 1
                 self.sleep(wait)

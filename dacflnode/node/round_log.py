@@ -34,7 +34,7 @@ from typing import Protocol
 
 from dacflnode.node.membership import PeerTrack
 
-log = logging.getLogger("dacflnode.node")
+log = logging.getLogger(__name__)
 
 
 
@@ -142,7 +142,8 @@ class RoundLog:
                  self.rounds, evaluated, report.exchange_s, report.train_s,
                  _names(report.used), _names(report.missing), _names(late),
                  size(sent), size(received),
-                 extra={"unlimited": True, "rounds": self.rounds, "accuracy": accuracy,
+                 extra={"event": "round", "node": self.node, "round": report.round,
+                        "unlimited": True, "rounds": self.rounds, "accuracy": accuracy,
                         "loss": loss, "exchange_s": round(report.exchange_s, 4),
                         "train_s": round(report.train_s, 4), "used": list(report.used),
                         "missing": list(report.missing), "late": late,
@@ -155,6 +156,7 @@ class RoundLog:
         log.info("%s: finished %d/%d rounds in %s; final accuracy %s; sent %s, received %s",
                  self.node, self.done, self.rounds, duration(seconds), accuracy,
                  size(self.bytes_sent), size(self.bytes_received),
-                 extra={"rounds": self.rounds, "accuracy": self.accuracy,
+                 extra={"event": "summary", "node": self.node, "round": self.done,
+                        "rounds": self.rounds, "accuracy": self.accuracy,
                         "seconds": round(seconds, 3), "bytes_sent": self.bytes_sent,
                         "bytes_received": self.bytes_received})

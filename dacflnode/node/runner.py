@@ -65,11 +65,11 @@ from dacflnode.transport.base import (
     Transport,
     TransportClosed,
 )
-from dacflnode.wire.codec import Kind, RoundMessage
 from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.message import Kind, RoundMessage
 from dacflnode.wire.state_guard import RobustGuard
 
-log = logging.getLogger("dacflnode.node")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -192,10 +192,14 @@ class NodeRunner:
         self._refused.add((round_, peer))
         if mine:
             log.warning("%s: %s refused this node's round-%d state (%s); not retried",
-                        self.setup.node_id, peer, round_, reason)
+                        self.setup.node_id, peer, round_, reason,
+                        extra={"event": "state_refused_by_neighbour", "node": self.setup.node_id,
+                               "round": round_, "neighbour": peer, "reason": reason})
         else:
             log.warning("%s: refused the round-%d state of %s (%s); the round goes on without "
-                        "it", self.setup.node_id, round_, peer, reason)
+                        "it", self.setup.node_id, round_, peer, reason,
+                        extra={"event": "state_refused", "node": self.setup.node_id,
+                               "round": round_, "neighbour": peer, "reason": reason})
         if self.edges.offence(peer, round_, self.round):
             self._quarantined(peer)
 
@@ -217,7 +221,9 @@ class NodeRunner:
         track = self.peers[peer]
         log.warning("%s: edge to %s quarantined in round %d after %d refused states; it is not "
                     "mixed again in this run; re-anchor at round %d", self.setup.node_id, peer,
-                    self.round, track.refused_states, max(self.edges.anchors, default=-1))
+                    self.round, track.refused_states, max(self.edges.anchors, default=-1),
+                    extra={"event": "quarantined", "node": self.setup.node_id, "round": self.round,
+                           "neighbour": peer})
 
     def _poison(self, peer: str, message: RoundMessage) -> RoundMessage:
         """What the fault plan makes this node send ``peer`` instead of ``message``."""
@@ -263,14 +269,18 @@ class NodeRunner:
     def request_stop(self) -> None:
         if not self._stop.is_set():
             log.info("%s: stop requested in round %d (%s)", self.setup.node_id, self.round,
-                     self.phase)
+                     self.phase,
+                     extra={"event": "stop_requested", "node": self.setup.node_id,
+                            "round": self.round})
         self._stop.set()
 
     def request_leave(self) -> None:
         """Drain: finish the round in progress, then leave the network (docs/faults.md)."""
         if not self._leave.is_set():
             log.info("%s: leave requested in round %d (%s)", self.setup.node_id, self.round,
-                     self.phase)
+                     self.phase,
+                     extra={"event": "leave_requested", "node": self.setup.node_id,
+                            "round": self.round})
         self._leave.set()
 
     @property
@@ -320,11 +330,14 @@ class NodeRunner:
             self.phase = Phase.DONE
             await self.outputs.checkpoint(self.checkpoint)
             await self.outputs.final_model(self.state)
-            log.info("%s: all %d rounds done", self.setup.node_id, self.setup.rounds)
+            log.info("%s: all %d rounds done", self.setup.node_id, self.setup.rounds,
+                     extra={"event": "rounds_done", "node": self.setup.node_id,
+                            "round": self.setup.rounds})
             return True
         except Stopped:
             self.phase = Phase.STOPPED
-            log.info("%s: stopped at round %d", self.setup.node_id, self.round)
+            log.info("%s: stopped at round %d", self.setup.node_id, self.round,
+                     extra={"event": "stopped", "node": self.setup.node_id, "round": self.round})
             return False
         except PersistError as exc:
             self.phase = Phase.FAILED
@@ -343,7 +356,8 @@ class NodeRunner:
         await self.outputs.repair_final_model(self.state)
         log.info("%s: run complete: %d/%d rounds; final model %s", setup.node_id, self.round,
                  setup.rounds, "not written (no state directory)" if setup.state_dir is None
-                 else setup.state_dir / FINAL_MODEL)
+                 else setup.state_dir / FINAL_MODEL,
+                 extra={"event": "run_complete", "node": setup.node_id, "round": self.round})
         return True
 
     async def _until_stopped(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -395,7 +409,8 @@ class NodeRunner:
         self._set_x(tracked.clone())
         self.edges.anchored(t)
         log.info("%s: re-anchored at round %d (x := %s; |x - %s| was %.3g)", self.setup.node_id,
-                 t, alg.tracked_field, alg.tracked_field, bias)
+                 t, alg.tracked_field, alg.tracked_field, bias,
+                 extra={"event": "reanchored", "node": self.setup.node_id, "round": t})
 
     def _set_x(self, x: torch.Tensor) -> None:
         state = self.state
@@ -466,18 +481,23 @@ class NodeRunner:
                     copies.commit(await loop.run_in_executor(
                         executor, copies.adopt, j, message.copy_next, full.tensors))
                     copies.pulled += 1
-                    log.info("%s: round %d: pulled the full public copy of %s", me, t, j)
+                    log.info("%s: round %d: pulled the full public copy of %s", me, t, j,
+                             extra={"event": "copy_pulled", "node": me, "round": t, "neighbour": j})
                 else:
                     continue
             except ValueError as exc:
                 log.warning("%s: round %d: the update of %s cannot be applied: %s", me, t, j,
-                            exc)
+                            exc,
+                            extra={"event": "copy_update_refused", "node": me, "round": t,
+                                   "neighbour": j})
                 copies.forget(j)
                 self._offence(j, message.round, Reason.ABSURD_STATE, mine=False)
                 continue
             except (WireError, PeerUnavailable) as exc:
                 log.warning("%s: round %d: could not pull the public copy of %s: %s; not mixed "
-                            "this round", me, t, j, exc)
+                            "this round", me, t, j, exc,
+                            extra={"event": "copy_pull_failed", "node": me, "round": t,
+                                   "neighbour": j})
                 continue
             guard = self._copy_guard
             if guard is not None and message.kind is Kind.STATE:
@@ -486,7 +506,9 @@ class NodeRunner:
                     executor, guard, replace(message, tensors=copy, copy_base=0), False)
                 if refused is not None:
                     log.warning("%s: round %d: the public copy of %s is refused: %s", me, t, j,
-                                refused.detail)
+                                refused.detail,
+                                extra={"event": "copy_refused", "node": me, "round": t,
+                                       "neighbour": j})
                     self._offence(j, message.round, refused.reason, mine=False)
                     continue
             usable.add(j)
@@ -527,7 +549,9 @@ class NodeRunner:
         late = [j for j in missing if (t, j) not in self._refused and j not in received]
         if late:
             log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
-                        setup.node_id, t, ", ".join(late))
+                        setup.node_id, t, ", ".join(late),
+                        extra={"event": "state_missing", "node": setup.node_id, "round": t,
+                               "neighbour": late})
         self._refused = {(r, j) for r, j in self._refused if r > t}
         weights = setup.mixing.weights(setup.node_id, t, len(active),
                                        {j: mixed[j].degree for j in mixed})
@@ -608,7 +632,8 @@ class NodeRunner:
         if len(self.edges.ledger):
             log.warning("%s: %d one-sided uses left unsettled at the end (a neighbour did not "
                         "answer the closing exchanges); dacflnode invariant settles them from "
-                        "its checkpoint", self.setup.node_id, len(self.edges.ledger))
+                        "its checkpoint", self.setup.node_id, len(self.edges.ledger),
+                        extra={"event": "unsettled_at_end", "node": self.setup.node_id})
 
     def _set_round(self, round_: int) -> None:
         state = self.state
@@ -651,7 +676,9 @@ class NodeRunner:
         missing = [j for j in active if j not in received]
         if missing:
             log.warning("%s: round %d: no closing state from %s", self.setup.node_id, t,
-                        ", ".join(missing))
+                        ", ".join(missing),
+                        extra={"event": "closing_state_missing", "node": self.setup.node_id,
+                               "round": t, "neighbour": missing})
         self.edges.record_round(t, (), {}, {}, None)
         self.transport.inbox.discard_before(t + 1)
         return [j for j in active if j in received]
@@ -671,7 +698,8 @@ class NodeRunner:
         if unsettled:  # the neighbours that did not answer cannot settle: ask for a re-anchor
             anchors = tuple(sorted({*anchors, self.edges.propose_anchor(t)}))
             log.warning("%s: %d one-sided uses unsettled at leave; re-anchor proposed",
-                        setup.node_id, unsettled)
+                        setup.node_id, unsettled,
+                        extra={"event": "unsettled_at_leave", "node": setup.node_id})
         if targets:
             mass = self.state.x - alg.tracked(self.state)
             share = mass / len(targets)
@@ -687,10 +715,13 @@ class NodeRunner:
             log.info("%s: left the network at round %d; handed |x - %s| = %.3g to %s "
                      "(heard from %d of %d)", setup.node_id, t, alg.tracked_field,
                      float(torch.linalg.vector_norm(mass)), ", ".join(targets), len(heard),
-                     len(targets))
+                     len(targets),
+                     extra={"event": "left", "node": setup.node_id, "round": t,
+                            "neighbour": targets})
         else:
             log.warning("%s: left at round %d with no neighbour to hand its share to",
-                        setup.node_id, t)
+                        setup.node_id, t,
+                        extra={"event": "left_alone", "node": setup.node_id, "round": t})
         await self.handshakes.stop()
         self.phase = Phase.LEFT
         await self.outputs.checkpoint(lambda: self.checkpoint(left=True))
@@ -757,7 +788,8 @@ class NodeRunner:
                     return  # the node is shutting down
                 except Exception:  # background work: log it, never let it end the round
                     log.exception("%s: asking %s whether it is there failed unexpectedly", me,
-                                  peer)
+                                  peer,
+                                  extra={"event": "probe_failed", "node": me, "neighbour": peer})
                     continue
                 self._alive.add(peer)
                 self.handshakes.peer_rounds[peer] = ident.round
@@ -771,7 +803,9 @@ class NodeRunner:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("%s: round %d state not delivered to %s by the deadline",
-                            self.setup.node_id, message.round, peer)
+                            self.setup.node_id, message.round, peer,
+                            extra={"event": "push_timeout", "node": self.setup.node_id,
+                                   "round": message.round, "neighbour": peer})
                 return
             try:
                 await self.transport.push(peer, message, timeout=remaining)
@@ -802,10 +836,15 @@ class NodeRunner:
                     return
                 if exc.reason is not Reason.ROUND_AHEAD:
                     log.warning("%s: %s refused round %d: %s (%s): %s", self.setup.node_id,
-                                peer, message.round, exc.code, exc.reason, exc.message)
+                                peer, message.round, exc.code, exc.reason, exc.message,
+                                extra={"event": "push_refused", "node": self.setup.node_id,
+                                       "round": message.round, "neighbour": peer,
+                                       "reason": exc.reason})
             except Exception:  # a transport failure nobody foresaw must not end the round
                 log.exception("%s: push of round %d to %s failed unexpectedly; retrying",
-                              self.setup.node_id, message.round, peer)
+                              self.setup.node_id, message.round, peer,
+                              extra={"event": "push_failed", "node": self.setup.node_id,
+                                     "round": message.round, "neighbour": peer})
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 1.0)
 
@@ -827,18 +866,26 @@ class NodeRunner:
             message = await self.transport.pull(
                 peer, t, timeout=max(0.0, min(deadline - time.monotonic(), DEFAULT_PULL_TIMEOUT)))
             await inbox.put(message)
-            log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer)
+            log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer,
+                     extra={"event": "pulled", "node": self.setup.node_id, "round": t,
+                            "neighbour": peer})
         except WireError as exc:
             if exc.reason is Reason.DUPLICATE:
                 return  # its push of the state arrived while the pull was on its way
             level = logging.INFO if exc.reason is Reason.NOT_KEPT else logging.WARNING
             log.log(level, "%s: pull of round %d from %s failed: %s", self.setup.node_id, t,
-                    peer, exc)
+                    peer, exc,
+                    extra={"event": "pull_failed", "node": self.setup.node_id, "round": t,
+                           "neighbour": peer})
         except (PeerUnavailable, TransportClosed) as exc:
             log.warning("%s: pull of round %d from %s failed: %s", self.setup.node_id, t, peer,
-                        exc)
+                        exc,
+                        extra={"event": "pull_failed", "node": self.setup.node_id, "round": t,
+                               "neighbour": peer})
         except Exception:  # a transport failure nobody foresaw must not end the round
             log.exception("%s: pull of round %d from %s failed unexpectedly",
-                          self.setup.node_id, t, peer)
+                          self.setup.node_id, t, peer,
+                          extra={"event": "pull_failed", "node": self.setup.node_id, "round": t,
+                                 "neighbour": peer})
         finally:
             self._pulling.discard(key)

@@ -15,7 +15,6 @@ end in ``_total``, durations are histograms. docs/operations.md lists them.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Iterator
 
@@ -36,7 +35,6 @@ from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
 
 __all__ = ["METRICS_PATH", "MetricsServer", "NeighbourInfo", "NodeMetrics", "NodeStatus"]
 
-log = logging.getLogger("dacflnode.metrics")
 
 #: Per-neighbour counters: metric name (without ``_total``), help, :class:`NeighbourInfo` field.
 PEER_COUNTERS = (

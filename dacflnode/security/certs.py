@@ -254,28 +254,9 @@ def _load_or_create_ca(out_dir: Path, written: list[Path]) -> _Ca:
     now = datetime.datetime.now(datetime.UTC)
     public = key.public_key()
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        _builder(name, name, public, now, now + datetime.timedelta(days=CA_DAYS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -286,6 +267,37 @@ def _load_or_create_ca(out_dir: Path, written: list[Path]) -> _Ca:
     return _Ca(cert, key)
 
 
+def _builder(subject: x509.Name, issuer: x509.Name, public: ec.EllipticCurvePublicKey,
+             now: datetime.datetime, not_after: datetime.datetime) -> x509.CertificateBuilder:
+    """A certificate of ``subject``'s key ``public``, issued by ``issuer``, valid from a little
+    before ``now`` (clock skew) to ``not_after``, with a random serial number."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(not_after)
+    )
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """What a certificate's key may do: a CA's signs certificates (and revocation lists), a
+    node's signs its TLS handshakes, nothing else."""
+    return x509.KeyUsage(
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def _node_certificate(
     ca: _Ca, node_id: str, key: ec.EllipticCurvePrivateKey, days: int
 ) -> x509.Certificate:
@@ -293,29 +305,12 @@ def _node_certificate(
     public = key.public_key()
     ca_ski = ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     return (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
-        .issuer_name(ca.cert.subject)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(min(now + datetime.timedelta(days=days), ca.cert.not_valid_after_utc))
+        _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]), ca.cert.subject,
+                 public, now,
+                 min(now + datetime.timedelta(days=days), ca.cert.not_valid_after_utc))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(node_id)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]

@@ -20,12 +20,13 @@ from dacflnode import __version__
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.filemodes import LOG_MODE, make_dir, write_text
 from dacflnode.learning.datasets import load_dataset
+from dacflnode.learning.names import node_ids
 from dacflnode.learning.partition import partition
 from dacflnode.node.data import cache_dir_in, own_node_data
 from dacflnode.node.faults import FaultPlan
 from dacflnode.node.metrics_log import summarize
 from dacflnode.sim.engine import RayTarget
-from dacflnode.sim.simulator import ProgressFn, Simulation, node_ids
+from dacflnode.sim.simulator import ProgressFn, Simulation
 
 
 def run_experiment(

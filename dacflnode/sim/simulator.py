@@ -53,13 +53,16 @@ from dacflnode.filemodes import make_dir
 from dacflnode.learning.datasets import Dataset, eval_subset
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
+from dacflnode.learning.names import node_ids
 from dacflnode.learning.train import pick_device
 from dacflnode.node.checkpoint import Checkpoint
 from dacflnode.node.copies import SharedDecodes, compression_for, wire_parts
 from dacflnode.node.data import DataInfo, NodeDataSet, class_counts, contract_difference_all
 from dacflnode.node.faults import Crash, FaultPlan
+from dacflnode.node.invariant import relative_residual
 from dacflnode.node.metrics_log import METRICS_FILE
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
+from dacflnode.node.run_graph import RunGraph
 from dacflnode.node.runner import NodeRunner
 from dacflnode.node.runner_types import NodeSetup, RoundReport
 from dacflnode.sim.engine import Engine, NodeData, OnLoopThread, RayTarget, make_engine
@@ -70,10 +73,6 @@ from dacflnode.wire.state_guard import ABSURD_RATIO
 
 #: The run fingerprint every simulated node announces (they all share one configuration).
 SIMULATION_RUN = "simulation"
-
-
-def node_ids(n: int) -> list[str]:
-    return [f"node-{i}" for i in range(n)]
 
 
 def graph_edges(cfg: RunConfig) -> list[tuple[str, str]] | None:
@@ -233,10 +232,10 @@ class Simulation:
         if self.alg.global_model:
             raise ConfigError("faults", f"a {event} event needs each node's own model; "
                               f"{self.alg.name} evaluates the network average")
-        kind = cfg.topology_spec().kind
-        if kind not in GRAPH_KINDS:
+        topology = cfg.topology_spec().topology
+        if topology not in GRAPH_KINDS:
             raise ConfigError("faults", f"a {event} event needs a graph topology (Metropolis "
-                              f"weights that follow the nodes), not '{kind}'")
+                              f"weights that follow the nodes), not '{topology}'")
         if cfg.engine == "batched":
             raise ConfigError("engine", f"the batched engine trains all nodes at once, which a "
                               f"{event} event does not allow; use sequential (or auto)")
@@ -255,7 +254,7 @@ class Simulation:
             rows = MatrixRows(self.ids, lambda t: server)
             return rows, everyone, rows.active
         schedule = MixingSchedule(self.cfg.topology_spec())
-        if schedule.spec.kind not in GRAPH_KINDS:
+        if schedule.spec.topology not in GRAPH_KINDS:
             rows = MatrixRows(self.ids, schedule.matrix)
             return rows, everyone, rows.active
         base = schedule.base_edges()
@@ -265,12 +264,11 @@ class Simulation:
                       for i in range(n)}
         if not self.cfg.time_varying:
             return Metropolis(), neighbours, None
-        index = {node: i for i, node in enumerate(self.ids)}
+        graph = RunGraph.of(self.ids, base, self.cfg.time_varying, self.cfg.seed,
+                            self.cfg.drop_prob)  # a daemon's rule (PeersFile.active_neighbour_ids)
 
         def active(node: str) -> Callable[[int], list[str]]:
-            me = index[node]
-            return lambda t: sorted(self.ids[j if i == me else i]
-                                    for i, j in schedule.edges(t) if me in (i, j))
+            return lambda t: graph.active_neighbours(node, t)
 
         return Metropolis(), neighbours, active
 
@@ -299,9 +297,9 @@ class Simulation:
         self.runners = []
         started = time.perf_counter()
         try:
-            async with asyncio.TaskGroup() as lives:
+            async with asyncio.TaskGroup() as tasks:
                 for node in self.ids:
-                    lives.create_task(nodes.life(node))
+                    tasks.create_task(nodes.play(node))
         except ExceptionGroup as failed:
             # a shared trainer hands its one error to every node: report it once, as itself
             raise _first_leaf(failed) from failed
@@ -332,7 +330,7 @@ class Simulation:
             sum_t = t if sum_t is None else sum_t + t
         if sum_x is None or sum_t is None:
             return None
-        return _relative(sum_x, sum_t)
+        return relative_residual(sum_x, sum_t)
 
 
 class _Records:
@@ -356,7 +354,7 @@ class _Records:
         #: per-round sums only when faults are played or the mixing is not exact (a healthy
         #: run of exact mixing keeps Σ x = Σ tracked)
         self._tracks = sim.alg.tracked_field != "x" and (
-            sim.faults is not None or sim.alg.mixing.kind != "exact")
+            sim.faults is not None or sim.alg.mixing.rule != "exact")
 
     def add(self, node: str, report: RoundReport, state: NodeState) -> None:
         if report.round <= self._done:
@@ -393,7 +391,7 @@ class _Records:
             accuracy=None if any(a is None for a in accs) else
             [float(a) for a in accs if a is not None],
             nodes=[j for j in self.sim.ids if j in done],
-            invariant=None if sums is None else _relative(*sums),
+            invariant=None if sums is None else relative_residual(*sums),
         )
         self._done = round_
         self.result.records.append(record)
@@ -404,7 +402,7 @@ class _Records:
 class _Nodes:
     """The nodes of one run: their transports and runners, and the fault plan's node events.
 
-    A node's life (:meth:`life`) starts its runner, with the others or, for a joiner, when they
+    Playing a node (:meth:`play`) starts its runner, with the others or, for a joiner, when they
     reach its join round; a crash cancels the runner at the start of its round (the transport
     goes down with it) and, with a restart, a new runner resumes from the crashed one's last
     completed round once the others reach the restart round; a leave asks the runner to drain
@@ -487,7 +485,9 @@ class _Nodes:
         self.transports[node] = runner.transport
         return runner
 
-    async def life(self, node: str) -> None:
+    async def play(self, node: str) -> None:
+        """Run ``node`` from its start (or join) to its end, through the plan's crashes,
+        restarts and leave."""
         plan = self.plan
         join = plan.join_round(node) if plan is not None else None
         leave = plan.leave_round(node) if plan is not None else None
@@ -563,13 +563,6 @@ def _check_contracts(ids: Sequence[str], shares: Sequence[NodeDataSet]) -> None:
     why = contract_difference_all(ids, [s.contract for s in shares])
     if why is not None:
         raise ConfigError("data_root", why)
-
-
-def _relative(sum_x: torch.Tensor, sum_tracked: torch.Tensor) -> float:
-    """``|Σ x − Σ tracked| / |Σ tracked|``."""
-    scale = float(torch.linalg.vector_norm(sum_tracked))
-    gap = float(torch.linalg.vector_norm(sum_x - sum_tracked))
-    return gap / scale if scale > 0 else gap
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

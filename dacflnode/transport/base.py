@@ -12,13 +12,16 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.errors import PeerUnavailable as PeerUnavailable
-from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage
+from dacflnode.transport.pulling import pull_expectation
 from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
 from dacflnode.wire.state_guard import StateGuard
+from dacflnode.wire.validation import CompressedSpec, Expectation
 
 #: How long a :meth:`Transport.pull` waits by default, in seconds.
 DEFAULT_PULL_TIMEOUT = 30.0
@@ -113,7 +116,7 @@ def contract_difference(mine: str, theirs: str, name: str) -> str | None:
     except ValueError as exc:
         return f"{name} sent a data contract this node cannot read ({exc})"
     if not mine:
-        return f"{name} trains on own data ({other.kind}), this run on a built-in data set"
+        return f"{name} trains on own data ({other.form}), this run on a built-in data set"
     return DataContract.from_json(mine).difference(other, name)
 
 
@@ -122,7 +125,7 @@ class PeerStats:
     """Per-neighbour counters shown by ``dacflnode status``.
 
     ``bytes_sent`` and ``bytes_received`` count the payload bytes (the tensors' bytes, as
-    :attr:`~dacflnode.wire.codec.RoundMessage.payload_bytes`) of every state moved with the
+    :attr:`~dacflnode.wire.message.RoundMessage.payload_bytes`) of every state moved with the
     neighbour: pushes out and in, pulls served and made (state and copy pulls), the same in
     every transport, so a runner can take per-round differences.
     """
@@ -135,6 +138,17 @@ class PeerStats:
     #: round states accepted from the neighbour (pushed or pulled), and pushes it accepted
     messages_received: int = 0
     messages_sent: int = 0
+
+    def received(self, nbytes: int) -> None:
+        """Count a state of ``nbytes`` payload bytes accepted from the neighbour."""
+        self.bytes_received += nbytes
+        self.messages_received += 1
+
+    def answered(self, started: float) -> None:
+        """Count a call to the neighbour, begun at ``started`` (``time.perf_counter()``), that
+        it answered: it is connected, and the call's round trip is its latency."""
+        self.latency_ms = (time.perf_counter() - started) * 1000.0
+        self.connected = True
 
 
 @dataclass
@@ -305,8 +319,21 @@ class Inbox:
 class Transport(ABC):
     """Moves round messages between this node and its neighbours."""
 
-    inbox: Inbox
-    stats: dict[str, PeerStats]
+    def __init__(self, identity: Identity, peers: Iterable[str], inbox: Inbox,
+                 tensors: Mapping[str, tuple[int, ...]],
+                 compressed: CompressedSpec | None) -> None:
+        self.identity = identity
+        self.inbox = inbox
+        #: This node's tensor set (name -> shape, float32), and a compressed run's (part name
+        #: -> dtype, shape): what pushes and state pulls carry.
+        self.tensors = dict(tensors)
+        self.compressed = None if compressed is None else dict(compressed)
+        #: The counters of each neighbour, in the order of ``peers``.
+        self.stats = {p: PeerStats() for p in peers}
+
+    def _stats(self, peer: str) -> PeerStats:
+        """The counters of ``peer`` (made for a neighbour added after the start)."""
+        return self.stats.setdefault(peer, PeerStats())
 
     @abstractmethod
     async def start(self) -> None:
@@ -331,7 +358,6 @@ class Transport(ABC):
         :class:`TransportClosed`."""
         raise NotImplementedError
 
-    @abstractmethod
     async def pull(
         self,
         peer: str,
@@ -350,4 +376,14 @@ class Transport(ABC):
         :attr:`~dacflnode.wire.errors.Reason.NOT_KEPT` if the peer does not keep that round
         or copy). ``expect_tensors`` defaults to this node's own tensor set.
         """
+        tensors = self.tensors if expect_tensors is None else expect_tensors
+        expect = pull_expectation(peer, round_, tensors, self.compressed, copy_id)
+        request = pb.PullRequest(requester=self.identity.node_id, round=round_, copy_id=copy_id)
+        return await self._pull(peer, request, expect, timeout)
+
+    @abstractmethod
+    async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,
+                    timeout: float) -> RoundMessage:
+        """Ask ``peer`` for what ``request`` names and return the answer once ``expect``
+        accepts it (see :meth:`pull`, which makes both)."""
         raise NotImplementedError

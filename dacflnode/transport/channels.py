@@ -4,7 +4,7 @@ Only this module and ``grpc_*.py`` import grpc. The options, and why:
 
 ``grpc.max_send_message_length`` / ``grpc.max_receive_message_length`` (8 MiB)
     A round's state travels as ~1 MiB :class:`StateChunk` messages (see
-    :mod:`dacflnode.wire.codec`), so no single gRPC message is ever large; the limit is set
+    :mod:`dacflnode.wire`), so no single gRPC message is ever large; the limit is set
     explicitly (the default receive limit is 4 MiB) with headroom for the header and for a
     sender using larger chunks, while still bounding what one message can make a node allocate.
 
@@ -196,8 +196,8 @@ def _check_free(address: str) -> None:
         raise BindError(f"cannot listen on {address}: cannot resolve {host!r} ({exc})",
                         address) from exc
     failures: list[OSError] = []
-    for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as probe:
+    for family, socktype, proto, _, sockaddr in infos:
+        with socket.socket(family, socktype, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 with contextlib.suppress(OSError):

@@ -22,10 +22,11 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import Message
 
 from dacflnode._proto.dacfl.v1 import control_pb2 as pb
 from dacflnode._proto.dacfl.v1 import control_pb2_grpc as pb_grpc
@@ -44,7 +45,7 @@ AUTH_METADATA_KEY = "authorization"
 #: log); the next line says how many were not logged.
 REFUSAL_LOG_INTERVAL = 1.0
 
-log = logging.getLogger("dacflnode.control")
+log = logging.getLogger(__name__)
 
 
 class ControlUnauthenticated(Exception):
@@ -158,7 +159,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         if now - self._last_log >= REFUSAL_LOG_INTERVAL:
             log.warning("control call from %.100r refused: missing or wrong token%s",
                         context.peer(), f" ({self._unlogged} more not logged)"
-                        if self._unlogged else "")
+                        if self._unlogged else "", extra={"event": "control_refused"})
             self._last_log, self._unlogged = now, 0
         else:
             self._unlogged += 1
@@ -176,48 +177,32 @@ def control_interceptors(token: str | None) -> list[TokenInterceptor]:
     return [TokenInterceptor(token)] if token else []
 
 
+def _fields(message: Any, source: Any) -> dict[str, Any]:
+    """The fields of protobuf message type ``message``, read by name from ``source``."""
+    return {f.name: getattr(source, f.name) for f in message.DESCRIPTOR.fields}
+
+
+def _plain(reply: Message) -> dict[str, Any]:
+    """The fields of ``reply`` by name, a repeated field as a list and a map as a dict."""
+    return {name: dict(value) if isinstance(value, Mapping)
+            else list(value) if isinstance(value, Sequence) and not isinstance(value, str)
+            else value
+            for name, value in _fields(reply, reply).items()}
+
+
 def status_to_proto(s: NodeStatus) -> pb.StatusReply:
-    return pb.StatusReply(
-        node_id=s.node_id, algorithm=s.algorithm, round=s.round, rounds_total=s.rounds_total,
-        phase=s.phase,
-        neighbours=[pb.NeighbourStatus(
-            node_id=n.node_id, address=n.address, connected=n.connected,
-            last_round_received=n.last_round_received, bytes_received=n.bytes_received,
-            bytes_sent=n.bytes_sent, latency_ms=n.latency_ms, state=n.state,
-            missed_rounds=n.missed_rounds, late_states=n.late_states, refused=n.refused,
-            corrections=n.corrections, refused_states=n.refused_states)
-            for n in s.neighbours],
-        last_accuracy=s.last_accuracy, last_loss=s.last_loss,
-        consensus_residual=s.consensus_residual, device=s.device, uptime_s=s.uptime_s,
-        listen_address=s.listen_address, tls=s.tls, refusals=s.refusals,
-        anchors=s.anchors, reanchored=s.reanchored, leaving=s.leaving,
-        data_size=s.data_size, test_size=s.test_size, class_counts=s.class_counts,
-        skipped_files=s.skipped_files,
-        tls_handshake_failures=s.tls_handshake_failures,
-        alone_rounds=s.alone_rounds, quarantines=s.quarantines, refused_states=s.refused_states,
-    )
+    """``s`` as the Status call answers it: the fields the reply has (a field of the status
+    that the reply lacks stays on this side)."""
+    fields = _fields(pb.StatusReply, s)
+    fields["neighbours"] = [pb.NeighbourStatus(**_fields(pb.NeighbourStatus, n))
+                            for n in s.neighbours]
+    return pb.StatusReply(**fields)
 
 
 def status_from_proto(r: pb.StatusReply) -> NodeStatus:
-    return NodeStatus(
-        node_id=r.node_id, algorithm=r.algorithm, round=r.round, rounds_total=r.rounds_total,
-        phase=r.phase,
-        neighbours=[NeighbourInfo(
-            node_id=n.node_id, address=n.address, connected=n.connected,
-            last_round_received=n.last_round_received, bytes_received=n.bytes_received,
-            bytes_sent=n.bytes_sent, latency_ms=n.latency_ms, state=n.state,
-            missed_rounds=n.missed_rounds, late_states=n.late_states, refused=n.refused,
-            corrections=n.corrections, refused_states=n.refused_states)
-            for n in r.neighbours],
-        last_accuracy=r.last_accuracy, last_loss=r.last_loss,
-        consensus_residual=r.consensus_residual, device=r.device, uptime_s=r.uptime_s,
-        listen_address=r.listen_address, tls=r.tls, refusals=dict(r.refusals),
-        anchors=list(r.anchors), reanchored=r.reanchored, leaving=r.leaving,
-        data_size=r.data_size, test_size=r.test_size, class_counts=dict(r.class_counts),
-        skipped_files=r.skipped_files,
-        tls_handshake_failures=dict(r.tls_handshake_failures),
-        alone_rounds=r.alone_rounds, quarantines=r.quarantines, refused_states=r.refused_states,
-    )
+    fields = _plain(r)
+    fields["neighbours"] = [NeighbourInfo(**_plain(n)) for n in r.neighbours]
+    return NodeStatus(**fields)
 
 
 def _translate(target: str, auth: ControlAuth, exc: grpc.aio.AioRpcError) -> Exception:

@@ -45,7 +45,7 @@ PullState are registered with hand-made (de)serializers (:func:`add_neighbor_ser
 tensors and hashed from that copy, in a worker thread while the chunk before it is sent
 (:meth:`~dacflnode.transport.outgoing.ChunkStream.prefetched`); the checksum follows the data in
 the stream's trailer. A received data chunk is parsed as a view of the received bytes
-(:func:`~dacflnode.wire.codec.parse_chunk`), whose payload is then copied, hashed and summed
+(:func:`~dacflnode.wire.fast_path.parse_chunk`), whose payload is then copied, hashed and summed
 straight into the receive buffer in a worker thread while the next chunk is received
 (:class:`~dacflnode.transport.receiver.Assembler`). The bytes on the wire are exactly
 protobuf's, so a peer using the generated stubs reads and writes the same streams.
@@ -68,11 +68,9 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.security.tls import TlsMaterial
 from dacflnode.transport import channels
 from dacflnode.transport.base import (
-    DEFAULT_PULL_TIMEOUT,
     HandshakeRefused,
     Identity,
     Inbox,
-    PeerStats,
     PeerUnavailable,
     Transport,
     TransportClosed,
@@ -85,7 +83,6 @@ from dacflnode.transport.handshake import (
     hello_request,
 )
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
-from dacflnode.transport.pulling import pull_expectation
 from dacflnode.transport.receiver import (
     FIRST_MESSAGE_TIMEOUT,
     IDLE_TIMEOUT,
@@ -94,20 +91,15 @@ from dacflnode.transport.receiver import (
     Receiver,
 )
 from dacflnode.transport.slots import Call, CallSlots, PoolKey, peer_host
-from dacflnode.wire.codec import (
-    CHUNK_BYTES,
-    Chunk,
-    CompressedSpec,
-    Decoder,
-    RoundMessage,
-    chunk_size,
-    parse_chunk,
-    serialize_chunk,
-)
+from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
+from dacflnode.wire.fast_path import Chunk, chunk_size, parse_chunk, serialize_chunk
+from dacflnode.wire.message import CHUNK_BYTES, RoundMessage
+from dacflnode.wire.validation import CompressedSpec, Expectation
 
-#: Deadline of one Hello call, in seconds.
-HELLO_TIMEOUT = 5.0
+#: Deadline of one Hello call, in seconds (the setting ``hello_timeout`` is how long a node
+#: waits for its neighbours at start, over many such calls).
+HELLO_CALL_TIMEOUT = 5.0
 #: The full name of the Neighbor service, as the health service reports it.
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Neighbor"].full_name
 
@@ -380,7 +372,7 @@ _CUT_NOW = frozenset({Reason.IDLE, Reason.TOO_SLOW, Reason.PREEMPTED, Reason.TOO
 
 def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) -> None:
     """Serve ``dacfl.v1.Neighbor`` on ``server`` with hand-made handlers: PushState's chunks
-    are parsed by :func:`~dacflnode.wire.codec.parse_chunk` (a data chunk's payload stays a
+    are parsed by :func:`~dacflnode.wire.fast_path.parse_chunk` (a data chunk's payload stays a
     view of the received bytes), PullState sends the bytes :meth:`Receiver.pull_serialized`
     made, and Hello and PullState read their request as a stream (of one message: see
     :class:`NeighborServicer`), so that a call that never sends it is cut at the first-message
@@ -410,7 +402,7 @@ def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) ->
 class NeighborCalls:
     """The ``dacfl.v1.Neighbor`` calls on one channel: ``hello`` as generated; ``push`` takes
     serialized chunks (bytes, as :meth:`ChunkStream.serialized` makes them) and ``pull``
-    yields chunks as :func:`~dacflnode.wire.codec.parse_chunk` returns them."""
+    yields chunks as :func:`~dacflnode.wire.fast_path.parse_chunk` returns them."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.hello = neighbor_pb2_grpc.NeighborStub(channel).Hello
@@ -447,6 +439,9 @@ class GrpcTransport(Transport):
 
     ``compressed``: a compressed run's tensor set (part name -> dtype, shape); pushes and
     state pulls then carry it or the float32 set ``tensors`` (docs/compression.md).
+
+    ``hello_call_timeout``: the deadline of one Hello call, in seconds; how long a node keeps
+    calling a neighbour that does not answer is the runner's (the setting ``hello_timeout``).
     """
 
     def __init__(
@@ -459,31 +454,27 @@ class GrpcTransport(Transport):
         *,
         compressed: CompressedSpec | None = None,
         server: grpc.aio.Server | None = None,
-        hello_timeout: float = HELLO_TIMEOUT,
+        hello_call_timeout: float = HELLO_CALL_TIMEOUT,
         tls: TlsMaterial | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         stream_timeout: float = STREAM_TIMEOUT,
         first_message_timeout: float = FIRST_MESSAGE_TIMEOUT,
         health_listen: str | None = None,
     ) -> None:
-        self.identity = identity
+        super().__init__(identity, peers, inbox, tensors, compressed)
         self.tls = tls
         self.health_listen = health_listen
         self.health_port: int | None = None
         self._health_server: grpc.aio.Server | None = None
         self.listen = listen
         self.peers: dict[str, str] = dict(peers)
-        self.inbox = inbox
-        self.tensors = dict(tensors)
-        self.compressed = None if compressed is None else dict(compressed)
-        self.stats: dict[str, PeerStats] = {p: PeerStats() for p in self.peers}
         self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
                                  compressed=self.compressed, idle_timeout=idle_timeout,
                                  stream_timeout=stream_timeout,
                                  first_message_timeout=first_message_timeout)
         #: The Neighbor calls in flight, by caller (see :mod:`~dacflnode.transport.slots`).
         self.slots = CallSlots(stale_after=first_message_timeout)
-        self.hello_timeout = hello_timeout
+        self.hello_call_timeout = hello_call_timeout
         self.port: int | None = None
         self._server = server
         self._health: Any = None
@@ -594,9 +585,6 @@ class GrpcTransport(Transport):
             return None
         return state is grpc.ChannelConnectivity.READY
 
-    def _stats(self, peer: str) -> PeerStats:
-        return self.stats.setdefault(peer, PeerStats())  # a peer added to `peers` later
-
     def _unavailable(self, peer: str, what: str, err: grpc.aio.AioRpcError) -> PeerUnavailable:
         self._stats(peer).connected = False
         return PeerUnavailable(
@@ -614,7 +602,8 @@ class GrpcTransport(Transport):
     async def hello(self, peer: str, join_round: int = 0) -> PeerIdentity:
         stub = self._stub(peer)
         started = time.perf_counter()
-        call = stub.hello(hello_request(self.identity, join_round), timeout=self.hello_timeout)
+        call = stub.hello(hello_request(self.identity, join_round),
+                          timeout=self.hello_call_timeout)
         try:
             reply = await call
         except asyncio.CancelledError:
@@ -632,9 +621,7 @@ class GrpcTransport(Transport):
                 ) from err
             raise self._unavailable(peer, "handshake with", err) from err
         other = check_identity(self.identity, peer, reply)
-        stats = self._stats(peer)
-        stats.latency_ms = (time.perf_counter() - started) * 1000.0
-        stats.connected = True
+        self._stats(peer).answered(started)
         return other
 
     async def push(self, peer: str, message: RoundMessage, timeout: float) -> None:
@@ -652,58 +639,30 @@ class GrpcTransport(Transport):
         remaining = max(0.0, timeout - (time.perf_counter() - started))
         call = stub.push(timeout=remaining)
         try:
-            try:
-                async with contextlib.aclosing(stream.prefetched()) as chunks:
-                    async for chunk in chunks:
-                        await call.write(chunk)
-                await call.done_writing()
-            except (asyncio.InvalidStateError, grpc.aio.InternalError):
-                # the call ended before the whole stream (the peer ended it, or its deadline
-                # passed while this process was stopped: grpc then fails the half-close with
-                # ExecuteBatchError): its status says why
-                pass
-            await call
-        except asyncio.CancelledError:
-            call.cancel()
-            if cancelled_by_caller():
-                raise
-            raise self._interrupted(peer, what) from None
-        except grpc.aio.AioRpcError as err:
-            if unreachable(err):
-                raise self._unavailable(peer, what, err) from err
-            raise wire_error(err) from err
+            with self._failures(peer, what, call):
+                try:
+                    async with contextlib.aclosing(stream.prefetched()) as chunks:
+                        async for chunk in chunks:
+                            await call.write(chunk)
+                    await call.done_writing()
+                except (asyncio.InvalidStateError, grpc.aio.InternalError):
+                    # the call ended before the whole stream (the peer ended it, or its
+                    # deadline passed while this process was stopped: grpc then fails the
+                    # half-close with ExecuteBatchError): its status says why
+                    pass
+                await call
         finally:
             stats.bytes_sent += stream.sent
-        stats.latency_ms = (time.perf_counter() - started) * 1000.0
-        stats.connected = True
+        stats.answered(started)
         stats.messages_sent += 1
 
-    async def pull(
-        self,
-        peer: str,
-        round_: int,
-        expect_tensors: Mapping[str, tuple[int, ...]] | None = None,
-        timeout: float = DEFAULT_PULL_TIMEOUT,
-        copy_id: int = 0,
-    ) -> RoundMessage:
-        """The state ``peer`` published for ``round_``, or its public copy ``copy_id`` (see
-        :meth:`Transport.pull`); raises :class:`PeerUnavailable`, :class:`TransportClosed` or
-        :class:`WireError` (``NOT_FOUND`` with reason ``NOT_KEPT`` if the peer does not keep
-        that round or copy)."""
-        stub = self._stub(peer)
-        decoder = Decoder(pull_expectation(peer, round_, self.tensors if expect_tensors is None
-                                           else expect_tensors, self.compressed, copy_id),
-                          pool=self.receiver.pool)
-        what = (f"pull of copy {copy_id} from" if copy_id
-                else f"pull of round {round_} from")
-        assembler = Assembler(decoder, self.receiver.worker)
-        call = stub.pull(pb.PullRequest(requester=self.identity.node_id, round=round_,
-                                        copy_id=copy_id),
-                         timeout=timeout)
+    @contextlib.contextmanager
+    def _failures(self, peer: str, what: str, call: grpc.aio.Call) -> Iterator[None]:
+        """Raise what a failed ``call`` to ``peer`` means: the caller's own cancellation as it
+        is, any other cancellation as :meth:`_interrupted` says, an unreachable peer as
+        :class:`PeerUnavailable`, any other status as the :class:`WireError` it carries."""
         try:
-            async for chunk in call:
-                await assembler.take(chunk)
-            message = await assembler.finish()
+            yield
         except asyncio.CancelledError:
             call.cancel()
             if cancelled_by_caller():
@@ -713,6 +672,20 @@ class GrpcTransport(Transport):
             if unreachable(err):
                 raise self._unavailable(peer, what, err) from err
             raise wire_error(err) from err
+
+    async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,
+                    timeout: float) -> RoundMessage:
+        stub = self._stub(peer)
+        decoder = Decoder(expect, pool=self.receiver.pool)
+        what = (f"pull of copy {request.copy_id} from" if request.copy_id
+                else f"pull of round {request.round} from")
+        assembler = Assembler(decoder, self.receiver.worker)
+        call = stub.pull(request, timeout=timeout)
+        try:
+            with self._failures(peer, what, call):
+                async for chunk in call:
+                    await assembler.take(chunk)
+                message = await assembler.finish()
         except WireError:
             assembler.release()
             call.cancel()  # the peer sent something this node does not accept: stop reading
@@ -720,7 +693,5 @@ class GrpcTransport(Transport):
         except BaseException:
             assembler.release()
             raise
-        stats = self._stats(peer)
-        stats.bytes_received += decoder.received
-        stats.messages_received += 1
+        self._stats(peer).received(decoder.received)
         return message

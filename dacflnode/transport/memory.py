@@ -13,7 +13,7 @@ A :class:`MemoryNetwork` delivers in one of two ways:
     A push skips encoding, chunking and checksumming: the peer's receiver validates the
     message's fields exactly as it validates a header (sender, round, degree, tensor names,
     dtypes and shapes; same status codes, same :class:`~dacflnode.wire.errors.Reason`) and puts
-    the very :class:`~dacflnode.wire.codec.RoundMessage` the sender pushed, with the sender's
+    the very :class:`~dacflnode.wire.message.RoundMessage` the sender pushed, with the sender's
     tensor objects, into its inbox. Pulls hand over the published message the same way. Every
     receiver therefore treats delivered tensors as read-only (the node runner only reads them
     to mix), and a sender never mutates a message after pushing it. Byte counters count the
@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator, Collection, Mapping
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.base import (
-    DEFAULT_PULL_TIMEOUT,
     HandshakeRefused,
     Identity,
     Inbox,
@@ -48,10 +47,11 @@ from dacflnode.transport.handshake import (
     hello_request,
 )
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
-from dacflnode.transport.pulling import pull_decoder, pull_expectation
 from dacflnode.transport.receiver import Receiver, check_message
-from dacflnode.wire.codec import CompressedSpec, RoundMessage
+from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.errors import WireError
+from dacflnode.wire.message import RoundMessage
+from dacflnode.wire.validation import CompressedSpec, Expectation
 
 
 class MemoryNetwork:
@@ -112,14 +112,9 @@ class MemoryTransport(Transport):
         tensors: Mapping[str, tuple[int, ...]],
         compressed: CompressedSpec | None = None,
     ) -> None:
+        super().__init__(identity, sorted(peers), inbox, tensors, compressed)
         self.network = network
-        self.identity = identity
         self.peers = frozenset(peers)
-        self.inbox = inbox
-        self.tensors = dict(tensors)
-        #: A compressed run's tensor set (pushes and state pulls carry it or the float32 set).
-        self.compressed = None if compressed is None else dict(compressed)
-        self.stats = {p: PeerStats() for p in sorted(self.peers)}
         self.receiver = Receiver(identity, inbox, self.tensors, self.stats,
                                  compressed=self.compressed)
         #: Who this node is to the peers it calls: the in-memory network knows its callers,
@@ -169,9 +164,7 @@ class MemoryTransport(Transport):
                 raise HandshakeRefused(exc.message, exc.reason) from exc
             raise PeerUnavailable(f"{peer}: {exc.code}: {exc.message}") from exc
         other = check_identity(self.identity, peer, reply)
-        stats = self.stats[peer]
-        stats.latency_ms = (time.perf_counter() - started) * 1000.0
-        stats.connected = True
+        self.stats[peer].answered(started)
         return other
 
     async def push(self, peer: str, message: RoundMessage, timeout: float) -> None:
@@ -193,8 +186,7 @@ class MemoryTransport(Transport):
             stats.connected = False
             raise PeerUnavailable(f"push of round {message.round} to {peer} timed out after "
                                   f"{timeout:.3g}s") from exc
-        stats.latency_ms = (time.perf_counter() - started) * 1000.0
-        stats.connected = True
+        stats.answered(started)
         stats.messages_sent += 1
 
     async def _push_stream(
@@ -212,41 +204,25 @@ class MemoryTransport(Transport):
         finally:
             stats.bytes_sent += stream.sent
 
-    async def pull(
-        self,
-        peer: str,
-        round_: int,
-        expect_tensors: Mapping[str, tuple[int, ...]] | None = None,
-        timeout: float = DEFAULT_PULL_TIMEOUT,
-        copy_id: int = 0,
-    ) -> RoundMessage:
-        """The state ``peer`` published for ``round_``, or its public copy ``copy_id`` (see
-        :meth:`Transport.pull`); raises :class:`PeerUnavailable`, :class:`TransportClosed` or
-        :class:`WireError` (``NOT_FOUND`` with reason ``NOT_KEPT`` if the peer does not keep
-        that round or copy)."""
+    async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,
+                    timeout: float) -> RoundMessage:
         target = self._reach(peer)
-        tensors = self.tensors if expect_tensors is None else expect_tensors
-        request = pb.PullRequest(requester=self.identity.node_id, round=round_,
-                                 copy_id=copy_id)
         try:
             async with asyncio.timeout(timeout):
                 if not self.network.copy:
                     message = target.receiver.published(request, self.address,
                                                         peer_ids=self._me)
-                    check_message(pull_expectation(peer, round_, tensors, self.compressed,
-                                                   copy_id), message)
+                    check_message(expect, message)
                     target.receiver.served(self.identity.node_id, message)
-                    self.stats[peer].bytes_received += message.payload_bytes
-                    self.stats[peer].messages_received += 1
+                    self.stats[peer].received(message.payload_bytes)
                     return message
-                decoder = pull_decoder(peer, round_, tensors, self.compressed, copy_id)
+                decoder = Decoder(expect)
                 for chunk in target.receiver.pull(request, self.address, peer_ids=self._me):
                     decoder.take(chunk)
                     await asyncio.sleep(0)
                 message = await asyncio.to_thread(decoder.finish)
         except TimeoutError as exc:
-            raise PeerUnavailable(f"pull of round {round_} from {peer} timed out after "
+            raise PeerUnavailable(f"pull of round {request.round} from {peer} timed out after "
                                   f"{timeout:.3g}s") from exc
-        self.stats[peer].bytes_received += decoder.received
-        self.stats[peer].messages_received += 1
+        self.stats[peer].received(decoder.received)
         return message

@@ -1,6 +1,6 @@
 """Outgoing states, shared by both transports: prepared once per message, streamed per neighbour.
 
-A node pushes the same :class:`~dacflnode.wire.codec.RoundMessage` to all its neighbours,
+A node pushes the same :class:`~dacflnode.wire.message.RoundMessage` to all its neighbours,
 concurrently. :class:`HeaderCache` prepares it once (host copy, contiguous tensors, header)
 off the event loop, and :class:`ChunkStream` streams the prepared state to one neighbour,
 hashing each chunk as it makes it (the checksum is the stream's trailer), counting what it
@@ -22,15 +22,9 @@ import xxhash
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.base import TransportClosed, cancelled_by_caller
 from dacflnode.transport.receiver import Receiver
-from dacflnode.wire.codec import (
-    CHUNK_BYTES,
-    RoundMessage,
-    SerializedStream,
-    chunks,
-    make_header,
-    serialize_chunk,
-    trailer_chunk,
-)
+from dacflnode.wire.encoder import SerializedStream, chunks, make_header, trailer_chunk
+from dacflnode.wire.fast_path import serialize_chunk
+from dacflnode.wire.message import CHUNK_BYTES, RoundMessage
 
 #: A stream of at least this many payload bytes makes its chunks in a worker thread (see
 #: :meth:`ChunkStream.prefetched`); a smaller one on the event loop (the hand-over would cost

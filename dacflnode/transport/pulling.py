@@ -1,4 +1,5 @@
-"""What a node accepts when it pulls a neighbour's state, shared by both transports.
+"""What a node accepts when it pulls a neighbour's state, for both transports (see
+:meth:`~dacflnode.transport.base.Transport.pull`).
 
 A pull asks one neighbour for the state it published for one round; the answer must be that
 neighbour's state for exactly that round, with this node's tensor set (full, or compressed in a
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dacflnode.wire.codec import CompressedSpec, Decoder, Expectation
 from dacflnode.wire.errors import Reason, Refusal
+from dacflnode.wire.validation import CompressedSpec, Expectation
 
 
 def pull_expectation(
@@ -32,10 +33,3 @@ def pull_expectation(
     return Expectation(senders={peer}, tensors=tensors, accept_round=only,
                        compressed=compressed)
 
-
-def pull_decoder(
-    peer: str, round_: int, tensors: Mapping[str, tuple[int, ...]],
-    compressed: CompressedSpec | None = None, copy_id: int = 0,
-) -> Decoder:
-    """A decoder that accepts only what :func:`pull_expectation` accepts."""
-    return Decoder(pull_expectation(peer, round_, tensors, compressed, copy_id))

@@ -60,27 +60,23 @@ from typing import TypeVar
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.transport.base import Identity, Inbox, PeerStats
-from dacflnode.transport.slots import Call
-from dacflnode.wire.codec import (
-    BufferPool,
-    Chunk,
+from dacflnode.transport.slots import Call, release
+from dacflnode.wire.buffers import BufferPool
+from dacflnode.wire.decoder import Decoder
+from dacflnode.wire.encoder import encode, make_header, serialized_chunks
+from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, WireError
+from dacflnode.wire.fast_path import Chunk, serialize_chunk
+from dacflnode.wire.message import RoundMessage, dtype_name
+from dacflnode.wire.validation import (
     CompressedSpec,
-    Decoder,
     Expectation,
-    RoundMessage,
     check_copy,
     check_fields,
     check_finite,
     check_log,
-    dtype_name,
-    encode,
-    make_header,
-    serialize_chunk,
-    serialized_chunks,
 )
-from dacflnode.wire.errors import STRANGER_MESSAGE, Reason, WireError
 
-log = logging.getLogger("dacflnode.transport")
+log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 #: Seconds a push stream may send nothing before it is cut (a healthy sender writes a 1 MiB
@@ -259,7 +255,9 @@ class Receiver:
             if call == "push" and exc.reason is Reason.ROUND_PASSED:
                 self.late_by[who] += 1
         log.warning("%s from %r (peer %r, round %d) refused: %s: %s (%s)", call, who, peer,
-                    round_, exc.code, exc.detail, exc.reason)
+                    round_, exc.code, exc.detail, exc.reason,
+                    extra={"event": f"{call}_refused", "round": round_ if round_ >= 0 else None,
+                           "neighbour": who, "reason": exc.reason})
 
     # ------------------------------------------------------------------ Hello
     def hello(
@@ -320,15 +318,6 @@ class Receiver:
         streams.append(call)
         return key
 
-    def _unreserve(self, key: tuple[str, int], call: Call) -> None:
-        streams = self._receiving.get(key)
-        if streams is None:
-            return
-        if call in streams:
-            streams.remove(call)
-        if not streams:
-            del self._receiving[key]
-
     def _kept(self, key: tuple[str, int], call: Call) -> None:
         """The stream ``call`` of ``key`` was accepted: cut the others, duplicates now."""
         for other in self._receiving.pop(key, []):
@@ -371,7 +360,7 @@ class Receiver:
         peer_ids: frozenset[str] | None = None, call: Call | None = None,
     ) -> pb.PushReply:
         """Validate and assemble one pushed stream, then put it into the inbox. The chunks
-        are messages, or data payloads as :func:`~dacflnode.wire.codec.parse_chunk` returns
+        are messages, or data payloads as :func:`~dacflnode.wire.fast_path.parse_chunk` returns
         them. ``call`` is the stream's :class:`~dacflnode.transport.slots.Call` (made here
         when not given): whoever cuts it ends the stream with the error it was cut with."""
         if call is None:
@@ -409,7 +398,7 @@ class Receiver:
         finally:
             await chunks.aclose()
             if key is not None:
-                self._unreserve(key, call)
+                release(self._receiving, key, call)
         if key is not None:  # (always: a message was assembled, so its header was read)
             self._kept(key, call)
         self._received(message, decoder.received)
@@ -437,8 +426,7 @@ class Receiver:
         stats = self.stats.setdefault(message.sender, PeerStats())
         stats.connected = True
         stats.last_round_received = max(stats.last_round_received, message.round)
-        stats.bytes_received += size
-        stats.messages_received += 1
+        stats.received(size)
 
     # ------------------------------------------------------------------ PullState
     def publish(

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 from dacflnode.wire.errors import Reason, WireError
 
@@ -167,19 +168,27 @@ class CallSlots:
         if key is None:
             return
         call.pool = None
-        calls = self._pools.get(key)
-        if calls is None:
-            return
-        if call in calls:
-            calls.remove(call)
-        if not calls:
-            del self._pools[key]
+        release(self._pools, key, call)
+
+
+_K = TypeVar("_K", bound=Hashable)
+
+
+def release(calls: dict[_K, list[Call]], key: _K, call: Call) -> None:
+    """Take ``call`` out of ``calls[key]``, and ``key`` out of ``calls`` once no call is left."""
+    held = calls.get(key)
+    if held is None:
+        return
+    if call in held:
+        held.remove(call)
+    if not held:
+        del calls[key]
 
 
 def _who(key: PoolKey) -> str:
-    kind = key[0]
-    if kind == "cert":
+    known_by = key[0]  # how the caller is known: its certificate, or the id it claimed
+    if known_by == "cert":
         return f"the certificate of {key[1]!r}"
-    if kind == "claim":
+    if known_by == "claim":
         return f"{key[1]!r} at {key[2]!r}"
     return f"{key[1]!r}"

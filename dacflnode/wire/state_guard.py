@@ -3,7 +3,7 @@
 A well-formed, correctly checksummed state can still be poison: a neighbour that sends its model
 scaled by 5, 50 or −1 (a bug, or a member that turned against the network) drives every model it
 is mixed into, and within a few rounds the whole network, to meaningless values. NaN and
-infinities are refused by the codec (:func:`~dacflnode.wire.codec.check_finite`); this guard
+infinities are refused by the codec (:func:`~dacflnode.wire.validation.check_finite`); this guard
 refuses finite states that no honest neighbour can have sent, and states that are an old state
 of the same sender sent again for another round.
 
@@ -66,8 +66,9 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from dacflnode.wire.codec import Kind, RoundMessage, checksum
+from dacflnode.wire.encoder import checksum
 from dacflnode.wire.errors import Reason, Refusal
+from dacflnode.wire.message import Kind, RoundMessage
 
 #: The old rule's ratio; kept for callers that still pass one (``NodeSetup.absurd_ratio``:
 #: ``None`` turns the guard off, any number turns it on).

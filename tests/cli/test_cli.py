@@ -66,6 +66,7 @@ def test_yaml_config_is_read_and_flags_override_it(tmp_path):
         (["--topology", "ring", "--nodes", "2"], "nodes"),
         (["--data-root", "/no/such/folder", "--dataset", "mnist"], "data_root"),
         (["--algorithm", "dacfl,magic"], "algorithm"),
+        (["--gone-after", "0"], "gone_after"),
     ],
 )
 def test_bad_config_gets_one_line_naming_the_field_and_exit_code_2(args, field, capsys):
@@ -163,6 +164,23 @@ def test_launch_keeps_the_topology_its_config_file_gives(tmp_path):
     without.write_text("nodes: 4\n")
     assert _file_sets(str(flat), "topology") and _file_sets(str(nested), "topology")
     assert not _file_sets(str(without), "topology") and not _file_sets(None, "topology")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "config", "topology"),
+    [(None, None, "ring"), (2, None, "complete"), (None, "nodes: 2\n", "complete"),
+     (None, "run:\n  nodes: 2\n", "complete"), (4, "nodes: 2\n", "ring")],
+    ids=["declared default", "flag", "config file", "run section", "flag over file"],
+)
+def test_launch_runs_a_ring_only_on_as_many_nodes_as_a_ring_needs(tmp_path, nodes, config,
+                                                                  topology):
+    from dacflnode.cli.launch import _default_topology
+
+    path = None
+    if config is not None:
+        path = tmp_path / "run.yaml"
+        path.write_text(config)
+    assert _default_topology({"nodes": nodes, "config_file": path}) == topology
 
 
 def test_simulate_with_clipped_mixing_reports_an_invariant_that_holds():

@@ -62,7 +62,7 @@ def module(tmp_path, monkeypatch):
 
 def test_a_factory_of_tensor_pairs_gives_train_and_test(module):
     data = load_local_data("python", f"{module}:pairs", classes=["a", "b", "c"], seed=5)
-    assert data.contract.kind == "python" and data.contract.input_shape == (1, 4, 4)
+    assert data.contract.form == "python" and data.contract.input_shape == (1, 4, 4)
     assert data.train_size == 12 and data.test_size == 4
     assert data.histogram == {"a": 4, "b": 4, "c": 4}
     again = load_local_data("python", f"{module}:pairs", classes=["a", "b", "c"], seed=5)

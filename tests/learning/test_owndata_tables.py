@@ -17,7 +17,7 @@ def test_a_csv_loads_with_labels_by_name_and_features_in_file_order(tmp_path):
     path = write_csv(tmp_path / "d.csv", ["width", "height", "species"], ROWS)
     data = load_local_data("table", path, classes=["virginica", "setosa", "versicolor"],
                            label_column="species")
-    assert data.contract.kind == "table"
+    assert data.contract.form == "table"
     assert data.contract.input_shape == (2,)
     assert data.contract.feature_names == ("width", "height")
     assert tuple(data.train_x.shape) == (4, 1, 1, 2)

@@ -71,16 +71,16 @@ def test_batch_plan_is_deterministic_and_depends_on_seed_node_and_round():
     def flat(plan):
         return torch.cat(plan).tolist()
 
-    base = flat(batch_plan(50, cfg, seed=1, node_index=2, round=3))
-    assert base == flat(batch_plan(50, cfg, seed=1, node_index=2, round=3))
-    assert base != flat(batch_plan(50, cfg, seed=2, node_index=2, round=3))
-    assert base != flat(batch_plan(50, cfg, seed=1, node_index=3, round=3))
-    assert base != flat(batch_plan(50, cfg, seed=1, node_index=2, round=4))
+    base = flat(batch_plan(50, cfg, seed=1, node_index=2, round_=3))
+    assert base == flat(batch_plan(50, cfg, seed=1, node_index=2, round_=3))
+    assert base != flat(batch_plan(50, cfg, seed=2, node_index=2, round_=3))
+    assert base != flat(batch_plan(50, cfg, seed=1, node_index=3, round_=3))
+    assert base != flat(batch_plan(50, cfg, seed=1, node_index=2, round_=4))
 
 
 def test_each_epoch_is_a_permutation_cut_into_batches_keeping_the_partial_one():
     cfg = TrainConfig(batch_size=20, local_epochs=2)
-    plan = batch_plan(45, cfg, seed=0, node_index=0, round=0)
+    plan = batch_plan(45, cfg, seed=0, node_index=0, round_=0)
     assert [len(b) for b in plan] == [20, 20, 5, 20, 20, 5]
     assert all(b.dtype == torch.long for b in plan)
     first, second = torch.cat(plan[:3]), torch.cat(plan[3:])
@@ -136,7 +136,7 @@ def test_train_follows_the_batch_plan_with_plain_sgd():
     opt = torch.optim.SGD(reference.parameters(), lr=0.1 * 0.9**2, momentum=0.5,
                           weight_decay=1e-3)
     losses = []
-    for idx in batch_plan(45, cfg, seed=5, node_index=2, round=2):
+    for idx in batch_plan(45, cfg, seed=5, node_index=2, round_=2):
         opt.zero_grad()
         loss = F.cross_entropy(reference(x[idx]), y[idx])
         loss.backward()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -63,8 +64,11 @@ def start_cluster(
 
 
 def start_node(path: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    """The daemon of the peers file ``path``; its stderr goes to ``<peers file>.stderr`` (a pipe
+    nobody reads would stop the daemon once its log fills the pipe's 64 KiB)."""
+    with path.with_suffix(".stderr").open("ab") as err:
+        return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
+                                stdout=subprocess.DEVNULL, stderr=err, env=ENV)
 
 
 def wait_all(procs, timeout=120) -> list[int]:
@@ -204,7 +208,11 @@ def test_a_killed_node_whose_checkpoint_was_damaged_resumes_from_the_previous_on
     newest = state / "checkpoint.safetensors"
     data = bytearray(newest.read_bytes())
     data[-7] ^= 0x08  # a bit of the last tensor's bytes
-    newest.write_bytes(bytes(data))
+    # written as a new file: killed inside a save, the node may leave the previous checkpoint
+    # a hard link to the newest, which an in-place write would damage as well
+    flipped = state / "flipped.tmp"
+    flipped.write_bytes(bytes(data))
+    os.replace(flipped, newest)
     procs[1] = start_node(paths[1])
     assert wait_all(procs, 150) == [0, 0, 0]
     log = (state / "daemon.log").read_text()

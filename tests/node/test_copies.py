@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dacflnode.node.copies import KEEP, PublicCopies, compression_for, copy_id, wire_parts
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.message import RoundMessage
 
 FIELDS = ("omega", "x")
 N = 5000

@@ -36,7 +36,8 @@ from typing import Any
 import pytest
 
 from dacflnode.config import RunConfig
-from dacflnode.node.cluster import generate_cluster, node_ids
+from dacflnode.learning.names import node_ids
+from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.invariant import compute_invariant, read_snapshot
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.metrics_log import read_metrics

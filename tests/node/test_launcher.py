@@ -1,12 +1,15 @@
-"""The local launcher's process handling: one failed daemon stops the cluster at once."""
+"""The local launcher's process handling: one failed daemon stops the cluster at once; the
+daemons' command line is one the ``start`` command accepts."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 import time
 
-from dacflnode.node.launcher import _wait_all_or_first_failure
+from dacflnode.cli.main import COMMANDS
+from dacflnode.node.launcher import _wait_all_or_first_failure, daemon_argv
 
 
 async def spawn(code: str) -> asyncio.subprocess.Process:
@@ -33,3 +36,16 @@ def test_daemons_that_all_succeed_are_all_waited_for():
         return await _wait_all_or_first_failure(procs)
 
     assert asyncio.run(scenario()) == [0, 0]
+
+
+def test_the_daemon_command_line_is_one_the_start_command_accepts(tmp_path):
+    peers, plan = tmp_path / "node-0.yaml", tmp_path / "faults.yaml"
+    peers.write_text("{}\n")
+    plan.write_text("{}\n")
+    argv = daemon_argv(peers, plan)
+    assert argv[:3] == [sys.executable, "-m", "dacflnode"]  # dacflnode/__main__.py: the CLI
+    module, attribute, _ = COMMANDS[argv[3]]
+    command = getattr(importlib.import_module(module), attribute)
+    params = command.make_context(argv[3], argv[4:]).params  # refuses an unknown option
+    assert (params["peers_file"], params["faults_file"]) == (str(peers), str(plan))
+    assert "--faults" not in daemon_argv(peers)

@@ -12,7 +12,7 @@ from dacflnode.node.checkpoint import read_checkpoint, save_checkpoint
 from dacflnode.node.edges import EdgeBook
 from dacflnode.node.ledger import Ledger
 from dacflnode.node.membership import PeerState
-from dacflnode.wire.codec import Kind, RoundMessage
+from dacflnode.wire.message import Kind, RoundMessage
 
 
 def msg(sender: str, round_: int, log_: tuple[tuple[int, tuple[str, ...]], ...],

@@ -37,7 +37,7 @@ from dacflnode.transport.control_types import ControlAuth
 from dacflnode.transport.grpc_control import fetch_metrics
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire.message import RoundMessage
 from tests.node.cluster_helpers import control_of
 
 TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train=600,
@@ -350,10 +350,14 @@ class MetricsCluster:
         return control_of(self.paths[i])[1]
 
     def start(self) -> MetricsCluster:
+        """The daemons, each writing its stderr to ``node-i.stderr`` (a pipe nobody reads would
+        stop a daemon once its log fills the pipe's 64 KiB)."""
         env = {**os.environ, **ENV_THREADS}
-        self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "dacflnode", "start", "--peers", str(p)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) for p in self.paths]
+        for i, p in enumerate(self.paths):
+            with (self.root / f"node-{i}.stderr").open("ab") as err:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "dacflnode", "start", "--peers", str(p)],
+                    stdout=subprocess.DEVNULL, stderr=err, env=env))
         return self
 
     def wait_for_rounds(self, rounds: int, timeout: float = 90) -> None:
@@ -368,10 +372,7 @@ class MetricsCluster:
         return get(f"http://{self.metrics[i]}/metrics")
 
     def stderr(self, i: int) -> str:
-        proc = self.procs[i]
-        if proc.poll() is None or proc.stderr is None:
-            return ""
-        return proc.stderr.read().decode(errors="replace")[-3000:]
+        return (self.root / f"node-{i}.stderr").read_text(errors="replace")[-3000:]
 
     def stop(self) -> list[int]:
         """Ask every node to stop (SIGINT), then kill what is still running; the exit codes."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,10 +24,9 @@ def test_a_metrics_line_keeps_its_keys_and_their_order(tmp_path: Path):
             "refused_states", "bytes_sent", "bytes_received", "exchange_s", "train_s",
             "seconds", "data_size", "class_counts")
     assert keys == LINE_KEYS
-    line = MetricsLine(**{k: i for i, k in enumerate(keys)})
-    append_line(tmp_path / METRICS_FILE, line)
-    assert (tmp_path / METRICS_FILE).read_text() == json.dumps(
-        {k: i for i, k in enumerate(keys)}) + "\n"
+    values: dict[str, Any] = {k: i for i, k in enumerate(keys)}
+    append_line(tmp_path / METRICS_FILE, MetricsLine(**values))
+    assert (tmp_path / METRICS_FILE).read_text() == json.dumps(values) + "\n"
 
 
 def test_a_finished_run_writes_its_lines_its_checkpoint_and_its_final_model(tmp_path: Path):

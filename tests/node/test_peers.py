@@ -9,6 +9,7 @@ import yaml
 from dacflnode.algorithms.rounds import ALGORITHMS, make_algorithm
 from dacflnode.algorithms.topology import MixingSchedule, TopologySpec
 from dacflnode.config import DaemonSettings, RunConfig, schema
+from dacflnode.config.node import NodeSettings, TlsSettings
 from dacflnode.errors import ConfigError
 from dacflnode.node.addresses import parse_address
 from dacflnode.node.cluster import generate_cluster
@@ -93,7 +94,7 @@ def test_defaults_control_state_dir_share_and_nodes(tmp_path):
 
 def test_time_varying_neighbours_follow_the_simulators_graph(tmp_path):
     pf = load_peers(write(tmp_path, FULL))
-    sched = MixingSchedule(TopologySpec(kind="ring", nodes=4, time_varying=2, drop_prob=0.4))
+    sched = MixingSchedule(TopologySpec(topology="ring", nodes=4, time_varying=2, drop_prob=0.4))
     assert pf.base_edges() == sched.base_edges()
     for t in range(12):
         expected = sorted(f"node-{j if i == 1 else i}" for i, j in sched.edges(t) if 1 in (i, j))
@@ -235,6 +236,35 @@ def test_tls_paths_are_relative_to_the_file_and_round_trip(tmp_path):
     assert load_peers(write(tmp_path, text)) == pf
     # written absolute: a copy in another folder names the same files
     assert load_peers(write(elsewhere, text)).node.tls == tls
+
+
+def test_the_node_section_takes_the_declared_node_settings(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_peers(write(tmp_path, MINIMAL.replace("listen:", "colour: red, listen:")))
+    for key in (*schema.names_of(NodeSettings), "data_root"):
+        assert key in err.value.message
+    written = yaml.safe_load(dump_peers(load_peers(write(tmp_path, TLS))))["node"]
+    assert set(written) <= set(schema.names_of(NodeSettings))
+    assert set(written["tls"]) == set(schema.names_of(TlsSettings))
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        (MINIMAL.replace("insecure: true", "insecure: true, share: '1'"), "node.share",
+         "expected an integer, got '1'"),
+        (MINIMAL.replace("insecure: true", "insecure: true, share: -1"), "node.share",
+         "must be >= 0, got -1"),
+        (TLS.replace("ca: certs/ca.crt", "ca: 5"), "node.tls.ca", "expected a string, got int"),
+        (MINIMAL.replace("insecure: true", "insecure: true, state_dir: [a]"), "node.state_dir",
+         "expected a string, got list"),
+    ],
+)
+def test_a_node_value_of_the_wrong_type_names_its_key(tmp_path, text, field, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_peers(path)
+    assert err.value.field == field and str(path) in err.value.message
 
 
 def test_the_control_token_never_shows_in_repr(tmp_path):

@@ -30,12 +30,17 @@ def rounds_of(c: Cluster, i: int) -> dict[int, float]:
     return {int(m["round"]): float(m["seconds"]) for m in c.metrics(i)}
 
 
+#: The modules of dacflnode.node that log outside the round machinery.
+OUTSIDE_ROUNDS = ("daemon", "data", "metrics_http")
+
+
 def node_warnings(c: Cluster, i: int, after: str) -> list[str]:
-    """The WARNING lines of the round machinery in node ``i``'s stderr after the first line
-    containing ``after``."""
+    """The WARNING lines of the round machinery (not the daemon's setup, data or metrics) in node
+    ``i``'s stderr after the first line containing ``after``."""
     text = (c.root / f"node-{i}.stderr").read_text(errors="replace")
     tail = text[text.index(after):] if after in text else ""
-    return [line for line in tail.splitlines() if "WARNING dacflnode.node" in line]
+    return [line for line in tail.splitlines() if "WARNING dacflnode.node." in line
+            and not any(f" dacflnode.node.{m}: " in line for m in OUTSIDE_ROUNDS)]
 
 
 def neighbour_state(c: Cluster, observer: int, peer: int) -> str:

@@ -21,9 +21,9 @@ from tests.node.cluster_helpers import ENV, TINY
 
 ROUNDS = 20
 TEXT_ROUND = re.compile(
-    r" INFO dacflnode\.node: node-0: round (\d+)/20: (accuracy [0-9.]+, loss [0-9.]+|not "
-    r"evaluated); exchange [0-9.]+s, train [0-9.]+s; neighbours used 1 \(node-1\), missing 0, "
-    r"late 0; sent \d+(\.\d)? k?M?B, received \d+(\.\d)? k?M?B$")
+    r" INFO dacflnode\.node\.round_log: node-0: round (\d+)/20: (accuracy [0-9.]+, loss "
+    r"[0-9.]+|not evaluated); exchange [0-9.]+s, train [0-9.]+s; neighbours used 1 "
+    r"\(node-1\), missing 0, late 0; sent \d+(\.\d)? k?M?B, received \d+(\.\d)? k?M?B$")
 
 
 def test_a_20_round_pair_logs_one_line_per_round_in_text_and_json(tmp_path):
@@ -91,7 +91,7 @@ class Report:
 
 @pytest.fixture
 def captured(caplog):
-    caplog.set_level(logging.INFO, logger="dacflnode.node")
+    caplog.set_level(logging.INFO, logger="dacflnode.node.round_log")
     return caplog
 
 
@@ -157,10 +157,12 @@ def test_round_lines_are_not_rate_limited_but_other_repeats_are(tmp_path):
 
 
 def test_the_json_message_drops_the_node_prefix_only_for_its_own_node():
-    def message(msg: str, *args: object) -> str:
-        record = logging.LogRecord("dacflnode.node", logging.INFO, __file__, 1, msg, args, None)
+    def message(msg: str, *args: object, **fields: object) -> str:
+        record = logging.LogRecord("dacflnode.node.runner", logging.INFO, __file__, 1, msg, args,
+                                   None)
+        record.__dict__.update(fields)  # as extra= sets them
         return str(json.loads(logs.JsonFormatter(node="n0").format(record))["message"])
 
-    assert message("%s: neighbour %s is up", "n1", "n2") == "neighbour n2 is up"  # node: n1
+    assert message("%s: neighbour %s is up", "n1", "n2", node="n1") == "neighbour n2 is up"
     assert message("n0: something") == "something"  # the daemon's own id
     assert message("n1: something") == "n1: something"  # names another node: kept

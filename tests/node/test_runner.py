@@ -24,8 +24,8 @@ from dacflnode.node.runner_types import NodeSetup
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.transport.base import Identity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.codec import Kind, RoundMessage
 from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import Kind, RoundMessage
 
 
 def make_runner(

@@ -15,7 +15,7 @@ def test_a_state_folder_open_to_others_is_closed_to_them_with_one_warning(tmp_pa
     state = tmp_path / "node-0"
     state.mkdir()
     state.chmod(0o777)
-    with caplog.at_level(logging.WARNING, logger="dacflnode.daemon"):
+    with caplog.at_level(logging.WARNING, logger="dacflnode.node.daemon"):
         guard_state_dir(state, "node-0")
     assert stat.S_IMODE(state.stat().st_mode) == 0o750
     assert [r.getMessage() for r in caplog.records] == [
@@ -25,7 +25,7 @@ def test_a_state_folder_open_to_others_is_closed_to_them_with_one_warning(tmp_pa
 def test_a_private_state_folder_is_left_alone_silently(tmp_path, caplog):
     state = tmp_path / "node-0"
     state.mkdir(mode=0o700)
-    with caplog.at_level(logging.WARNING, logger="dacflnode.daemon"):
+    with caplog.at_level(logging.WARNING, logger="dacflnode.node.daemon"):
         guard_state_dir(state, "node-0")
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     assert caplog.records == []
@@ -38,7 +38,7 @@ def test_a_state_folder_the_node_may_not_change_is_warned_about_with_the_chmod(t
     state.chmod(0o775)
     refused = PermissionError(1, os.strerror(1))
     with (mock.patch("dacflnode.filemodes.os.chmod", side_effect=refused),
-          caplog.at_level(logging.WARNING, logger="dacflnode.daemon")):
+          caplog.at_level(logging.WARNING, logger="dacflnode.node.daemon")):
         guard_state_dir(state, "node-0")
     (message,) = [r.getMessage() for r in caplog.records]
     assert "is open to other users (mode 775) and cannot be changed" in message

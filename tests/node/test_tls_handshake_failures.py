@@ -142,5 +142,5 @@ def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tmp_path
     assert "Handshake failed with error" not in logged  # gRPC's raw line is replaced ...
     log = (pf.node.state_dir / "daemon.log").read_text()
     for reason in attacks:  # ... by the node's own line, on stderr and in daemon.log
-        line = f"WARNING dacflnode.daemon: node-0: TLS handshake failed ({reason})"
+        line = f"WARNING dacflnode.node.daemon: node-0: TLS handshake failed ({reason})"
         assert line in logged and line in log, logged

@@ -65,6 +65,9 @@ def test_a_node_certificate_names_the_node_and_serves_as_server_and_client(tmp_p
     ekus = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert set(ekus) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
     assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    usage = leaf.extensions.get_extension_for_class(x509.KeyUsage)
+    assert usage.critical and usage.value.digital_signature
+    assert not (usage.value.key_cert_sign or usage.value.crl_sign)
     leaf.verify_directly_issued_by(cert(tmp_path / CA_CERT))
 
 

@@ -14,8 +14,9 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, Transport
 from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.codec import Kind, RoundMessage, WireError, encode
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.encoder import encode
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import Kind, RoundMessage
 
 P = 3001  # odd, and over several chunks of the int8 part when chunked small
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"

@@ -33,9 +33,12 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
 from dacflnode.transport.receiver import Receiver
-from dacflnode.wire.codec import Expectation, RoundMessage, WireError, checksum, decode, encode
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.decoder import decode
+from dacflnode.wire.encoder import checksum, encode
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import RoundMessage
 from dacflnode.wire.state_guard import DistanceGuard
+from dacflnode.wire.validation import Expectation
 
 P = 6
 TENSORS = {"omega": (P,), "x": (P,)}

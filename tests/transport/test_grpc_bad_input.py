@@ -22,13 +22,14 @@ from dacflnode.transport.grpc_transport import (
     unreachable,
     wire_error,
 )
-from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
-from dacflnode.wire.errors import REASON_METADATA_KEY, Reason
+from dacflnode.wire.encoder import encode
+from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
+from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
 
 P = 40
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
-LOGGER = "dacflnode.transport"
+LOGGER = "dacflnode.transport.receiver"
 
 
 def message(sender: str, round_: int, seed: int = 0, size: int = P) -> RoundMessage:

@@ -20,16 +20,18 @@ from dacflnode.transport.grpc_transport import (
     add_neighbor_service,
     reason_of,
 )
-from dacflnode.wire import codec as codec_module
-from dacflnode.wire.codec import CHUNK_BYTES, RoundMessage, encode, make_header
+from dacflnode.wire import decoder as decoder_module
+from dacflnode.wire import fast_path
+from dacflnode.wire.encoder import encode, make_header
 from dacflnode.wire.errors import Reason
+from dacflnode.wire.message import CHUNK_BYTES, RoundMessage
 from tests.transport import test_grpc_bad_input as bad_input
 from tests.transport.test_grpc_bad_input import same
 
 P = 700_000  # 2 x 2.8 MB: three 1 MiB chunks and a short one per tensor
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
-LOGGER = "dacflnode.transport"
+LOGGER = "dacflnode.transport.receiver"
 
 
 def message(sender: str, round_: int, seed: int = 0) -> RoundMessage:
@@ -91,14 +93,14 @@ async def test_a_multi_chunk_push_and_pull_are_bit_exact(pair):
 
 async def test_the_receiver_writes_large_chunks_in_its_worker_thread(pair, monkeypatch):
     threads: list[str] = []
-    write = codec_module.Decoder.write
+    write = decoder_module.Decoder.write
 
     def spy(self, offset, data):
         import threading
         threads.append(threading.current_thread().name)
         return write(self, offset, data)
 
-    monkeypatch.setattr(codec_module.Decoder, "write", spy)
+    monkeypatch.setattr(decoder_module.Decoder, "write", spy)
     sent = message("alice", 0)
     await pair.alice.push("bob", sent, timeout=30)
     assert same(pair.inbox.get(0)["alice"], sent)
@@ -113,13 +115,13 @@ async def test_the_sender_makes_each_chunk_in_a_worker_thread_and_hashes_it_once
     import threading
 
     made: list[tuple[str, bool]] = []
-    serialize = codec_module.DataSerializer.__call__
+    serialize = fast_path.DataSerializer.__call__
 
     def spy(self, view, digest=None):
         made.append((threading.current_thread().name, digest is not None))
         return serialize(self, view, digest)
 
-    monkeypatch.setattr(codec_module.DataSerializer, "__call__", spy)
+    monkeypatch.setattr(fast_path.DataSerializer, "__call__", spy)
     loop_thread = threading.current_thread().name
     sent = message("alice", 0)
     await pair.alice.push("bob", sent, timeout=30)

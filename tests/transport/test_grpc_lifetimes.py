@@ -21,8 +21,8 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, PeerUnavailable, TransportClosed
 from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls, unreachable
-from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import REASON_METADATA_KEY
+from dacflnode.wire.message import RoundMessage
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -73,7 +73,7 @@ async def alice(silent: tuple[Silent, str]) -> AsyncIterator[GrpcTransport]:
     transport = GrpcTransport(Identity("alice", "m", "r"), "127.0.0.1:0",
                               {"bob": silent[1]},
                               Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS,
-                              hello_timeout=20)
+                              hello_call_timeout=20)
     await transport.start()
     yield transport
     await transport.stop(grace=0)
@@ -146,7 +146,7 @@ async def test_a_call_cut_off_by_stop_raises_transport_closed(
 
 
 async def test_every_call_keeps_its_deadline(alice: GrpcTransport) -> None:
-    alice.hello_timeout = 0.3
+    alice.hello_call_timeout = 0.3
     for call in (alice.hello("bob"), alice.push("bob", message(), timeout=0.3),
                  alice.pull("bob", 0, timeout=0.3)):
         with pytest.raises(PeerUnavailable, match="DEADLINE_EXCEEDED"):
@@ -333,7 +333,7 @@ class FreezingAtStart:
         return start
 
 
-#: The calls of CALLS with a deadline of 0.3 s (hello's is the transport's hello_timeout).
+#: The calls of CALLS with a deadline of 0.3 s (hello's is the transport's hello_call_timeout).
 SHORT_CALLS: dict[str, Callable[[GrpcTransport], Coroutine[Any, Any, object]]] = {
     "hello": lambda t: t.hello("bob"),
     "push": lambda t: t.push("bob", sized(P), timeout=0.3),
@@ -346,7 +346,7 @@ async def test_a_call_frozen_past_its_deadline_as_it_starts_raises_peer_unavaila
     alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
     call: str,
 ) -> None:
-    alice.hello_timeout = 0.3
+    alice.hello_call_timeout = 0.3
     alice._stubs["bob"] = cast("NeighborCalls",
                                FreezingAtStart(alice._stub("bob"), 1.0))
     assert await retrying(SHORT_CALLS[call](alice)) == "unavailable"

@@ -24,13 +24,14 @@ from dacflnode.transport.receiver import (
     STREAM_TIMEOUT,
     Receiver,
 )
-from dacflnode.wire.codec import PROTOCOL_VERSION, RoundMessage, WireError, encode
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.encoder import encode
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
 
 P = 32
 TENSORS = {"omega": (P,), "x": (P,)}
 MODEL, RUN = "model-fingerprint-1", "run-fingerprint-1"
-LOGGER = "dacflnode.transport"
+LOGGER = "dacflnode.transport.receiver"
 
 
 def message(sender: str, round_: int = 0, seed: int = 0) -> RoundMessage:

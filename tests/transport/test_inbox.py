@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dacflnode.transport.base import Inbox
-from dacflnode.wire.codec import RoundMessage, WireError
-from dacflnode.wire.errors import Reason, Refusal
+from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.message import RoundMessage
 
 
 def inbox_in_round(current: int) -> Inbox:

@@ -16,8 +16,8 @@ from dacflnode.transport import outgoing
 from dacflnode.transport.base import Identity, Inbox, PeerStats, TransportClosed
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.receiver import Receiver
-from dacflnode.wire import codec
-from dacflnode.wire.codec import RoundMessage
+from dacflnode.wire import decoder, encoder, fast_path, validation
+from dacflnode.wire.message import RoundMessage
 
 P = 16
 
@@ -40,7 +40,7 @@ class Gate:
         self.entered = threading.Event()
         self.calls = 0
         self.fail = fail
-        self._real: Callable[[RoundMessage], pb.StateHeader] = codec.make_header
+        self._real: Callable[[RoundMessage], pb.StateHeader] = encoder.make_header
 
     def __call__(self, msg: RoundMessage) -> pb.StateHeader:
         self.calls += 1
@@ -125,7 +125,7 @@ async def test_close_ends_the_preparations_still_running(gate: Gate) -> None:
 
 def test_a_chunk_stream_counts_the_payload_it_handed_out() -> None:
     sent = message()
-    out = outgoing.Outgoing(sent, codec.make_header(sent))
+    out = outgoing.Outgoing(sent, encoder.make_header(sent))
     stream = ChunkStream(out)
     parts = iter(stream)
     assert next(parts).WhichOneof("part") == "header" and stream.sent == 0
@@ -134,12 +134,12 @@ def test_a_chunk_stream_counts_the_payload_it_handed_out() -> None:
 
 def test_the_first_stream_of_a_message_keeps_its_checksum_for_the_next_ones() -> None:
     sent = message()
-    out = outgoing.Outgoing(sent, codec.make_header(sent))
+    out = outgoing.Outgoing(sent, encoder.make_header(sent))
     first = list(ChunkStream(out).serialized())
     assert out.trailer is not None
     assert pb.StateChunk.FromString(first[-1]).trailer == out.trailer
     assert list(ChunkStream(out))[-1].trailer == out.trailer
     assert list(ChunkStream(out).serialized()) == first
-    decoded = codec.decode((codec.parse_chunk(c) for c in first),
-                           codec.Expectation(senders={"a"}, tensors={"x": (P,)}))
+    decoded = decoder.decode((fast_path.parse_chunk(c) for c in first),
+                             validation.Expectation(senders={"a"}, tensors={"x": (P,)}))
     assert torch.equal(decoded.tensors["x"], sent.tensors["x"])

@@ -25,9 +25,9 @@ from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.handshake import PeerIdentity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.transport.receiver import Receiver
-from dacflnode.wire import codec
-from dacflnode.wire.codec import CHUNK_BYTES, PROTOCOL_VERSION, Kind, RoundMessage, WireError
-from dacflnode.wire.errors import Reason
+from dacflnode.wire import encoder
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import CHUNK_BYTES, PROTOCOL_VERSION, Kind, RoundMessage
 from dacflnode.wire.state_guard import DistanceGuard
 
 P = 64
@@ -327,7 +327,7 @@ async def test_pull_returns_what_was_published(cluster):
 
 async def test_the_header_is_hashed_once_per_message(cluster, monkeypatch):
     calls = []
-    real = codec.make_header
+    real = encoder.make_header
 
     def counting(msg):
         calls.append(msg.round)
@@ -434,7 +434,7 @@ async def test_a_push_cut_off_by_stop_while_its_state_is_prepared_raises_transpo
         pytest.skip("without copies nothing is prepared")
     held = threading.Event()
     release = threading.Event()
-    real = codec.make_header
+    real = encoder.make_header
 
     def slow(msg):
         held.set()

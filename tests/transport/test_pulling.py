@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dacflnode.transport.pulling import pull_decoder
-from dacflnode.wire.codec import RoundMessage, WireError, encode
-from dacflnode.wire.errors import Reason
+from dacflnode.transport.pulling import pull_expectation
+from dacflnode.wire.decoder import Decoder
+from dacflnode.wire.encoder import encode
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import RoundMessage
 
 TENSORS = {"x": (8,)}
 
@@ -17,7 +19,7 @@ def state(sender: str, round_: int) -> RoundMessage:
 
 
 def test_the_state_asked_for_is_accepted() -> None:
-    decoder = pull_decoder("a", 3, TENSORS)
+    decoder = Decoder(pull_expectation("a", 3, TENSORS))
     for chunk in encode(state("a", 3)):
         decoder.take(chunk)
     assert decoder.finish().round == 3
@@ -32,7 +34,7 @@ def test_the_state_asked_for_is_accepted() -> None:
 def test_another_round_or_sender_is_refused_at_the_header(
     sent: RoundMessage, code: str, reason: Reason
 ) -> None:
-    decoder = pull_decoder("a", 3, TENSORS)
+    decoder = Decoder(pull_expectation("a", 3, TENSORS))
     with pytest.raises(WireError) as err:
         decoder.take(next(encode(sent)))
     assert (err.value.code, err.value.reason) == (code, reason)

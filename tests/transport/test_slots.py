@@ -20,8 +20,8 @@ from dacflnode.transport import channels
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import SERVICE_NAME, GrpcTransport, reason_of, unreachable
 from dacflnode.transport.slots import PER_ADDRESS, PER_PEER, Call, CallSlots, peer_host
-from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
+from dacflnode.wire.message import RoundMessage
 
 P = 16
 TENSORS = {"omega": (P,), "x": (P,)}

@@ -35,8 +35,8 @@ from dacflnode.transport.grpc_control import (
     status_to_proto,
 )
 from dacflnode.transport.grpc_transport import GrpcTransport
-from dacflnode.wire.codec import RoundMessage
 from dacflnode.wire.errors import WireError
+from dacflnode.wire.message import RoundMessage
 
 P = 16
 TENSORS = {"omega": (P,), "x": (P,)}
@@ -85,7 +85,7 @@ def client(name: str, bob: Bob, tls: TlsMaterial | None) -> GrpcTransport:
     """A node called ``name`` with bob as its neighbour, presenting ``tls``."""
     return GrpcTransport(Identity(name, MODEL, RUN), "127.0.0.1:0", {"bob": bob.address},
                          Inbox(senders={"bob"}, current_round=lambda: 0), TENSORS,
-                         hello_timeout=3.0, tls=tls)
+                         hello_call_timeout=3.0, tls=tls)
 
 
 async def test_a_tls_neighbour_handshakes_and_its_push_reaches_the_inbox(pki, bob):
@@ -133,7 +133,7 @@ async def test_a_server_without_the_expected_id_in_its_certificate_is_refused(pk
     # alice thinks bob's address is carol's: bob's certificate does not name carol
     alice = GrpcTransport(Identity("alice", MODEL, RUN), "127.0.0.1:0", {"carol": bob.address},
                           Inbox(senders={"carol"}, current_round=lambda: 0), TENSORS,
-                          hello_timeout=3.0, tls=material(pki, "alice"))
+                          hello_call_timeout=3.0, tls=material(pki, "alice"))
     try:
         with pytest.raises(PeerUnavailable):
             await alice.push("carol", message("alice"), timeout=3.0)
@@ -146,7 +146,7 @@ async def test_a_valid_certificate_of_one_member_cannot_speak_as_another(pki, bo
     # carol's own certificate, but every message says it comes from alice
     spoof = client("alice", bob, material(pki, "carol"))
     try:
-        with caplog.at_level(logging.WARNING, logger="dacflnode.transport"):
+        with caplog.at_level(logging.WARNING, logger="dacflnode.transport.receiver"):
             with pytest.raises(HandshakeRefused):
                 await spoof.hello("bob")
             with pytest.raises(WireError) as err:
@@ -215,7 +215,7 @@ async def serve_control(tls: TlsMaterial | None, token: str | None
 async def test_a_control_call_without_its_token_is_unauthenticated(caplog):
     server, provider, address = await serve_control(None, TOKEN)
     try:
-        with caplog.at_level(logging.WARNING, logger="dacflnode.control"):
+        with caplog.at_level(logging.WARNING, logger="dacflnode.transport.grpc_control"):
             with pytest.raises(ControlUnauthenticated) as missing:
                 await request_stop(address)
             with pytest.raises(ControlUnauthenticated) as wrong:

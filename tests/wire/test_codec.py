@@ -4,19 +4,11 @@ import pytest
 import torch
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
-from dacflnode.wire.codec import (
-    CHUNK_BYTES,
-    MAX_ANCHORS,
-    MAX_USED_LOG,
-    Decoder,
-    Expectation,
-    RoundMessage,
-    WireError,
-    check_finite,
-    decode,
-    encode,
-)
-from dacflnode.wire.errors import Reason, Refusal
+from dacflnode.wire.decoder import Decoder, decode
+from dacflnode.wire.encoder import encode
+from dacflnode.wire.errors import Reason, Refusal, WireError
+from dacflnode.wire.message import CHUNK_BYTES, MAX_ANCHORS, MAX_USED_LOG, RoundMessage
+from dacflnode.wire.validation import Expectation, check_finite
 
 P = 1000
 

@@ -10,19 +10,13 @@ import torch
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.receiver import check_message
-from dacflnode.wire.codec import (
-    BufferPool,
-    Decoder,
-    Expectation,
-    RoundMessage,
-    WireError,
-    check_finite,
-    decode,
-    encode,
-    parse_chunk,
-    serialized_chunks,
-)
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.buffers import BufferPool
+from dacflnode.wire.decoder import Decoder, decode
+from dacflnode.wire.encoder import encode, serialized_chunks
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.fast_path import parse_chunk
+from dacflnode.wire.message import RoundMessage
+from dacflnode.wire.validation import Expectation, check_finite
 
 P = 1001  # odd: no part's bytes end on a word boundary
 FULL = {"omega": (P,), "x": (P,)}

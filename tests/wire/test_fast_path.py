@@ -10,25 +10,20 @@ import torch
 from google.protobuf.message import DecodeError
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
-from dacflnode.wire.codec import (
-    CHUNK_BYTES,
-    BufferPool,
-    DataSerializer,
-    Decoder,
-    Expectation,
-    RoundMessage,
+from dacflnode.wire.buffers import BufferPool
+from dacflnode.wire.decoder import Decoder, decode
+from dacflnode.wire.encoder import (
     SerializedStream,
-    WireError,
     checksum,
-    decode,
     encode,
     make_header,
-    parse_chunk,
     payload_slices,
-    serialize_data,
     serialized_chunks,
 )
-from dacflnode.wire.errors import Reason
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.fast_path import DataSerializer, parse_chunk, serialize_data
+from dacflnode.wire.message import CHUNK_BYTES, RoundMessage
+from dacflnode.wire.validation import Expectation
 
 P = 300_000  # 2 x 1.2 MB: several full chunks and a short one per tensor
 
@@ -81,7 +76,7 @@ def test_a_stream_given_its_checksum_sends_the_same_bytes_without_hashing(monkey
     def no_hashing(*args: object) -> None:
         raise AssertionError("hashed although the checksum was given")
 
-    monkeypatch.setattr("dacflnode.wire.codec.xxhash.xxh3_128", no_hashing)
+    monkeypatch.setattr("dacflnode.wire.encoder.xxhash.xxh3_128", no_hashing)
     again = SerializedStream(msg, digest=first.digest)
     assert list(again) == sent
 

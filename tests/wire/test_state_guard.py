@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dacflnode.wire.codec import Kind, RoundMessage
 from dacflnode.wire.errors import Reason
+from dacflnode.wire.message import Kind, RoundMessage
 from dacflnode.wire.state_guard import RobustGuard, distance, norm
 
 P = 500

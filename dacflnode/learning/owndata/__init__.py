@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from dacflnode.learning.owndata.contract import KINDS, DataContract, model_input_shape
+from dacflnode.learning.owndata.contract import FORMS, DataContract, model_input_shape
 from dacflnode.learning.owndata.local import (
     BAD_FILE_POLICIES,
     IMAGE_NORMALIZATION,
@@ -20,8 +20,8 @@ from dacflnode.learning.owndata.local import (
 
 __all__ = [
     "BAD_FILE_POLICIES",
+    "FORMS",
     "IMAGE_NORMALIZATION",
-    "KINDS",
     "DataContract",
     "LocalData",
     "histogram",

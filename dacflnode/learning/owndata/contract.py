@@ -9,10 +9,13 @@ are not, :meth:`DataContract.difference` says what differs in one line.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("folder", "table", "python")
+from dacflnode.errors import ConfigError
+
+FORMS = ("folder", "table", "python")
 """The forms of a device's own data."""
 
 
@@ -20,7 +23,7 @@ KINDS = ("folder", "table", "python")
 class DataContract:
     """What every node's data agrees on.
 
-    ``kind``
+    ``form``
         ``"folder"`` (class subfolders of images), ``"table"`` (CSV/Parquet) or ``"python"``
         (a ``package.module:function`` factory).
     ``classes``
@@ -32,14 +35,14 @@ class DataContract:
         A table's feature columns, in file order; ``()`` otherwise.
     """
 
-    kind: str
+    form: str
     classes: tuple[str, ...]
     input_shape: tuple[int, ...]
     feature_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown data kind {self.kind!r} (choose from {', '.join(KINDS)})")
+        if self.form not in FORMS:
+            raise ValueError(f"unknown data kind {self.form!r} (choose from {', '.join(FORMS)})")
         object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
         object.__setattr__(self, "input_shape", tuple(int(s) for s in self.input_shape))
         object.__setattr__(self, "feature_names", tuple(str(f) for f in self.feature_names))
@@ -57,7 +60,7 @@ class DataContract:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields (lists for tuples)."""
         return {
-            "kind": self.kind,
+            "kind": self.form,
             "classes": list(self.classes),
             "input_shape": list(self.input_shape),
             "feature_names": list(self.feature_names),
@@ -82,10 +85,10 @@ class DataContract:
             raise ValueError(
                 f"data contract has keys {sorted(raw)}, expected {sorted(expected)}"
             )
-        kind, classes, shape, features = (
+        form, classes, shape, features = (
             raw["kind"], raw["classes"], raw["input_shape"], raw["feature_names"]
         )
-        if not isinstance(kind, str):
+        if not isinstance(form, str):
             raise ValueError("data contract: kind must be a string")
         if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
             raise ValueError("data contract: classes must be a list of strings")
@@ -95,13 +98,13 @@ class DataContract:
             raise ValueError("data contract: input_shape must be a list of integers")
         if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
             raise ValueError("data contract: feature_names must be a list of strings")
-        return cls(kind, tuple(classes), tuple(shape), tuple(features))
+        return cls(form, tuple(classes), tuple(shape), tuple(features))
 
     def difference(self, other: DataContract, other_name: str = "the peer") -> str | None:
         """``None`` when equal, else one line naming the first thing that differs, e.g.
         ``node-3 has classes ['a', 'b'], this run ['a', 'b', 'c']``."""
         for what, mine, theirs in (
-            ("data kind", self.kind, other.kind),
+            ("data kind", self.form, other.form),
             ("classes", list(self.classes), list(other.classes)),
             ("input shape", _shape(self.input_shape), _shape(other.input_shape)),
             ("feature names", list(self.feature_names), list(other.feature_names)),
@@ -109,6 +112,18 @@ class DataContract:
             if mine != theirs:
                 return f"{other_name} has {what} {theirs}, this run {mine}"
         return None
+
+
+def class_labels(classes: Sequence[str], found: Iterable[str],
+                 refusal: Callable[[str], str]) -> dict[str, int]:
+    """The label of each class name: its index in the run's ``classes``. A name in ``found``
+    (the class names the files hold) that is not one of them is refused with a
+    :class:`ConfigError` on ``classes``, whose text ``refusal(name)`` writes."""
+    labels = {name: i for i, name in enumerate(classes)}
+    for name in found:
+        if name not in labels:
+            raise ConfigError("classes", refusal(name))
+    return labels
 
 
 def _shape(shape: tuple[int, ...]) -> str:

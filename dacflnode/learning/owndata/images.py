@@ -32,6 +32,7 @@ import numpy as np
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import SECRET_MODE, make_dir, prepare_file, write_text
 from dacflnode.learning import imagedecode
+from dacflnode.learning.owndata.contract import class_labels
 
 logger = logging.getLogger(__name__)
 
@@ -110,16 +111,11 @@ def list_folder(root: Path, classes: Sequence[str], field: str) -> FolderListing
     if not root.is_dir():
         raise ConfigError(field, f"{root} is not a folder; a folder source needs one subfolder "
                                  "of images per class")
-    index = {name: i for i, name in enumerate(classes)}
     with os.scandir(root) as entries:
         folders = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
-    unknown = [name for name in folders if name not in index]
-    if unknown:
-        raise ConfigError(
-            "classes",
-            f"{root / unknown[0]} is a class folder not in classes {list(classes)}; add "
-            f"{unknown[0]!r} to the run's classes or move the folder out of {root}",
-        )
+    index = class_labels(classes, folders, lambda name: (
+        f"{root / name} is a class folder not in classes {list(classes)}; add {name!r} to the "
+        f"run's classes or move the folder out of {root}"))
     relpaths: list[str] = []
     sizes: list[int] = []
     mtimes: list[int] = []
@@ -195,7 +191,8 @@ def _write_cache(cache_dir: Path, root: Path, key: str, decoded: DecodedFolder) 
                    SECRET_MODE)
         os.replace(tmp, meta_path)
     except OSError as err:
-        logger.warning("could not cache the decoded images in %s: %s", meta_path.parent, err)
+        logger.warning("could not cache the decoded images in %s: %s", meta_path.parent, err,
+                       extra={"event": "data_cache_unwritable"})
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
@@ -288,7 +285,8 @@ def load_folder(
     if cache_dir is not None:
         cached = _read_cache(cache_dir, root, key, len(files))
         if cached is not None:
-            logger.info("%s: %d decoded images read from the cache", root, len(cached.labels))
+            logger.info("%s: %d decoded images read from the cache", root, len(cached.labels),
+                        extra={"event": "data_cache_hit"})
             return cached
     images, bad_idx, mismatched = decode_folder(root, files, shape, resize, workers=workers,
                                                 progress=progress)

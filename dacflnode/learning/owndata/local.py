@@ -28,7 +28,7 @@ import torch
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import NORMALIZATION, Dataset
 from dacflnode.learning.owndata import factory, images, tables
-from dacflnode.learning.owndata.contract import KINDS, DataContract
+from dacflnode.learning.owndata.contract import FORMS, DataContract
 
 IMAGE_NORMALIZATION: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {
     1: NORMALIZATION["fashion-mnist"],
@@ -41,7 +41,7 @@ BAD_FILE_POLICIES = ("fail", "skip")
 
 @dataclass(frozen=True)
 class LocalData(Dataset):
-    """One device's own data: a :class:`Dataset` (``name`` is the source kind, ``num_classes``
+    """One device's own data: a :class:`Dataset` (``name`` is the data's form, ``num_classes``
     the run's class count) and what describes it.
 
     ``contract``: the run's :class:`DataContract` as these files fulfil it. ``histogram`` and
@@ -72,7 +72,7 @@ class LocalData(Dataset):
     def summary(self) -> dict[str, object]:
         """A JSON-able description (what ``dacflnode data check --json`` prints)."""
         return {
-            "kind": self.contract.kind,
+            "kind": self.contract.form,
             "source": self.source,
             "test_source": self.test_source,
             "classes": list(self.contract.classes),
@@ -128,11 +128,11 @@ def normalize_images(u8: np.ndarray) -> torch.Tensor:
     return x.div_(255.0).sub_(m).div_(s)
 
 
-def _check_shape(kind: str, input_shape: Sequence[int] | None) -> tuple[int, ...] | None:
+def _check_shape(form: str, input_shape: Sequence[int] | None) -> tuple[int, ...] | None:
     if input_shape is None:
         return None
     shape = tuple(int(s) for s in input_shape)
-    if kind == "folder":
+    if form == "folder":
         if len(shape) != 3 or shape[0] not in (1, 3) or min(shape) < 1:
             raise ConfigError("channels", f"an image folder's input shape is (C, H, W) with "
                                              f"C = 1 or 3, got {shape}")
@@ -142,7 +142,7 @@ def _check_shape(kind: str, input_shape: Sequence[int] | None) -> tuple[int, ...
 
 
 def load_local_data(
-    kind: str,
+    form: str,
     root: str | Path,
     *,
     classes: Sequence[str],
@@ -160,8 +160,8 @@ def load_local_data(
 ) -> LocalData:
     """Load this device's own data.
 
-    ``kind``
-        ``"folder"``, ``"table"`` or ``"python"`` (:data:`~.contract.KINDS`).
+    ``form``
+        ``"folder"``, ``"table"`` or ``"python"`` (:data:`~.contract.FORMS`).
     ``root``
         The device's training data: a folder of class subfolders; a CSV/Parquet file or a folder
         of them; for ``python``, whatever the factory reads (passed to it as ``data_root``).
@@ -194,9 +194,9 @@ def load_local_data(
 
     Every bad input raises :class:`ConfigError` with one line naming the file and what to do.
     """
-    if kind not in KINDS:
-        raise ConfigError("dataset", f"unknown data source {kind!r} (choose from "
-                                     f"{', '.join(KINDS)})")
+    if form not in FORMS:
+        raise ConfigError("dataset", f"unknown data source {form!r} (choose from "
+                                     f"{', '.join(FORMS)})")
     if on_bad not in BAD_FILE_POLICIES:
         raise ConfigError("bad_files", f"must be one of {', '.join(BAD_FILE_POLICIES)}, got "
                                           f"{on_bad!r}")
@@ -206,15 +206,15 @@ def load_local_data(
                                      "(folder names, or a table's label values)")
     if len(set(class_names)) != len(class_names):
         raise ConfigError("classes", f"class names repeat: {list(class_names)}")
-    shape = _check_shape(kind, input_shape)
+    shape = _check_shape(form, input_shape)
     if not 0.0 <= float(holdout) < 1.0:
         raise ConfigError("holdout", f"must be a fraction in [0, 1), got {holdout!r}")
     cache = Path(cache_dir) if cache_dir is not None else None
-    if kind == "folder":
+    if form == "folder":
         return _load_folder(Path(root), None if test_root is None else Path(test_root),
                             class_names, shape, resize, holdout, seed, cache, on_bad, workers,
                             progress)
-    if kind == "table":
+    if form == "table":
         return _load_table(Path(root), None if test_root is None else Path(test_root),
                            class_names, shape, label_column, holdout, seed)
     spec = factory if factory is not None else str(root)
@@ -261,30 +261,55 @@ def _load_folder(root: Path, test_root: Path | None, classes: tuple[str, ...],
         test_u8, test_y = test.images, test.labels
         test_source = str(test_root)
     else:
-        keep, held = holdout_split(train.labels.shape[0], holdout, seed)
-        if held.size:
-            train_u8, train_y = train.images[keep], train.labels[keep]
-        else:  # nothing held out: no copy
-            train_u8, train_y = train.images, train.labels
-        test_u8, test_y = train.images[held], train.labels[held]
-        test_source = f"{holdout:g} of {root} held out (seed {seed})" if held.size else ""
+        train_u8, train_y, test_u8, test_y, test_source = _hold_out(
+            train.images, train.labels, root, holdout, seed)
+    return _local_data(
+        DataContract("folder", classes, (c, h, w)),
+        (normalize_images(train_u8), train_y), (normalize_images(test_u8), test_y),
+        source=str(root), test_source=test_source, files=train.files, skipped=skipped,
+        from_cache=train.from_cache,
+    )
+
+
+def _hold_out(x: np.ndarray, y: np.ndarray, root: Path, holdout: float, seed: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
+    """Train inputs and labels, test inputs and labels, and the test set in words, of data
+    without test files: a ``holdout`` fraction of ``(x, y)`` from ``root``, drawn by ``seed``
+    (:func:`holdout_split`). Nothing held out, the train part is ``(x, y)`` itself, no copy."""
+    keep, held = holdout_split(y.shape[0], holdout, seed)
+    if not held.size:
+        return x, y, x[held], y[held], ""
+    return x[keep], y[keep], x[held], y[held], f"{holdout:g} of {root} held out (seed {seed})"
+
+
+def _local_data(contract: DataContract, train: tuple[torch.Tensor, torch.Tensor | np.ndarray],
+                test: tuple[torch.Tensor, torch.Tensor | np.ndarray], *, source: str,
+                test_source: str, files: int = 0, skipped: Sequence[tuple[str, str]] = (),
+                from_cache: bool = False) -> LocalData:
+    """The :class:`LocalData` of inputs and labels ``train`` and ``test`` that fulfil
+    ``contract``, with their histograms; ``skipped``: the files left out, as ``(file, why)``."""
+    (train_x, train_y), (test_x, test_y) = train, test
     return LocalData(
-        name="folder",
-        train_x=normalize_images(train_u8),
-        train_y=torch.from_numpy(np.ascontiguousarray(train_y)),
-        test_x=normalize_images(test_u8),
-        test_y=torch.from_numpy(np.ascontiguousarray(test_y)),
-        num_classes=len(classes),
-        contract=DataContract("folder", classes, (c, h, w)),
-        histogram=histogram(train_y, classes),
-        test_histogram=histogram(test_y, classes),
+        name=contract.form,
+        train_x=train_x,
+        train_y=_labels(train_y),
+        test_x=test_x,
+        test_y=_labels(test_y),
+        num_classes=contract.num_classes,
+        contract=contract,
+        histogram=histogram(train_y, contract.classes),
+        test_histogram=histogram(test_y, contract.classes),
         skipped=len(skipped),
         skipped_files=tuple(skipped[:images.BAD_LISTED]),
-        source=str(root),
-        files=train.files,
-        from_cache=train.from_cache,
+        source=source,
+        files=files,
+        from_cache=from_cache,
         test_source=test_source,
     )
+
+
+def _labels(y: torch.Tensor | np.ndarray) -> torch.Tensor:
+    return y if isinstance(y, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(y))
 
 
 def _rows(x: np.ndarray) -> torch.Tensor:
@@ -310,23 +335,12 @@ def _load_table(root: Path, test_root: Path | None, classes: tuple[str, ...],
             test.labels
         test_source = str(test_root)
     else:
-        keep, held = holdout_split(train.labels.shape[0], holdout, seed)
-        train_x, train_y = train.features[keep], train.labels[keep]
-        test_x, test_y = train.features[held], train.labels[held]
-        test_source = f"{holdout:g} of {root} held out (seed {seed})" if held.size else ""
-    return LocalData(
-        name="table",
-        train_x=_rows(train_x),
-        train_y=torch.from_numpy(np.ascontiguousarray(train_y)),
-        test_x=_rows(test_x),
-        test_y=torch.from_numpy(np.ascontiguousarray(test_y)),
-        num_classes=len(classes),
-        contract=DataContract("table", classes, (n_features,), train.feature_names),
-        histogram=histogram(train_y, classes),
-        test_histogram=histogram(test_y, classes),
-        source=str(root),
-        files=len(train.files),
-        test_source=test_source,
+        train_x, train_y, test_x, test_y, test_source = _hold_out(
+            train.features, train.labels, root, holdout, seed)
+    return _local_data(
+        DataContract("table", classes, (n_features,), train.feature_names),
+        (_rows(train_x), train_y), (_rows(test_x), test_y),
+        source=str(root), test_source=test_source, files=len(train.files),
     )
 
 
@@ -349,16 +363,5 @@ def _load_python(spec: str, classes: tuple[str, ...], shape: tuple[int, ...] | N
     if train_x.ndim == 2:
         train_x = train_x.reshape(train_x.shape[0], 1, 1, -1)
         test_x = test_x.reshape(test_x.shape[0], 1, 1, train_x.shape[-1])
-    return LocalData(
-        name="python",
-        train_x=train_x,
-        train_y=train_y,
-        test_x=test_x,
-        test_y=test_y,
-        num_classes=len(classes),
-        contract=DataContract("python", classes, sample),
-        histogram=histogram(train_y, classes),
-        test_histogram=histogram(test_y, classes),
-        source=spec,
-        test_source=test_source,
-    )
+    return _local_data(DataContract("python", classes, sample), (train_x, train_y),
+                       (test_x, test_y), source=spec, test_source=test_source)

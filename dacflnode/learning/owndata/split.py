@@ -27,6 +27,7 @@ from PIL import Image
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, write_text
 from dacflnode.learning.datasets import DATASETS, NORMALIZATION, load_dataset
+from dacflnode.learning.names import node_ids
 from dacflnode.learning.owndata import images, tables
 from dacflnode.learning.partition import partition
 
@@ -55,7 +56,7 @@ class Source:
     features (``None`` for an image folder, whose files are copied), labels, and the test split
     when there is one."""
 
-    kind: str  # "builtin" | "folder" | "table"
+    form: str  # "builtin" | "folder" | "table"
     classes: tuple[str, ...]
     labels: np.ndarray
     x: np.ndarray | None
@@ -87,10 +88,6 @@ class SplitResult:
             "test_samples": self.test_count,
             "run_settings": self.run_settings,
         }
-
-
-def node_ids(n: int) -> tuple[str, ...]:
-    return tuple(f"node-{i}" for i in range(n))
 
 
 def _to_uint8(x: np.ndarray, dataset: str) -> np.ndarray:
@@ -224,7 +221,7 @@ def split_data(
                                     "table")
     parts = partition(src.labels, nodes, scheme, seed=seed, alpha=alpha,
                       shards_per_node=shards_per_node)
-    ids = node_ids(nodes)
+    ids = tuple(node_ids(nodes))
     make_dir(out)
     total = sum(len(p) for p in parts) + (0 if src.test_labels is None else len(src.test_labels))
     done = [0]
@@ -232,7 +229,7 @@ def split_data(
     columns = src.feature_names or tuple(f"x{j}" for j in range(
         int(np.prod(src.x.shape[1:])) if src.x is not None else 0))
     x_rows: np.ndarray | None = src.x
-    if fmt == "table" and src.kind == "folder":
+    if fmt == "table" and src.form == "folder":
         decoded = images.load_folder(src.root or Path(source), src.classes, None, resize=False,
                                      field="source", cache_dir=None)
         if decoded.bad:
@@ -241,7 +238,7 @@ def split_data(
         x_rows = decoded.images
         columns = tuple(f"x{j}" for j in range(int(np.prod(x_rows.shape[1:]))))
     for node, index in zip(ids, parts, strict=True):
-        if fmt == "folder" and src.kind == "folder":
+        if fmt == "folder" and src.form == "folder":
             assert src.root is not None
             for i in index:
                 rel = src.files[int(i)]

@@ -24,6 +24,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from dacflnode.errors import ConfigError
+from dacflnode.learning.owndata.contract import class_labels
 
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -107,15 +108,10 @@ def read_table_file(
         raise ConfigError("data_root", f"{path}: label column {label_column!r} has "
                                        f"{label_col.null_count} missing values; drop those rows")
     label_text = pc.cast(label_col, pa.string()).to_numpy(zero_copy_only=False).astype(str)
-    index = {c: i for i, c in enumerate(classes)}
     values, inverse = np.unique(label_text, return_inverse=True)
-    unknown = [v for v in values if v not in index]
-    if unknown:
-        raise ConfigError(
-            "classes",
-            f"{path}: label {unknown[0]!r} (column {label_column!r}) is not in classes "
-            f"{list(classes)}; add it to the run's classes or drop those rows",
-        )
+    index = class_labels(classes, values, lambda label: (
+        f"{path}: label {label!r} (column {label_column!r}) is not in classes {list(classes)}; "
+        f"add it to the run's classes or drop those rows"))
     labels = np.array([index[v] for v in values], dtype=np.int64)[inverse.reshape(-1)]
     features = np.empty((table.num_rows, len(names)), dtype=np.float32)
     for j, name in enumerate(names):
