@@ -41,8 +41,8 @@ from _common import add_standard_args, emit_result, machine
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import DEFAULT_FASHION_MNIST_ROOT, Dataset, load_dataset
 from dacflnode.learning.partition import partition
-from dacflnode.sim.engine import RayTarget
-from dacflnode.sim.ray_engine import connect
+from dacflnode.sim.engines.base import RayTarget
+from dacflnode.sim.engines.ray import connect
 from dacflnode.sim.simulator import RoundRecord, Simulation
 
 

@@ -113,7 +113,7 @@ def write_profile(path: str, cfg: RunConfig, dataset: Dataset, parts: list[np.nd
     from torch.profiler import ProfilerActivity, profile
 
     from dacflnode.learning.layout import StateLayout
-    from dacflnode.sim.batched import BatchedTrainer
+    from dacflnode.sim.batched.trainer import BatchedTrainer
 
     torch.manual_seed(0)
     model = build_model(cfg.model or "fmnist-cnn", dataset.input_shape, dataset.num_classes)

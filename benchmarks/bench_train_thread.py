@@ -2,7 +2,7 @@
 """Local training on the thread that first ran PyTorch against training in worker threads.
 
 A daemon trains in a worker thread (its event loop must keep serving neighbours); the simulator
-trains on its loop's thread (``OnLoopThread``, docs/architecture.md). This measures what the
+trains on its loop's thread (``InlineExecutor``, docs/architecture.md). This measures what the
 thread costs: one ``LocalTrainer.train`` call (``fmnist-cnn``, ``--steps`` mini-batches of 20)
 timed (a) on the main thread, (b) on one dedicated worker thread, (c) on three worker threads
 in turn, (d) through ``asyncio.to_thread`` as the daemon calls it. The four alternate, so load

@@ -9,7 +9,7 @@ same machine (PyTorch's default thread settings):
     mini-batches drawn from a random permutation — no project code at all;
 (b) **sequential**: N :class:`~dacflnode.learning.train.LocalTrainer` (one model per node,
     the daemon's code path), one round each, one after the other;
-(c) **batched**: one :class:`~dacflnode.sim.batched.BatchedTrainer` training all N nodes
+(c) **batched**: one :class:`~dacflnode.sim.batched.trainer.BatchedTrainer` training all N nodes
     together, one round at a time.
 
 (b) and (c) train rounds of ``--samples-per-node / --batch-size`` steps per node from the same
@@ -139,7 +139,7 @@ def measure(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     from dacflnode.learning.layout import StateLayout
     from dacflnode.learning.models import build_model
     from dacflnode.learning.train import LocalTrainer, TrainConfig
-    from dacflnode.sim.batched import BatchedTrainer
+    from dacflnode.sim.batched.trainer import BatchedTrainer
 
     torch.manual_seed(0)
     model = build_model(args.model, tuple(x.shape[1:]), 10)  # type: ignore[arg-type]

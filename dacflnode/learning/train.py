@@ -292,6 +292,19 @@ class LocalTrainer:
             samples=samples,
         )
 
+    def evaluate(
+        self, flat: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor
+    ) -> tuple[float, float]:
+        """:func:`evaluate` the flat model ``flat`` with this node's working copy, its local
+        buffers, its device and its precision."""
+        return evaluate(self.model, flat, test_x, test_y, local=self.local, device=self.device,
+                        precision=self.cfg.precision)
+
+
+#: how many test samples one evaluation runs through the model at a time (the batched engine's
+#: chunks hold ``EVAL_BATCH // N`` samples for each of its N nodes)
+EVAL_BATCH = 1000
+
 
 @torch.no_grad()
 def evaluate(
@@ -301,7 +314,7 @@ def evaluate(
     test_y: torch.Tensor,
     *,
     local: Mapping[str, torch.Tensor] | None = None,
-    batch_size: int = 1000,
+    batch_size: int = EVAL_BATCH,
     device: torch.device | None = None,
     precision: str = "fp32",
 ) -> tuple[float, float]:

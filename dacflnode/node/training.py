@@ -15,26 +15,26 @@ from typing import Protocol
 
 import torch
 
-from dacflnode.learning.train import LocalTrainer, TrainResult, evaluate
+from dacflnode.learning.train import LocalTrainer, TrainResult
 
 
 class NodeTrainer(Protocol):
     """Local training and evaluation of one node, awaited by its runner."""
 
-    async def train(self, start: torch.Tensor, round: int) -> TrainResult:
-        """Train from the flat vector ``start`` for round ``round`` (0-based)."""
+    async def train(self, start: torch.Tensor, round_: int) -> TrainResult:
+        """Train from the flat vector ``start`` for round ``round_`` (0-based)."""
         ...
 
-    async def evaluate(self, model: torch.Tensor, round: int) -> tuple[float, float]:
-        """``(accuracy, mean test loss)`` of the flat model ``model`` after ``round`` rounds."""
+    async def evaluate(self, model: torch.Tensor, round_: int) -> tuple[float, float]:
+        """``(accuracy, mean test loss)`` of the flat model ``model`` after ``round_`` rounds."""
         ...
 
     def local_buffers(self) -> dict[str, torch.Tensor]:
         """The node's own integer buffers (batch-norm step counters), for files."""
         ...
 
-    def lr_at(self, round: int) -> float:
-        """The learning rate of round ``round`` (0-based), for the metrics line."""
+    def lr_at(self, round_: int) -> float:
+        """The learning rate of round ``round_`` (0-based), for the metrics line."""
         ...
 
 
@@ -60,21 +60,17 @@ class ThreadedTrainer:
         self.test_y = test_y
         self.executor = executor
 
-    async def train(self, start: torch.Tensor, round: int) -> TrainResult:
+    async def train(self, start: torch.Tensor, round_: int) -> TrainResult:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.trainer.train, start, round)
+        return await loop.run_in_executor(self.executor, self.trainer.train, start, round_)
 
-    async def evaluate(self, model: torch.Tensor, round: int) -> tuple[float, float]:
+    async def evaluate(self, model: torch.Tensor, round_: int) -> tuple[float, float]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self._evaluate, model)
-
-    def _evaluate(self, model: torch.Tensor) -> tuple[float, float]:
-        t = self.trainer
-        return evaluate(t.model, model, self.test_x, self.test_y, local=t.local, device=t.device,
-                        precision=t.cfg.precision)
+        return await loop.run_in_executor(self.executor, self.trainer.evaluate, model,
+                                          self.test_x, self.test_y)
 
     def local_buffers(self) -> dict[str, torch.Tensor]:
         return self.trainer.local
 
-    def lr_at(self, round: int) -> float:
-        return self.trainer.cfg.lr_at(round)
+    def lr_at(self, round_: int) -> float:
+        return self.trainer.cfg.lr_at(round_)

@@ -25,7 +25,7 @@ from dacflnode.learning.partition import partition
 from dacflnode.node.data import cache_dir_in, own_node_data
 from dacflnode.node.faults import FaultPlan
 from dacflnode.node.metrics_log import summarize
-from dacflnode.sim.engine import RayTarget
+from dacflnode.sim.engines.base import RayTarget
 from dacflnode.sim.simulator import ProgressFn, Simulation
 
 

@@ -32,23 +32,23 @@ class RoundGather(Generic[V, R]):
         self._action = action
         self._pending: dict[int, dict[str, tuple[V, asyncio.Future[R]]]] = {}
 
-    async def submit(self, round: int, member: str, value: V) -> R:
+    async def submit(self, round_: int, member: str, value: V) -> R:
         if member not in self.members:
             raise ValueError(f"{member!r} is not a member of this gather")
-        calls = self._pending.setdefault(round, {})
+        calls = self._pending.setdefault(round_, {})
         if member in calls:
-            raise RuntimeError(f"{member} called twice in round {round}")
+            raise RuntimeError(f"{member} called twice in round {round_}")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         calls[member] = (value, future)
         if len(calls) == len(self.members):
-            del self._pending[round]
-            await self._complete(round, calls)
+            del self._pending[round_]
+            await self._complete(round_, calls)
         return await future
 
-    async def _complete(self, round: int, calls: dict[str, tuple[V, asyncio.Future[R]]]) -> None:
+    async def _complete(self, round_: int, calls: dict[str, tuple[V, asyncio.Future[R]]]) -> None:
         futures = {m: f for m, (_, f) in calls.items()}
         try:
-            results = await self._action(round, {m: v for m, (v, _) in calls.items()})
+            results = await self._action(round_, {m: v for m, (v, _) in calls.items()})
         except asyncio.CancelledError:
             for f in futures.values():
                 f.cancel()

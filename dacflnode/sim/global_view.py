@@ -31,9 +31,9 @@ class MatrixRows:
         self.index = {node: i for i, node in enumerate(self.ids)}
         self.matrix = matrix
 
-    def row(self, node: str, round: int) -> dict[str, float]:
-        """The non-zeros of ``node``'s row of ``W(round)``, by node id (itself included)."""
-        row = self.matrix(round)[self.index[node]]
+    def row(self, node: str, round_: int) -> dict[str, float]:
+        """The non-zeros of ``node``'s row of ``W(round_)``, by node id (itself included)."""
+        row = self.matrix(round_)[self.index[node]]
         return {self.ids[j]: float(w) for j, w in enumerate(row) if w != 0.0}
 
     def active(self, node: str) -> Callable[[int], list[str]]:
@@ -41,9 +41,9 @@ class MatrixRows:
         return lambda t: sorted(j for j in self.row(node, t) if j != node)
 
     def weights(
-        self, node: str, round: int, own_degree: int, degrees: Mapping[str, int]
+        self, node: str, round_: int, own_degree: int, degrees: Mapping[str, int]
     ) -> dict[str, float]:
-        row = self.row(node, round)
+        row = self.row(node, round_)
         weights = {j: w for j, w in row.items() if j == node or j in degrees}
         # a neighbour that did not deliver: its weight stays with the node (docs/faults.md)
         weights[node] = weights.get(node, 0.0) + sum(
@@ -75,13 +75,13 @@ class NetworkAverage:
         return network_average([models[node] for node in self.ids], self.weights)
 
     async def _evaluate_all(
-        self, round: int, models: Mapping[str, torch.Tensor]
+        self, round_: int, models: Mapping[str, torch.Tensor]
     ) -> dict[str, tuple[float, float]]:
         result = await self._evaluate_one(self._average(models))
         return dict.fromkeys(self.ids, result)
 
     async def _final_all(
-        self, round: int, models: Mapping[str, torch.Tensor]
+        self, round_: int, models: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         return dict.fromkeys(self.ids, self._average(models))
 
@@ -97,9 +97,9 @@ class NodeView:
         self.node = node
 
     async def evaluate(
-        self, round: int, model: torch.Tensor, trainer: NodeTrainer
+        self, round_: int, model: torch.Tensor, trainer: NodeTrainer
     ) -> tuple[float, float]:
-        return await self.average.evaluations.submit(round, self.node, model)
+        return await self.average.evaluations.submit(round_, self.node, model)
 
-    async def final(self, round: int, model: torch.Tensor) -> torch.Tensor:
-        return await self.average.finals.submit(round, self.node, model)
+    async def final(self, round_: int, model: torch.Tensor) -> torch.Tensor:
+        return await self.average.finals.submit(round_, self.node, model)

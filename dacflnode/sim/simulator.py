@@ -5,7 +5,7 @@ Exchange, mixing, the round bookkeeping, the metrics lines and the final files a
 own code; the simulator only builds each node's
 :class:`~dacflnode.node.runner_types.NodeSetup` with the policies a global view allows (see
 :mod:`dacflnode.sim.global_view`) and a trainer from the chosen engine
-(:mod:`dacflnode.sim.engine`):
+(:mod:`dacflnode.sim.engines`):
 
 * graph topologies: the daemon's Metropolis weights and active-edge rule, so ``launch`` and
   ``simulate --engine sequential`` produce the same models;
@@ -28,7 +28,7 @@ runner to drain; it starts a joining node late, as a joiner. With a plan, each r
 carries the network-wide invariant residual ``|Σ x − Σ tracked| / |Σ tracked|`` over the nodes
 that reported the round; the result always carries it over the nodes that finished the run.
 Mixing, completion and training run on the event loop's thread
-(:class:`~dacflnode.sim.engine.OnLoopThread`): there is no network to serve meanwhile, so a
+(:class:`~dacflnode.sim.engines.base.InlineExecutor`): there is no network to serve meanwhile, so a
 thread hop per call would buy nothing (docs/architecture.md).
 """
 
@@ -65,7 +65,8 @@ from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnMode
 from dacflnode.node.run_graph import RunGraph
 from dacflnode.node.runner import NodeRunner
 from dacflnode.node.runner_types import NodeSetup, RoundReport
-from dacflnode.sim.engine import Engine, NodeData, OnLoopThread, RayTarget, make_engine
+from dacflnode.sim.engines.base import Engine, InlineExecutor, NodeData, RayTarget
+from dacflnode.sim.engines.registry import make_engine
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage
 from dacflnode.transport.base import Identity, Transport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
@@ -132,7 +133,7 @@ class Simulation:
     """One algorithm on one data set and topology; :meth:`run` executes every round.
 
     ``faults``: a fault plan to play (checked against the run's node ids and rounds here).
-    ``ray``: train on the workers of a Ray cluster (:mod:`dacflnode.sim.ray_engine`); they
+    ``ray``: train on the workers of a Ray cluster (:mod:`dacflnode.sim.engines.ray`); they
     start here and stop when :meth:`run` ends.
     """
 
@@ -467,7 +468,7 @@ class _Nodes:
             eval_every=cfg.eval_every, round_deadline=float("inf"),
             active_neighbours=None if self.active is None else self.active(node),
             mixing=self.mixing, view=sim._view(node), state_dir=self._state_dirs[node],
-            checkpoints=False, executor=OnLoopThread(),
+            checkpoints=False, executor=InlineExecutor(),
             absurd_ratio=ABSURD_RATIO if self.plan is not None and self.plan.poisons else None,
             gone_after=sim.gone_after,
             anchor_delay=anchor_delay(0, len(sim.ids)),  # a launched daemon's default

@@ -159,3 +159,19 @@ def test_bf16_evaluation_agrees_with_fp32_evaluation():
     )
     assert acc16 == pytest.approx(acc32, abs=0.01)
     assert loss16 == pytest.approx(loss32, rel=0.05)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_trainer_evaluates_at_its_own_precision_with_its_own_buffers(precision):
+    x, y = blobs(200)
+    model = model_for()
+    cfg = TrainConfig(lr=0.05, batch_size=20, precision=precision)
+    trainer = LocalTrainer(copy.deepcopy(model), x, y, cfg, seed=0, node_index=0)
+    flat = trainer.train(StateLayout.from_module(model).flatten_module(model), 0).flat
+    test_x, test_y = blobs(300, seed=1)
+    expected = evaluate(copy.deepcopy(model), flat, test_x, test_y, local=trainer.local,
+                        precision=precision)
+    other = evaluate(copy.deepcopy(model), flat, test_x, test_y, local=trainer.local,
+                     precision="bf16" if precision == "fp32" else "fp32")
+    assert expected != other  # the precision shows in the loss's bits
+    assert trainer.evaluate(flat, test_x, test_y) == expected

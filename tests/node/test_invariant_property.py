@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.node.faults import Drop, FaultPlan
-from dacflnode.sim.engine import OnLoopThread
+from dacflnode.sim.engines.base import InlineExecutor
 from dacflnode.transport.memory import MemoryNetwork
 from tests.node.fake_network import FakeNetwork, residual, states
 
@@ -49,7 +49,7 @@ def run_network(n: int, edges: list[tuple[int, int]], plan: FaultPlan, *, copy: 
     net = FakeNetwork([(ids[a], ids[b]) for a, b in edges], rounds=ROUNDS,
                       network=MemoryNetwork(copy=copy),
                       setup_extra={"faults": plan, "repair": repair, "gone_after": gone_after,
-                                   "executor": OnLoopThread(), "eval_every": ROUNDS})
+                                   "executor": InlineExecutor(), "eval_every": ROUNDS})
 
     async def scenario() -> None:
         tasks = await net.start()

@@ -7,7 +7,8 @@ from torch import nn
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import MODELS, build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig, evaluate
-from dacflnode.sim.batched import BatchedTrainer, can_batch
+from dacflnode.sim.batched.layers import can_batch
+from dacflnode.sim.batched.trainer import BatchedTrainer
 
 SHAPE = (1, 8, 8)
 

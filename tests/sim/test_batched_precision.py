@@ -12,7 +12,7 @@ from dacflnode.cli.main import cli
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig, evaluate
-from dacflnode.sim.batched import BatchedTrainer
+from dacflnode.sim.batched.trainer import BatchedTrainer
 
 SHAPE = (1, 8, 8)
 

@@ -21,8 +21,8 @@ from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
-from dacflnode.sim.engine import RayTarget
-from dacflnode.sim.ray_engine import RayEngine, connect
+from dacflnode.sim.engines.base import RayTarget
+from dacflnode.sim.engines.ray import RayEngine, connect
 from dacflnode.sim.simulator import Simulation, SimulationResult
 
 WORKERS = 2
@@ -69,6 +69,8 @@ def run(cfg: RunConfig, algorithm: str, ray_target: RayTarget | None
     ("sequential", "dacfl", "fp32"),
     ("batched", "dpsgd", "fp32"),  # evaluates the network average with the first node's buffers
     ("batched", "dacfl", "bf16"),
+    ("sequential", "dacfl", "bf16"),  # each node evaluated on its worker, in bf16
+    ("batched", "dpsgd", "bf16"),  # the network average evaluated in the driver, in bf16
 ])
 def test_ray_workers_give_the_local_engines_results_bit_for_bit(
     local_ray: None, two_threads: None, engine: str, algorithm: str, precision: str
@@ -88,6 +90,8 @@ def test_ray_workers_give_the_local_engines_results_bit_for_bit(
         assert mine.samples == theirs.samples
     for remote_node, local_node in zip(ray_sim.runners, local_sim.runners, strict=True):
         assert remote_node.state.round == local_node.state.round == 3
+        # the last evaluation's test loss: the precision shows in its bits
+        assert remote_node.last_loss == local_node.last_loss
         for field in ("x", "omega", "omega_prev"):
             assert torch.equal(getattr(remote_node.state, field),
                                getattr(local_node.state, field)), field

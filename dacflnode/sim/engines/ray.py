@@ -17,13 +17,14 @@ round, the closer the speed-up is to W.
 **Equality with the local engine, bit for bit** (``tests/sim/test_ray_engine.py``):
 
 * ``batched``: a worker trains its slice as one stacked model
-  (:class:`~dacflnode.sim.batched.BatchedTrainer` with ``first_node``, one group) with
+  (:class:`~dacflnode.sim.batched.trainer.BatchedTrainer` with ``first_node``, one group) with
   single-threaded kernels. That is exactly what the local batched engine does on each of its
   worker threads when it splits the nodes into W groups, which it does with W PyTorch threads
   (``--threads W``, or PyTorch's default where that is W). The split must be the same: stacked
   kernels vectorise over the nodes' channels, so a node's last bits can depend on where it sits
   in its group (different splits agree to float32 rounding, about 1e-7, not bit for bit).
-  Evaluation uses the local engine's test chunks (``1000 // N`` samples per node and step).
+  Evaluation uses the local engine's test chunks (``EVAL_BATCH // N`` samples per node and
+  step).
 * ``sequential``: a worker runs its nodes' :class:`~dacflnode.learning.train.LocalTrainer` s,
   one call at a time, each with the driver's number of PyTorch threads (a convolution's sums
   depend on it): the daemon's training code, so results equal ``--engine sequential`` with the
@@ -43,7 +44,6 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,17 +53,15 @@ from torch import nn
 
 from dacflnode.errors import ConfigError
 from dacflnode.learning.layout import FLAT_DTYPE, StateLayout
-from dacflnode.learning.train import LocalTrainer, TrainConfig, TrainResult, evaluate
-from dacflnode.sim.batched import BatchedTrainer, split_bounds
-from dacflnode.sim.engine import Engine, GatheredNode, NodeData, RayTarget
-from dacflnode.sim.gather import RoundGather
+from dacflnode.learning.train import EVAL_BATCH, LocalTrainer, TrainConfig, TrainResult
+from dacflnode.sim.batched.threads import split_bounds
+from dacflnode.sim.batched.trainer import BatchedTrainer
+from dacflnode.sim.engines.base import GatheredEngine, NodeSet, RayTarget
 
 #: how long the workers may take to start (import torch, copy their data) before the run fails
 START_TIMEOUT_S = 300.0
 #: how long an address may take to answer a TCP connection before it is refused as unreachable
 CONNECT_TIMEOUT_S = 5.0
-#: the local engine's evaluation batch, over all nodes (``BatchedTrainer.evaluate``'s default)
-EVAL_BATCH = 1000
 _CPU = torch.device("cpu")
 
 
@@ -119,13 +117,13 @@ def cluster_cpus() -> int:
 class _Worker:
     """One Ray actor: a contiguous slice of the run's nodes, from node ``first`` on.
 
-    ``kind`` ``batched``: one :class:`BatchedTrainer` over the slice; ``sequential``: one
+    ``engine`` ``batched``: one :class:`BatchedTrainer` over the slice; ``sequential``: one
     :class:`LocalTrainer` per node. PyTorch runs with ``threads`` intra-op threads here.
     """
 
     def __init__(
         self,
-        kind: str,
+        engine: str,
         model: nn.Module,
         cfg: TrainConfig,
         seed: int,
@@ -140,7 +138,7 @@ class _Worker:
         nodes = [(_tensor(x), _tensor(y)) for x, y in data]
         self.batched: BatchedTrainer | None = None
         self.trainers: list[LocalTrainer] = []
-        if kind == "batched":
+        if engine == "batched":
             self.batched = BatchedTrainer(model, nodes, cfg, seed=seed, device=_CPU, workers=1,
                                           first_node=first)
         else:
@@ -159,13 +157,13 @@ class _Worker:
         torch.set_num_threads(self.threads)
 
     def train_slice(
-        self, flats: np.ndarray, round: int
+        self, flats: np.ndarray, round_: int
     ) -> tuple[np.ndarray, list[float], int, int, list[dict[str, torch.Tensor]]]:
         """Train the slice from ``flats`` ``[n, P]``: the new ``[n, P]``, each node's loss, the
         steps and samples per node, and each node's local buffers after the round."""
         assert self.batched is not None
         self._threads()
-        results = self.batched.train(_tensor(flats), round)
+        results = self.batched.train(_tensor(flats), round_)
         out = np.stack([r.flat.numpy() for r in results])
         return (out, [r.loss for r in results], results[0].steps, results[0].samples,
                 self.batched.local)
@@ -178,47 +176,40 @@ class _Worker:
                                      batch_size=chunk * self.batched.n)
 
     def train_node(
-        self, slot: int, start: np.ndarray, round: int
+        self, slot: int, start: np.ndarray, round_: int
     ) -> tuple[np.ndarray, float, int, int, dict[str, torch.Tensor]]:
         self._threads()
         trainer = self.trainers[slot]
-        result = trainer.train(_tensor(start), round)
+        result = trainer.train(_tensor(start), round_)
         return result.flat.numpy(), result.loss, result.steps, result.samples, trainer.local
 
     def evaluate_node(self, slot: int, model: np.ndarray) -> tuple[float, float]:
         self._threads()
-        t = self.trainers[slot]
-        return evaluate(t.model, _tensor(model), self.test_x, self.test_y, local=t.local,
-                        device=t.device)
+        return self.trainers[slot].evaluate(_tensor(model), self.test_x, self.test_y)
 
 
 def _array(flat: torch.Tensor) -> np.ndarray:
     return flat.detach().to(FLAT_DTYPE).cpu().numpy()
 
 
-class RayEngine(Engine):
+class RayEngine(GatheredEngine):
     """The ``batched`` or ``sequential`` engine with its nodes spread over Ray workers.
 
     The workers start here (``close`` stops them; :class:`~dacflnode.sim.simulator.Simulation`
     closes its engine when its run ends). A worker reserves one CPU of the cluster.
+
+    ``batched`` gathers a round's calls and sends each worker its slice of the stacked vectors;
+    ``sequential`` replaces the gathered trainers with one per node whose calls go to its worker
+    as they come. Either way the driver keeps every node's buffers, and evaluates one model
+    (a god node's network average) here, as the local engines do.
     """
 
-    def __init__(
-        self,
-        kind: str,
-        ids: Sequence[str],
-        model: nn.Module,
-        data: Sequence[NodeData],
-        test: NodeData,
-        cfg: TrainConfig,
-        *,
-        seed: int,
-        target: RayTarget,
-    ) -> None:
-        if kind not in ("batched", "sequential"):
-            raise ValueError(f"unknown engine {kind!r}")
+    def __init__(self, engine: str, nodes: NodeSet, model: nn.Module, cfg: TrainConfig, *,
+                 seed: int, target: RayTarget) -> None:
+        if engine not in ("batched", "sequential"):
+            raise ValueError(f"unknown engine {engine!r}")
         connect(target)
-        n = len(ids)
+        n = len(nodes.ids)
         cpus = cluster_cpus()
         if target.workers is not None and target.workers > cpus:
             raise ConfigError("ray_workers", f"the Ray cluster has {cpus} CPUs and a worker "
@@ -226,36 +217,26 @@ class RayEngine(Engine):
         workers = min(target.workers or cpus, n)
         if workers < 1:
             raise ConfigError("ray", "the Ray cluster has no CPUs to run workers on")
-        self.name = f"ray-{kind}"
-        self.kind = kind
-        self.ids = list(ids)
-        self.cfg = cfg
-        self.test = test
-        self.template = copy.deepcopy(model)
+        super().__init__(nodes, model, cfg, _CPU)
+        self.name = f"ray-{engine}"
         layout = StateLayout.from_module(self.template)
         #: each node's local buffers (batch-norm step counters) as its worker last reported them
         self.local = [layout.local_state(self.template) for _ in self.ids]
         self.bounds = split_bounds(n, workers)
         # batched: one single-threaded group per worker, as each of the local engine's threads;
         # sequential: the driver's thread count, as the local engine's LocalTrainers
-        threads = 1 if kind == "batched" else torch.get_num_threads()
-        test_ref = ray.put((test.x.numpy(), test.y.numpy()))
-        data_refs = [ray.put((d.x.numpy(), d.y.numpy())) for d in data]
+        threads = 1 if engine == "batched" else torch.get_num_threads()
+        test_ref = ray.put((nodes.test.x.numpy(), nodes.test.y.numpy()))
+        data_refs = [ray.put((d.x.numpy(), d.y.numpy())) for d in nodes.data]
         model_ref = ray.put(model)
         remote: Any = ray.remote(num_cpus=1, max_restarts=0)(_Worker)
         self._actors: list[Any] = [
-            remote.remote(kind, model_ref, cfg, seed, lo, threads, test_ref, *data_refs[lo:hi])
+            remote.remote(engine, model_ref, cfg, seed, lo, threads, test_ref, *data_refs[lo:hi])
             for lo, hi in itertools.pairwise(self.bounds)
         ]
         self._wait_started(cpus)
-        self.trainers = {}
-        if kind == "batched":
-            self.train_gather: RoundGather[torch.Tensor, TrainResult] = RoundGather(
-                ids, self._train_all)
-            self.evaluate_gather: RoundGather[torch.Tensor, tuple[float, float]] = RoundGather(
-                ids, self._evaluate_all)
-            self.trainers = {node: GatheredNode(self, node, i) for i, node in enumerate(ids)}
-        else:
+        if engine == "sequential":
+            self.trainers = {}
             for w, (lo, hi) in enumerate(itertools.pairwise(self.bounds)):
                 for slot, i in enumerate(range(lo, hi)):
                     self.trainers[self.ids[i]] = _RemoteNode(self, self._actors[w], slot, i)
@@ -299,36 +280,25 @@ class RayEngine(Engine):
                 for actor, (lo, hi) in zip(self._actors, itertools.pairwise(self.bounds),
                                            strict=True)]
 
-    async def _train_all(
-        self, round: int, starts: Mapping[str, torch.Tensor]
-    ) -> dict[str, TrainResult]:
-        flats = torch.stack([starts[node] for node in self.ids])
+    async def train_stacked(self, flats: torch.Tensor, round_: int) -> list[TrainResult]:
         parts = await asyncio.gather(
-            *(actor.train_slice.remote(part, round) for actor, part in self._slices(flats)))
+            *(actor.train_slice.remote(part, round_) for actor, part in self._slices(flats)))
         results: list[TrainResult] = []
         for (lo, _), (out, losses, steps, samples, local) in zip(
                 itertools.pairwise(self.bounds), parts, strict=True):
             self.local[lo : lo + len(local)] = local
             results += [TrainResult(flat=_tensor(row), loss=loss, steps=steps, samples=samples)
                         for row, loss in zip(out, losses, strict=True)]
-        return dict(zip(self.ids, results, strict=True))
+        return results
 
-    async def _evaluate_all(
-        self, round: int, models: Mapping[str, torch.Tensor]
-    ) -> dict[str, tuple[float, float]]:
-        flats = torch.stack([models[node] for node in self.ids])
+    async def evaluate_stacked(self, flats: torch.Tensor) -> list[tuple[float, float]]:
         chunk = max(1, EVAL_BATCH // len(self.ids))
         parts = await asyncio.gather(
             *(actor.evaluate_slice.remote(part, chunk) for actor, part in self._slices(flats)))
-        return dict(zip(self.ids, itertools.chain.from_iterable(parts), strict=True))
+        return list(itertools.chain.from_iterable(parts))
 
     def local_buffers(self, index: int) -> dict[str, torch.Tensor]:
         return self.local[index]
-
-    async def evaluate_one(self, model: torch.Tensor) -> tuple[float, float]:
-        # in the driver, with the first node's buffers, as the local engines do
-        return evaluate(self.template, model, self.test.x, self.test.y, local=self.local[0],
-                        device=_CPU)
 
 
 class _RemoteNode:
@@ -340,13 +310,13 @@ class _RemoteNode:
         self.slot = slot
         self.index = index
 
-    async def train(self, start: torch.Tensor, round: int) -> TrainResult:
+    async def train(self, start: torch.Tensor, round_: int) -> TrainResult:
         flat, loss, steps, samples, local = await self.actor.train_node.remote(
-            self.slot, _array(start), round)
+            self.slot, _array(start), round_)
         self.engine.local[self.index] = local
         return TrainResult(flat=_tensor(flat), loss=loss, steps=steps, samples=samples)
 
-    async def evaluate(self, model: torch.Tensor, round: int) -> tuple[float, float]:
+    async def evaluate(self, model: torch.Tensor, round_: int) -> tuple[float, float]:
         result: tuple[float, float] = await self.actor.evaluate_node.remote(
             self.slot, _array(model))
         return result
@@ -354,5 +324,5 @@ class _RemoteNode:
     def local_buffers(self) -> dict[str, torch.Tensor]:
         return self.engine.local[self.index]
 
-    def lr_at(self, round: int) -> float:
-        return self.engine.cfg.lr_at(round)
+    def lr_at(self, round_: int) -> float:
+        return self.engine.cfg.lr_at(round_)
