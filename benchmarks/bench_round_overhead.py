@@ -2,7 +2,7 @@
 
 Builds ``--nodes`` complete nodes in one process, the way ``dacflnode.node.daemon.build_node``
 assembles them (a data share, the model seeded alike on every node, a
-:class:`~dacflnode.learning.train.LocalTrainer`, a :class:`~dacflnode.node.runner.NodeSetup`
+:class:`~dacflnode.learning.train.LocalTrainer`, a :class:`~dacflnode.node.runner_types.NodeSetup`
 with a ``state_dir`` in a temporary folder, so metrics lines and checkpoints are written every
 round), connects them over :class:`~dacflnode.transport.grpc_transport.GrpcTransport` on
 127.0.0.1 (2 nodes: one edge; more: a ring) and times ``--rounds`` rounds (exchange, mix,
@@ -43,8 +43,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from _common import add_standard_args, emit_result, machine
@@ -54,9 +55,10 @@ from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.datasets import DATASETS, Dataset, load_dataset
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig, evaluate
-from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup, RoundReport
 from dacflnode.node.training import ThreadedTrainer
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity
 from dacflnode.transport.grpc_transport import GrpcTransport
 
 RUN_FINGERPRINT = "bench-round-overhead"
@@ -119,10 +121,8 @@ class DaemonNodes:
             trainer = make_trainer(args, data, i)
             layout = trainer.layout
             identity = Identity(node_id, layout.fingerprint(), RUN_FINGERPRINT)
-            inbox = Inbox(senders=frozenset(nbrs),
-                          current_round=lambda nid=node_id: self.runners[nid].round)
-            transport = GrpcTransport(identity, "127.0.0.1:0", {}, inbox,
-                                      {name: (layout.numel,) for name in algorithm.exchanged})
+            transport = partial(GrpcTransport, identity, "127.0.0.1:0", {},
+                                tensors={name: (layout.numel,) for name in algorithm.exchanged})
             state_dir = tmp / node_id
             state_dir.mkdir(parents=True)
             setup = NodeSetup(
@@ -139,7 +139,7 @@ class DaemonNodes:
             self.reports[node_id] = []
             runner.on_round = self.reports[node_id].append  # called after the checkpoint
             self.runners[node_id] = runner
-            self.transports.append(transport)
+            self.transports.append(cast(GrpcTransport, runner.transport))
         self.payload_bytes = layout.numel * 4 * len(algorithm.exchanged)
 
     async def start(self) -> None:

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import math
 import sys
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,9 +37,10 @@ from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig
-from dacflnode.node.runner import NodeRunner, NodeSetup
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup
 from dacflnode.node.training import ThreadedTrainer
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.errors import Refusal
 from dacflnode.wire.message import RoundMessage
@@ -60,16 +62,14 @@ def make_runner(network: MemoryNetwork, graph: dict[str, list[str]], node: str, 
     x = torch.randn(args.samples, 1, 8, 8, generator=gen) + y.view(-1, 1, 1, 1).float() * 0.3
     local = LocalTrainer(model, x, y, TrainConfig(lr=args.lr), seed=0, node_index=index)
     algorithm = make_algorithm(args.algorithm)
-    runners: dict[str, NodeRunner] = {}
-    inbox = Inbox(senders=graph[node], current_round=lambda: runners[node].round)
-    transport = MemoryTransport(network, Identity(node, layout.fingerprint(), "margin"),
-                                graph[node], inbox,
-                                {name: (layout.numel,) for name in algorithm.exchanged})
+    transport = partial(MemoryTransport, network, Identity(node, layout.fingerprint(), "margin"),
+                        graph[node],
+                        tensors={name: (layout.numel,) for name in algorithm.exchanged})
     setup = NodeSetup(node_id=node, neighbours=graph[node], algorithm=algorithm,
                       trainer=ThreadedTrainer(local, x, y), layout=layout, rounds=args.rounds,
                       round_deadline=math.inf)
-    runner = runners[node] = NodeRunner(setup, transport,
-                                        NodeState.initial(layout.flatten_module(model)))
+    runner = NodeRunner(setup, transport, NodeState.initial(layout.flatten_module(model)))
+    inbox = runner.transport.inbox
     guard = inbox.guard
     assert isinstance(guard, RobustGuard), "the runner installs the guard by default"
 

@@ -24,16 +24,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import xxhash
 
 from dacflnode.algorithms.compression import Compressor, make_compressor, stable_seed
 from dacflnode.wire.message import RoundMessage
-
-if TYPE_CHECKING:
-    from dacflnode.node.runner import NodeSetup
 
 Tensor = torch.Tensor
 Vectors = dict[str, Tensor]
@@ -82,13 +78,6 @@ def wire_parts(compression: Compression, fields: Sequence[str], numel: int
     """The tensors of a compressed message: ``<field>.<part> -> (dtype, shape)``."""
     parts = compression.compressor.parts(numel)
     return {f"{name}.{part}": spec for name in fields for part, spec in parts.items()}
-
-
-def compressed_spec(setup: NodeSetup) -> dict[str, tuple[torch.dtype, tuple[int, ...]]] | None:
-    """The compressed tensor set a node of ``setup`` accepts (``None``: an uncompressed run)."""
-    if setup.compression is None:
-        return None
-    return wire_parts(setup.compression, setup.algorithm.exchanged, setup.layout.numel)
 
 
 def is_compressed(message: RoundMessage) -> bool:

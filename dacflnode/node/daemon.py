@@ -35,8 +35,9 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -55,7 +56,7 @@ from dacflnode.node.control_token import (
     token_file,
     write_token_file,
 )
-from dacflnode.node.copies import compressed_spec, compression_for
+from dacflnode.node.copies import compression_for
 from dacflnode.node.data import (
     DataInfo,
     builtin_node_data,
@@ -65,13 +66,15 @@ from dacflnode.node.data import (
 )
 from dacflnode.node.membership import PeerState
 from dacflnode.node.peers import PeersFile, read_metrics_token
+from dacflnode.node.phase import Phase
 from dacflnode.node.round_log import RoundLog
-from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup, RoundReport, compressed_spec
 from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.node.training import ThreadedTrainer
 from dacflnode.security.certs import check_node_material
 from dacflnode.security.tls import TlsMaterial
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity
 
 if TYPE_CHECKING:
     from dacflnode.node.faults import FaultPlan
@@ -84,6 +87,11 @@ log = logging.getLogger(__name__)
 
 #: How ``status`` shows an active neighbour whose last call failed (docs/faults.md).
 UNREACHABLE = "unreachable"
+
+#: Seconds the Neighbor service gives the calls in flight to finish when the node shuts down.
+NEIGHBOUR_STOP_GRACE = 2.0
+#: Seconds the Control service gives its calls in flight (a ``stop`` being answered).
+CONTROL_STOP_GRACE = 1.0
 
 
 @dataclass
@@ -209,7 +217,7 @@ class Daemon:
         status = NodeStatus(
             node_id=pf.node.id, algorithm=pf.run.algorithm[0],
             round=runner.round if runner else 0, rounds_total=pf.run.rounds,
-            phase=runner.phase if runner else "starting", neighbours=neighbours,
+            phase=runner.phase if runner else Phase.STARTING, neighbours=neighbours,
             last_accuracy=runner.last_accuracy if runner else math.nan,
             last_loss=runner.last_loss if runner else math.nan,
             consensus_residual=runner.residual() if runner else math.nan,
@@ -381,7 +389,7 @@ class Daemon:
             log.error("%s: cannot start: %s", self.pf.node.id, exc,
                       extra={"event": "start_failed", "node": self.pf.node.id})
             if self.runner is not None:
-                self.runner.phase = "failed"
+                self.runner.phase = Phase.FAILED
             return 2
 
     def _publish_token(self, token: str) -> str:
@@ -434,29 +442,28 @@ class Daemon:
             built = await asyncio.to_thread(build_node, pf, self.faults)
             self.device = built.device
             self.data_info = built.setup.data
-            holder: dict[str, NodeRunner] = {}
-            inbox = Inbox(senders=pf.neighbour_ids(),
-                          current_round=lambda: holder["runner"].round if holder else 0)
-            tensors = {name: (built.setup.layout.numel,)
-                       for name in built.setup.algorithm.exchanged}
-            transport = GrpcTransport(built.identity, pf.node.listen,
-                                      {nb.id: nb.address for nb in pf.neighbours}, inbox,
-                                      tensors, compressed=compressed_spec(built.setup),
-                                      tls=tls, idle_timeout=pf.daemon.stream_idle_timeout,
-                                      stream_timeout=pf.daemon.stream_timeout,
-                                      first_message_timeout=pf.daemon.first_message_timeout,
-                                      health_listen=pf.node.health)
-            runner = NodeRunner(built.setup, transport, built.state, resume=built.checkpoint)
+            serve_neighbours = partial(
+                GrpcTransport, built.identity, pf.node.listen,
+                {nb.id: nb.address for nb in pf.neighbours},
+                tensors={name: (built.setup.layout.numel,)
+                         for name in built.setup.algorithm.exchanged},
+                compressed=compressed_spec(built.setup), tls=tls,
+                idle_timeout=pf.daemon.stream_idle_timeout,
+                stream_timeout=pf.daemon.stream_timeout,
+                first_message_timeout=pf.daemon.first_message_timeout,
+                health_listen=pf.node.health)
+            runner = NodeRunner(built.setup, serve_neighbours, built.state,
+                                resume=built.checkpoint)
+            transport = cast("GrpcTransport", runner.transport)
             self.receiver = transport.receiver
-            holder["runner"] = runner
             self.runner = runner
             if built.checkpoint is not None and await runner.confirm_finished():
                 return 0  # started again after its last round: nothing to wait for
             return await self._run(runner, transport, interceptors)
         finally:
             if transport is not None:
-                await transport.stop(grace=2.0)
-            await control.stop(grace=1.0)
+                await transport.stop(grace=NEIGHBOUR_STOP_GRACE)
+            await control.stop(grace=CONTROL_STOP_GRACE)
 
     async def _run(self, runner: NodeRunner, transport: GrpcTransport,
                    interceptors: Sequence[TokenInterceptor]) -> int:
@@ -509,13 +516,13 @@ class Daemon:
             await runner.run()
             if round_log.done:
                 round_log.summary()
-            if runner.phase == "left":
+            if runner.phase == Phase.LEFT:
                 log.info("%s: left the network after round %d", pf.node.id, runner.round,
                          extra={"event": "left", "node": pf.node.id, "round": runner.round})
         except Exception as exc:  # a refused handshake, a broken model file, ...
             log.error("%s: %s", pf.node.id, exc, exc_info=not isinstance(exc, RuntimeError),
                       extra={"event": "failed", "node": pf.node.id})
-            runner.phase = "failed"
+            runner.phase = Phase.FAILED
             return 1
         return 0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +23,40 @@ from dacflnode.filemodes import LOG_MODE, open_text
 
 METRICS_FILE = "metrics.jsonl"
 
+@dataclass(frozen=True)
+class MetricsLine:
+    """One node's line of one round: its fields are the line's keys, in the order written."""
+
+    round: int
+    node: str
+    algorithm: str
+    lr: float
+    train_loss: float
+    samples: int
+    accuracy: float | None
+    test_loss: float | None
+    consensus_residual: float
+    neighbours_used: list[str]
+    neighbours_missing: list[str]
+    alone_rounds: int
+    refused_states: int
+    bytes_sent: int
+    bytes_received: int
+    exchange_s: float
+    train_s: float
+    seconds: float
+    data_size: int | None
+    class_counts: dict[str, int] | None
+
+
 #: The keys of every metrics line, in the order they are written.
-LINE_KEYS = (
-    "round", "node", "algorithm", "lr", "train_loss", "samples", "accuracy", "test_loss",
-    "consensus_residual", "neighbours_used", "neighbours_missing", "alone_rounds",
-    "refused_states", "bytes_sent", "bytes_received", "exchange_s", "train_s", "seconds",
-    "data_size", "class_counts",
-)
+LINE_KEYS = tuple(f.name for f in fields(MetricsLine))
 
 
-def append_line(path: Path, line: dict[str, Any]) -> None:
-    """Append one round's line; its keys must be exactly :data:`LINE_KEYS` (one format for all)."""
-    if tuple(line) != LINE_KEYS:
-        raise ValueError(f"a metrics line has the keys {LINE_KEYS}, got {tuple(line)}")
+def append_line(path: Path, line: MetricsLine) -> None:
+    """Append one round's line (one format for all: the fields of :class:`MetricsLine`)."""
     with open_text(path, LOG_MODE, append=True) as out:
-        out.write(json.dumps(line) + "\n")
+        out.write(json.dumps(asdict(line)) + "\n")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -24,10 +24,10 @@ class MixingPolicy(Protocol):
     """Mixing weights of one node in one round."""
 
     def weights(
-        self, node: str, round: int, own_degree: int, degrees: Mapping[str, int]
+        self, node: str, round_: int, own_degree: int, degrees: Mapping[str, int]
     ) -> dict[str, float]:
         """Weights over ``node`` itself and the neighbours in ``degrees``: those whose round
-        ``round`` state arrived, with the degree each announced. A neighbour that was active but
+        ``round_`` state arrived, with the degree each announced. A neighbour that was active but
         did not deliver is absent; its weight must go to ``node`` so the row still sums to one."""
         ...
 
@@ -36,7 +36,7 @@ class Metropolis:
     """Metropolis–Hastings weights from the announced degrees: what a daemon computes alone."""
 
     def weights(
-        self, node: str, round: int, own_degree: int, degrees: Mapping[str, int]
+        self, node: str, round_: int, own_degree: int, degrees: Mapping[str, int]
     ) -> dict[str, float]:
         self_weight, row = metropolis_weights(own_degree, degrees)
         return {node: self_weight, **row}
@@ -46,12 +46,12 @@ class ModelView(Protocol):
     """The model a node is evaluated on and saved as, given its own model."""
 
     async def evaluate(
-        self, round: int, model: torch.Tensor, trainer: NodeTrainer
+        self, round_: int, model: torch.Tensor, trainer: NodeTrainer
     ) -> tuple[float, float]:
-        """``(accuracy, test loss)`` after ``round`` rounds; ``model`` is the node's own."""
+        """``(accuracy, test loss)`` after ``round_`` rounds; ``model`` is the node's own."""
         ...
 
-    async def final(self, round: int, model: torch.Tensor) -> torch.Tensor:
+    async def final(self, round_: int, model: torch.Tensor) -> torch.Tensor:
         """The model written to ``final.safetensors`` after the last round."""
         ...
 
@@ -60,9 +60,9 @@ class OwnModel:
     """A node is evaluated on, and saves, its own model."""
 
     async def evaluate(
-        self, round: int, model: torch.Tensor, trainer: NodeTrainer
+        self, round_: int, model: torch.Tensor, trainer: NodeTrainer
     ) -> tuple[float, float]:
-        return await trainer.evaluate(model, round)
+        return await trainer.evaluate(model, round_)
 
-    async def final(self, round: int, model: torch.Tensor) -> torch.Tensor:
+    async def final(self, round_: int, model: torch.Tensor) -> torch.Tensor:
         return model

@@ -1,6 +1,6 @@
 """One INFO line per round of a daemon, and one summary line at the end.
 
-The runner reports each finished round (:class:`~dacflnode.node.runner.RoundReport`); this
+The runner reports each finished round (:class:`~dacflnode.node.runner_types.RoundReport`); this
 module turns the report into the line an operator follows with ``tail -f daemon.log`` or
 ``kubectl logs -f``::
 
@@ -16,8 +16,8 @@ same record carries the figures as fields of their own (:data:`dacflnode.logs.VA
 log collector needs no parsing of the message. Rounds come at the node's own pace, so their
 lines are not rate-limited (``unlimited``).
 
-The bytes are the report's (:attr:`~dacflnode.node.runner.RoundReport.bytes_sent`, ...) where
-the runner counts them, else what the transport counted over all neighbours since the last
+The bytes are the report's (:attr:`~dacflnode.node.runner_types.RoundReport.bytes_sent`, ...)
+where the runner counts them, else what the transport counted over all neighbours since the last
 line (a neighbour ahead of this node may have sent its next state already: it counts there).
 
 After the last round, :meth:`RoundLog.summary` writes one line with the rounds run, the last
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class Report(Protocol):
-    """What the line needs of a round's report (:class:`~dacflnode.node.runner.RoundReport`)."""
+    """What the line needs of a round's report
+    (:class:`~dacflnode.node.runner_types.RoundReport`)."""
 
     @property
     def round(self) -> int: ...

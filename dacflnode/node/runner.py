@@ -10,7 +10,8 @@ Round ``t`` (the algorithm code of :mod:`dacflnode.algorithms.rounds`, see docs/
 3. *train* — the :class:`~dacflnode.node.training.NodeTrainer`, off the event loop, so the node
    keeps serving its neighbours;
 4. *complete* — :meth:`Algorithm.complete`, evaluation every few rounds through the
-   :class:`~dacflnode.node.policies.ModelView`, a metrics line and (optionally) a checkpoint.
+   :class:`~dacflnode.node.policies.ModelView`, a metrics line and (optionally) a checkpoint
+   (:mod:`dacflnode.node.outputs`).
 
 Faults (docs/faults.md; the bookkeeping is :class:`~dacflnode.node.edges.EdgeBook`): a neighbour
 that has not delivered by the round deadline is left out of that round's mix (its weight goes to
@@ -19,9 +20,13 @@ edge used on one end only is undone exactly by the node that used it. A neighbou
 ``gone_after`` rounds is declared gone (one that shows it is alive is late, not gone), and all
 nodes re-anchor at an agreed round. A node that drains out (:meth:`NodeRunner.request_leave`)
 hands its share of ``Σ x`` to its neighbours; a node far behind its neighbours joins at an agreed
-round from a neighbour's model, keeping its own mass when it restarted from its checkpoint. After
+round from a neighbour's model, keeping its own mass when it restarted from its checkpoint
+(:mod:`dacflnode.node.joining`, which also holds the handshakes). After
 the last round every node runs ``anchor_delay`` more exchanges, without mixing, to settle the
 last one-sided uses and apply the anchors proposed near the end.
+
+The runner builds the node's :class:`~dacflnode.transport.base.Inbox`, with everything the inbox
+asks of the node, and makes its transport from it (the function it is given).
 
 Task lifetimes are structured: the pushes of a round run in a task group that ends with the round
 (delivered, given up at the deadline, or cancelled when the round is abandoned); a stop request
@@ -36,48 +41,37 @@ import logging
 import math
 import time
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
-from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import torch
 
-from dacflnode.algorithms.rounds import Algorithm, NodeState
-from dacflnode.config import DAEMON_DEFAULTS
-from dacflnode.learning.files import CorruptFile, read_verified, save_model
-from dacflnode.learning.layout import StateLayout
-from dacflnode.node.checkpoint import FINAL_MODEL, Checkpoint, save_checkpoint
-from dacflnode.node.copies import Compression, PublicCopies, is_compressed
+from dacflnode.algorithms.rounds import NodeState
+from dacflnode.node.checkpoint import FINAL_MODEL, Checkpoint
+from dacflnode.node.copies import PublicCopies, is_compressed
 from dacflnode.node.edges import Absorbed, EdgeBook
+from dacflnode.node.joining import Handshakes
 from dacflnode.node.ledger import Ledger
-from dacflnode.node.membership import PeerState, PeerTrack
-from dacflnode.node.metrics_log import METRICS_FILE, append_line
-from dacflnode.node.persist import Persister, PersistError
-from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
-from dacflnode.node.training import NodeTrainer
+from dacflnode.node.membership import PeerTrack
+from dacflnode.node.outputs import Outputs
+from dacflnode.node.persist import PersistError
+from dacflnode.node.phase import Phase
+from dacflnode.node.runner_types import NodeSetup, RoundReport
 from dacflnode.transport.base import (
     DEFAULT_PULL_TIMEOUT,
     HandshakeRefused,
+    Inbox,
     PeerUnavailable,
     Transport,
     TransportClosed,
 )
 from dacflnode.wire.errors import Reason, Refusal, WireError
 from dacflnode.wire.message import Kind, RoundMessage
-from dacflnode.wire.state_guard import ABSURD_RATIO, RobustGuard
-
-if TYPE_CHECKING:
-    from dacflnode.node.data import DataInfo
-    from dacflnode.node.faults import FaultPlan
+from dacflnode.wire.state_guard import RobustGuard
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-PHASES = ("starting", "waiting-for-peers", "joining", "exchanging", "training", "evaluating",
-          "closing", "leaving", "done", "left", "stopping", "stopped", "failed")
-
 
 #: While a round waits, the neighbours whose states have not come are asked whether they are
 #: there after this many seconds, then at doubling intervals up to PROBE_MAX (daemons only: a
@@ -97,97 +91,43 @@ class NodeFailed(RuntimeError):
 
 
 @dataclass
-class NodeSetup:
-    """Everything a runner needs, already built (the daemon builds it from peers.yaml, the
-    simulator from its run settings).
+class _Exchanged:
+    """What one exchange of a round gave (:meth:`NodeRunner._exchange_round`)."""
 
-    ``round_deadline`` may be ``math.inf``: wait for every neighbour, however long (a simulation
-    without faults). ``checkpoints`` turns the per-round checkpoint off; ``metrics.jsonl`` and
-    ``final.safetensors`` are written whenever ``state_dir`` is set. ``executor`` is where mixing
-    and completion run: ``None`` (asyncio's default thread pool) keeps the event loop free to
-    serve the neighbours; a process that has nothing else to serve may run them in place.
-    """
-
-    node_id: str
-    neighbours: Sequence[str]
-    algorithm: Algorithm
-    trainer: NodeTrainer
-    layout: StateLayout
-    rounds: int
-    eval_every: int = 1
-    round_deadline: float = DAEMON_DEFAULTS.round_deadline
-    hello_timeout: float = DAEMON_DEFAULTS.hello_timeout
-    active_neighbours: Callable[[int], Sequence[str]] | None = None
-    mixing: MixingPolicy = field(default_factory=Metropolis)
-    view: ModelView = field(default_factory=OwnModel)
-    state_dir: Path | None = None
-    checkpoints: bool = True
-    executor: Executor | None = None
-    run_info: dict[str, str] = field(default_factory=dict)
-    #: Guard the inbox against absurd and stale states (:mod:`dacflnode.wire.state_guard`;
-    #: any number turns the guard on, its tolerances are the module's); ``None`` turns it off.
-    absurd_ratio: float | None = ABSURD_RATIO
-    #: Consecutive missed rounds after which a neighbour is declared gone (docs/faults.md).
-    gone_after: int = DAEMON_DEFAULTS.gone_after
-    #: Rounds from proposing a re-anchor to the anchor round (at least the network's diameter).
-    anchor_delay: int = 4
-    #: Injected faults: edge-rounds that are neither pushed nor waited for (tests, simulations).
-    faults: FaultPlan | None = None
-    #: Join a running network even when only one round behind it (start from a neighbour's
-    #: model at an agreed round); a node further behind its neighbours always joins.
-    join: bool = False
-    #: Undo one-sided edge uses (off only to measure what they cost).
-    repair: bool = True
-    #: The node's data (size, samples per class), for the metrics line and the status.
-    data: DataInfo | None = None
-    #: A compressed run's compression (CHOCO-Gossip over public copies, docs/compression.md);
-    #: the algorithm's mixing is then ``choco`` with the same step. ``None``: full states.
-    compression: Compression | None = None
-
-
-@dataclass
-class RoundReport:
-    round: int
-    used: tuple[str, ...]
-    missing: tuple[str, ...]
-    train_loss: float
-    samples: int
-    accuracy: float | None
-    test_loss: float | None
-    residual: float
-    exchange_s: float
-    train_s: float
-    seconds: float
-    #: payload bytes of the states this node sent to / received from its neighbours in the
-    #: round (pushes and pulls, both ways)
-    bytes_sent: int = 0
-    bytes_received: int = 0
+    #: the neighbours mixed in the round, and those whose handover was due
+    active: list[str]
+    handovers: Sequence[str]
+    #: this node's message of the round
+    message: RoundMessage
+    received: dict[str, RoundMessage]
+    #: the senders whose message can be mixed (in a compressed run: their copy matches it)
+    usable: set[str]
+    absorbed: Absorbed
 
 
 class NodeRunner:
     """Runs the rounds of one node; :attr:`phase`, :attr:`state`, :attr:`last` and
     :attr:`peers` describe it.
 
-    ``resume``: the checkpoint the node restarts from (its state is ``state``); its edge
-    bookkeeping (one-sided uses to settle, anchors, what it knew of each neighbour) carries on.
+    ``make_transport``: the node's transport around the inbox the runner built (a
+    ``functools.partial`` of the transport's class, all but the inbox given). ``resume``: the
+    checkpoint the node restarts from (its state is ``state``); its edge bookkeeping (one-sided
+    uses to settle, anchors, what it knew of each neighbour) carries on.
     """
 
     def __init__(
-        self, setup: NodeSetup, transport: Transport, state: NodeState,
+        self, setup: NodeSetup, make_transport: Callable[[Inbox], Transport], state: NodeState,
         resume: Checkpoint | None = None,
     ) -> None:
         self.setup = setup
-        self.transport = transport
         self.state = state
-        self.phase = "starting"
+        self.phase = Phase.STARTING
         self.last: RoundReport | None = None
         self.last_accuracy = math.nan
         self.last_loss = math.nan
         self.started = time.time()
         self._stop = asyncio.Event()
         self._leave = asyncio.Event()
-        self._peer_rounds: dict[str, int] = {}
-        self._greetings: dict[str, asyncio.Task[None]] = {}
         #: the ``(round, peer)`` states being pulled now (one pull each)
         self._pulling: set[tuple[int, str]] = set()
         #: neighbours that refused this round's push for being in another round: alive
@@ -197,13 +137,10 @@ class NodeRunner:
         #: whether the node restarts from a checkpoint, and from which round
         self._restarted = resume is not None
         self._resumed_at = state.round if resume is not None else -1
-        #: neighbours that had declared this node gone when it started (a restart)
-        self._gone_for: set[str] = set()
         self.on_round: Callable[[RoundReport], None] | None = None
-        self._files = None if setup.state_dir is None else Persister(setup.node_id,
-                                                                     setup.state_dir)
+        self.outputs = Outputs(setup)
         alg = setup.algorithm
-        self.book = EdgeBook(
+        self.edges = EdgeBook(
             setup.node_id, setup.neighbours, gone_after=setup.gone_after,
             anchor_delay=setup.anchor_delay,
             repair=setup.repair and alg.decentralized and "x" in alg.exchanged,
@@ -218,29 +155,30 @@ class NodeRunner:
         self.copies: PublicCopies | None = None
         #: a compressed run's guard: it judges a neighbour's copy against the node's own copy
         self._copy_guard: RobustGuard | None = None
+        guard: RobustGuard | None = None
         if setup.compression is not None:
             copies = PublicCopies(setup.node_id, setup.neighbours, alg.exchanged,
                                   setup.compression, alg.outgoing(state), shared=resume is None)
             self.copies = copies
-            transport.inbox.copy_of = self._copy_of
             if setup.absurd_ratio is not None:
                 self._copy_guard = RobustGuard(lambda: copies.own)
         elif setup.absurd_ratio is not None:
-            transport.inbox.guard = RobustGuard(lambda: self._reference)
-        transport.inbox.on_join = self._on_join
-        transport.inbox.on_refused = self._on_refused
-        transport.inbox.barred |= set(self.book.quarantined)
+            guard = RobustGuard(lambda: self._reference)
         #: the ``(round, peer)`` states refused as absurd or stale, by this node or the peer
         self._refused: set[tuple[int, str]] = set()
-        if setup.faults is not None and any(p.node == setup.node_id for p in
-                                            getattr(setup.faults, "poisons", ())):
-            self._poisoned: dict[tuple[int, int, float], RoundMessage] = {}
-            transport.inbox.outgoing = self._poison
+        poisons = setup.faults is not None and any(
+            p.node == setup.node_id for p in getattr(setup.faults, "poisons", ()))
+        self._poisoned: dict[tuple[int, int, float], RoundMessage] = {}
+        inbox = Inbox(senders=setup.neighbours, current_round=lambda: self.round, guard=guard,
+                      on_join=self._on_join, on_refused=self._on_refused,
+                      barred=set(self.edges.quarantined),
+                      outgoing=self._poison if poisons else None,
+                      copy_of=None if self.copies is None else self._copy_of)
+        self.transport = make_transport(inbox)
+        self.handshakes = Handshakes(setup, self.transport, self.edges, lambda: self.round)
 
     def _on_join(self, peer: str, proposed: int) -> int:
-        agreed = self.book.on_join(peer, proposed, self.round)
-        self._not_before(peer)
-        return agreed
+        return self.handshakes.on_join(peer, proposed)
 
     # ------------------------------------------------------------------ misbehaving members
     def _on_refused(self, message: RoundMessage, refusal: Refusal) -> None:
@@ -262,19 +200,19 @@ class NodeRunner:
                         "it", self.setup.node_id, round_, peer, reason,
                         extra={"event": "state_refused", "node": self.setup.node_id,
                                "round": round_, "neighbour": peer, "reason": reason})
-        if self.book.offence(peer, round_, self.round):
+        if self.edges.offence(peer, round_, self.round):
             self._quarantined(peer)
 
     def _quarantine(self, peer: str) -> None:
         """``peer`` refused this node's state because it quarantined the edge: so does this
         node (a quarantine is for both ends)."""
-        if self.book.quarantine(peer, self.round) is not None:
+        if self.edges.quarantine(peer, self.round) is not None:
             self._quarantined(peer)
 
     @property
     def quarantines(self) -> int:
         """Edges quarantined in this run (kept across restarts, in the checkpoint)."""
-        return len(self.book.quarantined)
+        return len(self.edges.quarantined)
 
     def _quarantined(self, peer: str) -> None:
         self.transport.inbox.barred.add(peer)
@@ -283,7 +221,7 @@ class NodeRunner:
         track = self.peers[peer]
         log.warning("%s: edge to %s quarantined in round %d after %d refused states; it is not "
                     "mixed again in this run; re-anchor at round %d", self.setup.node_id, peer,
-                    self.round, track.refused_states, max(self.book.anchors, default=-1),
+                    self.round, track.refused_states, max(self.edges.anchors, default=-1),
                     extra={"event": "quarantined", "node": self.setup.node_id, "round": self.round,
                            "neighbour": peer})
 
@@ -306,13 +244,6 @@ class NodeRunner:
             self._poisoned[key] = poisoned
         return poisoned
 
-    def _not_before(self, peer: str) -> None:
-        """The edge to ``peer`` is mixed only from a later round now: stop waiting for its
-        states of the rounds before (this node may be waiting in one right now)."""
-        track = self.peers[peer]
-        for r in range(self.round, track.active_from):
-            self.transport.inbox.forgo_nowait(r, peer)
-
     # ------------------------------------------------------------------ control
     @property
     def round(self) -> int:
@@ -321,15 +252,15 @@ class NodeRunner:
 
     @property
     def peers(self) -> dict[str, PeerTrack]:
-        return self.book.peers
+        return self.edges.peers
 
     @property
     def anchors(self) -> set[int]:
-        return self.book.anchors
+        return self.edges.anchors
 
     @property
     def reanchored(self) -> int:
-        return self.book.reanchored
+        return self.edges.reanchored
 
     @property
     def leaving(self) -> bool:
@@ -368,11 +299,11 @@ class NodeRunner:
 
     def mixing(self, t: int) -> list[str]:
         """The neighbours mixed in round ``t`` (active, and not gone, absent or left)."""
-        return self.book.mixing(t, self.active(t))
+        return self.edges.mixing(t, self.active(t))
 
     def checkpoint(self, left: bool = False) -> Checkpoint:
         """The node as a checkpoint holds it (valid between rounds)."""
-        fields = self.book.checkpoint_fields()
+        fields = self.edges.checkpoint_fields()
         return Checkpoint(
             self.state, dict(self.setup.trainer.local_buffers()),
             {**self.setup.run_info, "round": str(self.round)}, fields["used_log"],
@@ -395,22 +326,21 @@ class NodeRunner:
                     await self.run_round(self.round)
                 await self._settle_the_end()
             finally:
-                await self._stop_greeting()
-            self.phase = "done"
-            if self.setup.state_dir is not None and self.setup.checkpoints:
-                await self._write("checkpoint", self._save_checkpoint, self.setup.state_dir)
-            await self._write_final()
+                await self.handshakes.stop()
+            self.phase = Phase.DONE
+            await self.outputs.checkpoint(self.checkpoint)
+            await self.outputs.final_model(self.state)
             log.info("%s: all %d rounds done", self.setup.node_id, self.setup.rounds,
                      extra={"event": "rounds_done", "node": self.setup.node_id,
                             "round": self.setup.rounds})
             return True
         except Stopped:
-            self.phase = "stopped"
+            self.phase = Phase.STOPPED
             log.info("%s: stopped at round %d", self.setup.node_id, self.round,
                      extra={"event": "stopped", "node": self.setup.node_id, "round": self.round})
             return False
         except PersistError as exc:
-            self.phase = "failed"
+            self.phase = Phase.FAILED
             raise NodeFailed(str(exc)) from exc
 
     async def confirm_finished(self) -> bool:
@@ -422,15 +352,8 @@ class NodeRunner:
         setup = self.setup
         if self.round < setup.rounds:
             return False
-        self.phase = "done"
-        if setup.state_dir is not None:
-            path = setup.state_dir / FINAL_MODEL
-            problem = await asyncio.to_thread(_final_problem, path, self.round)
-            if problem is not None:
-                log.warning("%s: the final model %s %s: writing it again from the checkpoint",
-                            setup.node_id, path, problem,
-                            extra={"event": "final_rewritten", "node": setup.node_id})
-                await self._write_final()
+        self.phase = Phase.DONE
+        await self.outputs.repair_final_model(self.state)
         log.info("%s: run complete: %d/%d rounds; final model %s", setup.node_id, self.round,
                  setup.rounds, "not written (no state directory)" if setup.state_dir is None
                  else setup.state_dir / FINAL_MODEL,
@@ -459,214 +382,32 @@ class NodeRunner:
         raise Stopped
 
     async def wait_for_neighbours(self) -> None:
-        """Handshake with every neighbour; they may start in any order, minutes apart.
-
-        Neighbours that have not answered within ``hello_timeout`` are marked absent and the
-        node goes on without them (they join when they come up), unless none answered at all.
-        """
-        self.phase = "waiting-for-peers"
-        deadline = time.monotonic() + self.setup.hello_timeout
-        pending = set(self.setup.neighbours) - set(self.book.quarantined)
-        faults = self.setup.faults
-        if faults is not None:  # an injected crash or a later join: do not wait for it
-            for peer in sorted(pending):
-                if faults.down(peer, self.round):
-                    pending.discard(peer)
-                    self.peers[peer].state = PeerState.ABSENT
-        delay = 0.05
-        while pending:
-            for peer in sorted(pending):
-                try:
-                    await self._greet(peer, startup=True)
-                except PeerUnavailable:
-                    continue
-                except HandshakeRefused as exc:
-                    raise RuntimeError(f"neighbour {peer} refused or was refused: {exc}") from exc
-                pending.discard(peer)
-                log.info("%s: neighbour %s is up", self.setup.node_id, peer,
-                         extra={"event": "neighbour_up", "node": self.setup.node_id,
-                                "neighbour": peer})
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                if len(pending) == len(self.setup.neighbours):
-                    raise RuntimeError(
-                        f"neighbours {', '.join(sorted(pending))} did not answer within "
-                        f"{self.setup.hello_timeout:.0f}s"
-                    )
-                for peer in sorted(pending):
-                    track = self.peers[peer]
-                    if track.state is PeerState.ACTIVE:
-                        track.state = PeerState.ABSENT
-                log.warning("%s: %s did not answer within %.0fs; going on without them (they "
-                            "join when they come up)", self.setup.node_id,
-                            ", ".join(sorted(pending)), self.setup.hello_timeout,
-                            extra={"event": "neighbours_silent", "node": self.setup.node_id,
-                                   "neighbour": sorted(pending)})
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-    async def _greet(self, peer: str, startup: bool = False, proposal: int = 0) -> None:
-        """Hello ``peer``; settle from which round the edge is mixed when either side says it
-        is not mixed as always (a join, a restart after being declared gone, a healed cut)."""
-        track = self.peers[peer]
-        if startup and track.state is not PeerState.ACTIVE:
-            proposal = self.round + 2
-        ident = await self.transport.hello(peer, proposal)
-        self._peer_rounds[peer] = ident.round
-        answer = getattr(ident, "join_round", 0)
-        if proposal == 0 and answer > 0 and not (
-                track.state is PeerState.ACTIVE and track.active_from >= answer):
-            if startup and track.state is PeerState.ACTIVE:
-                self._gone_for.add(peer)  # it declared this node gone while it was down
-            proposal = max(answer, self.round + 2)  # the peer does not mix us now: agree when
-            ident = await self.transport.hello(peer, proposal)
-            self._peer_rounds[peer] = ident.round
-            answer = getattr(ident, "join_round", 0)
-        if proposal > 0:
-            self.book.joined_with(peer, max(proposal, answer))
-            self._not_before(peer)
+        """Handshake with every neighbour (:meth:`Handshakes.wait_for_neighbours
+        <dacflnode.node.joining.Handshakes.wait_for_neighbours>`)."""
+        self.phase = Phase.WAITING_FOR_PEERS
+        await self.handshakes.wait_for_neighbours()
 
     async def _join_if_behind(self) -> None:
-        """Join at an agreed round, from a neighbour's model, when the network is ahead.
-
-        A node that restarts from its checkpoint keeps its mass ``x − tracked`` (docs/faults.md,
-        section 5): it is added to the model it adopts, unless the network re-anchored since
-        the checkpoint (its mass is 0 then, as everyone's), a neighbour declared it gone (an
-        anchor takes its mass), or the checkpoint is stale (a neighbour mixed a later state of
-        this node than the checkpoint holds: its mass is unknown, so it asks for an anchor).
-        """
-        ahead = {p: r for p, r in self._peer_rounds.items()
-                 if self.peers[p].state is PeerState.ACTIVE}
-        if not ahead:
-            return
-        front = max(ahead.values())
-        if front <= self.round + (0 if self.setup.join else 1):
+        """Join at an agreed round, from a neighbour's model, when the network is ahead
+        (:mod:`dacflnode.node.joining`)."""
+        ahead = self.handshakes.behind(self.round)
+        if ahead is None:
             return  # at most one round behind: pull what was missed (see _exchange)
-        self.phase = "joining"
-        me, since = self.setup.node_id, self.round
-        join_round = front + 2
-        model = None
-        heard: tuple[int, ...] = ()
-        stale = False
-        for peer in sorted(ahead, key=lambda p: (-ahead[p], p)):
-            try:
-                message = await self.transport.pull(peer, max(0, ahead[peer] - 1))
-                tensors = message.tensors
-                if self.copies is not None and is_compressed(message):
-                    # a compressed state holds no model: take the sender's public copy, which
-                    # also starts this node's copy of it
-                    full = await self.transport.pull(peer, message.round,
-                                                     copy_id=message.copy_next)
-                    self.copies.commit(self.copies.adopt(peer, message.copy_next,
-                                                         full.tensors))
-                    tensors = full.tensors
-            except (PeerUnavailable, WireError, ValueError) as exc:
-                log.warning("%s: could not pull a model from %s to join: %s",
-                            self.setup.node_id, peer, exc,
-                            extra={"event": "join_pull_failed", "node": self.setup.node_id,
-                                   "neighbour": peer})
-                continue
-            model = (tensors["omega"] if "omega" in tensors else tensors["x"]).reshape(
-                self.state.x.shape).clone()
-            heard = message.anchors
-            stale = any(r > since and me in used for r, used in message.used_log)
-            log.info("%s: joining at round %d from the round-%d model of %s",
-                     self.setup.node_id, join_round, message.round, peer,
-                     extra={"event": "joining", "node": self.setup.node_id, "round": join_round,
-                            "neighbour": peer})
-            break
-        if model is None:  # its own model keeps the invariant as well (x = ω = ω_prev)
-            model = self.state.omega.clone()
-            log.warning("%s: no neighbour handed a model; joining at round %d with its own",
-                        self.setup.node_id, join_round,
-                        extra={"event": "joining_alone", "node": self.setup.node_id,
-                               "round": join_round})
-        alg = self.setup.algorithm
-        passed = sorted(a for a in {*heard, *self.book.anchors} if since < a < join_round)
-        mass: torch.Tensor | None = None
-        if alg.tracked_field != "x" and not (passed or stale or self._gone_for):
-            mass = self.state.x - alg.tracked(self.state)
-        if stale:
-            log.warning("%s: the checkpoint (round %d) is older than what its neighbours mixed "
-                        "of this node: its mass is unknown; it joins without it and proposes a "
-                        "re-anchor", me, since,
-                        extra={"event": "stale_checkpoint", "node": me, "round": since})
-        elif self._gone_for:
-            log.info("%s: %s declared this node gone: it joins without its mass (the "
-                     "re-anchor takes it)", me, ", ".join(sorted(self._gone_for)),
-                     extra={"event": "rejoin_after_gone", "node": me,
-                            "neighbour": sorted(self._gone_for)})
-        elif passed:
-            log.info("%s: the network re-anchored at round %s since this node's round %d: "
-                     "it joins with mass 0", me, ", ".join(map(str, passed)), since,
-                     extra={"event": "rejoin_after_anchor", "node": me})
-        # x = ω = ω_prev (+ its mass): it adds as much to Σ x as to Σ tracked, plus the mass
-        # it had (docs/faults.md)
-        x = model.clone() if mass is None else model + mass
-        self.state = NodeState(join_round, x, model, model.clone())
-        self._reference = alg.outgoing(self.state)
-        if stale or self._gone_for or not self._restarted:
-            self.book.reset(join_round)
-        else:
-            self.book.resumed(since, join_round, passed)
-        self.book.anchors |= {a for a in heard if a >= join_round}
-        if stale:
-            self.book.propose_anchor(join_round)
-        self.transport.inbox.discard_before(join_round)
-        for peer in sorted(ahead):
-            try:
-                await self._greet(peer, proposal=join_round)
-            except (PeerUnavailable, HandshakeRefused) as exc:
-                self.peers[peer].state = PeerState.ABSENT
-                log.warning("%s: %s did not agree on the join: %s", self.setup.node_id, peer,
-                            exc,
-                            extra={"event": "join_refused", "node": self.setup.node_id,
-                                   "neighbour": peer})
-        for peer, track in self.peers.items():
-            if peer not in ahead and track.state is PeerState.ACTIVE:
-                track.state = PeerState.ABSENT  # a neighbour still at the start: it joins us
-
-    def _greet_the_missing(self) -> None:
-        """Once a round, ask each gone or absent neighbour whether the edge can come back."""
-        faults = self.setup.faults
-        me, t = self.setup.node_id, self.round
-        for peer in self.book.to_greet():
-            if faults is not None and (faults.drops(me, peer, t) or faults.drops(peer, me, t)):
-                continue  # an edge-round that loses states loses a handshake too
-            task = self._greetings.get(peer)
-            if task is not None and not task.done():
-                continue
-            self._greetings[peer] = asyncio.create_task(self._try_greet(peer))
-
-    async def _try_greet(self, peer: str) -> None:
-        try:
-            await self._greet(peer, proposal=self.round + 2)
-        except (PeerUnavailable, HandshakeRefused, TransportClosed):
-            pass
-        except Exception:  # background work: log it, never let it end the node
-            log.exception("%s: handshake with %s failed unexpectedly", self.setup.node_id, peer,
-                          extra={"event": "handshake_failed", "node": self.setup.node_id,
-                                 "neighbour": peer})
-
-    async def _stop_greeting(self) -> None:
-        tasks = [t for t in self._greetings.values() if not t.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-        self._greetings.clear()
+        self.phase = Phase.JOINING
+        self.state = await self.handshakes.joined_state(self.state, ahead, self.copies,
+                                                        self._restarted)
+        self._reference = self.setup.algorithm.outgoing(self.state)
+        await self.handshakes.agree_join(ahead, self.round)
 
     # ------------------------------------------------------------------ one round
     def _reanchor_if_due(self, t: int) -> None:
-        if not self.book.anchor_due(t):
+        if not self.edges.anchor_due(t):
             return
         alg = self.setup.algorithm
         tracked = alg.tracked(self.state)
         bias = float(torch.linalg.vector_norm(self.state.x - tracked))
         self._set_x(tracked.clone())
-        self.book.anchored(t)
+        self.edges.anchored(t)
         log.info("%s: re-anchored at round %d (x := %s; |x - %s| was %.3g)", self.setup.node_id,
                  t, alg.tracked_field, alg.tracked_field, bias,
                  extra={"event": "reanchored", "node": self.setup.node_id, "round": t})
@@ -685,21 +426,22 @@ class NodeRunner:
         if adjust is not None:
             self._set_x(self.state.x + adjust)
 
-    async def _message(self, t: int, degree: int, kind: Kind = Kind.STATE) -> RoundMessage:
+    async def _message(self, t: int, degree: int,
+                       message_kind: Kind = Kind.STATE) -> RoundMessage:
         """The node's round-``t`` message; in a compressed run, the compressed update of its
         public copy, which is committed here (encoding runs off the event loop)."""
-        used_log, anchors = self.book.header(t)
+        used_log, anchors = self.edges.header(t)
         tensors = self.setup.algorithm.outgoing(self.state)
         copies = self.copies
         if copies is None:
-            return RoundMessage(self.setup.node_id, t, max(1, degree), tensors, used_log, kind,
-                                anchors)
+            return RoundMessage(self.setup.node_id, t, max(1, degree), tensors, used_log,
+                                message_kind, anchors)
         parts, update = await asyncio.get_running_loop().run_in_executor(
             self.setup.executor, copies.encode, t, tensors)
         base = copies.own_id
         copies.commit(update)
-        return RoundMessage(self.setup.node_id, t, max(1, degree), parts, used_log, kind,
-                            anchors, copy_base=base, copy_next=update.id)
+        return RoundMessage(self.setup.node_id, t, max(1, degree), parts, used_log,
+                            message_kind, anchors, copy_base=base, copy_next=update.id)
 
     def _copy_of(self, id_: int) -> RoundMessage | None:
         """The node's own public copy ``id_`` as a full message (a neighbour's copy pull)."""
@@ -781,24 +523,16 @@ class NodeRunner:
         setup = self.setup
         alg = setup.algorithm
         started = time.perf_counter()
-        self._greet_the_missing()
-        self._reanchor_if_due(t)
-        self.phase = "exchanging"
+        self.handshakes.greet_the_missing()
+        self.phase = Phase.EXCHANGING
         self._alive.clear()
         since = time.monotonic()
         traffic = self._traffic()
-        active = self.mixing(t)
-        handovers = self.book.handovers_due(t)
-        message = await self._message(t, len(active))
-        self._reference = message.tensors if self.copies is None else alg.outgoing(self.state)
-        deadline = time.monotonic() + setup.round_deadline
-        received = await self._until_stopped(
-            self._exchange(t, active, handovers, message, deadline))
-        usable = (set(received) if self.copies is None else
-                  await self._until_stopped(self._update_copies(t, received, deadline)))
-        absorbed = self.book.absorb(t, received)
-        mixed = {j: received[j] for j in active
-                 if j in received and received[j].kind is Kind.STATE and j in usable}
+        exchanged = await self._exchange_round(t)
+        active, handovers, message = exchanged.active, exchanged.handovers, exchanged.message
+        received, absorbed = exchanged.received, exchanged.absorbed
+        mixed = {j: received[j] for j in active if j in received
+                 and received[j].kind is Kind.STATE and j in exchanged.usable}
         missing = tuple(j for j in active if j not in mixed and j not in absorbed.left
                         and self.peers[j].mixes_in(t))  # not re-agreed to a later round
         heard = self.transport.inbox.heard
@@ -807,7 +541,7 @@ class NodeRunner:
         # plays the same whatever the timing, in the simulator and on daemons)
         alive = {j for j in missing if (j in self._alive or heard.get(j, -math.inf) >= since)
                  and not (faults is not None and faults.drops(j, setup.node_id, t))}
-        self.book.note_round(t, list(mixed), missing,
+        self.edges.note_round(t, list(mixed), missing,
                              [j for j in handovers if j not in received], alive)
         if not mixed and self.active(t):
             self.alone_rounds += 1
@@ -827,7 +561,7 @@ class NodeRunner:
         if self.copies is None:
             prepared = await loop.run_in_executor(setup.executor, alg.prepare, self.state,
                                                   setup.node_id, weights, inbox)
-            self.book.record_round(t, active, weights,
+            self.edges.record_round(t, active, weights,
                                    {j: inbox[j]["x"] for j in inbox if "x" in inbox[j]},
                                    message.tensors.get("x"))
         else:
@@ -836,12 +570,12 @@ class NodeRunner:
             prepared = await loop.run_in_executor(setup.executor, alg.prepare, self.state,
                                                   setup.node_id, weights, {}, copies)
             gamma = setup.compression.gamma if setup.compression is not None else 1.0
-            self.book.record_round(t, active, {j: gamma * w for j, w in weights.items()},
+            self.edges.record_round(t, active, {j: gamma * w for j, w in weights.items()},
                                    {j: copies[j]["x"] for j in mixed if "x" in copies[j]},
                                    copies[setup.node_id].get("x"))
         exchange_s = time.perf_counter() - started
 
-        self.phase = "training"
+        self.phase = Phase.TRAINING
         t0 = time.perf_counter()
         result = await setup.trainer.train(prepared.train_from, t)
         train_s = time.perf_counter() - t0
@@ -854,7 +588,7 @@ class NodeRunner:
         accuracy = test_loss = None
         done = self.state.round
         if done % setup.eval_every == 0 or done == setup.rounds:
-            self.phase = "evaluating"
+            self.phase = Phase.EVALUATING
             accuracy, test_loss = await setup.view.evaluate(done, alg.model(self.state),
                                                             setup.trainer)
             self.last_accuracy, self.last_loss = accuracy, test_loss
@@ -867,10 +601,9 @@ class NodeRunner:
             bytes_received=self._traffic()[1] - traffic[1],
         )
         self.last = report
-        if setup.state_dir is not None:
-            await self._write("metrics line", self._metrics_line, report, setup.state_dir)
-            if setup.checkpoints:
-                await self._write("checkpoint", self._save_checkpoint, setup.state_dir)
+        await self.outputs.metrics_line(report, self.alone_rounds,
+                                        sum(t.refused_states for t in self.peers.values()))
+        await self.outputs.checkpoint(self.checkpoint)
         if self.on_round is not None:
             self.on_round(report)
         return report
@@ -884,9 +617,9 @@ class NodeRunner:
         that finishes holds ``Σ x = Σ tracked`` (docs/faults.md, section 1). A neighbour that
         misses a closing exchange is not waited for in the next ones. The node's round is
         ``R`` again afterwards."""
-        self.phase = "closing"
+        self.phase = Phase.CLOSING
         end = self.setup.rounds
-        last = end + self.book.anchor_delay
+        last = end + self.edges.anchor_delay
         silent: set[str] = set()
         try:
             while self.round < last:
@@ -896,31 +629,47 @@ class NodeRunner:
             self._reanchor_if_due(last)
         finally:
             self._set_round(end)  # stopped or not: its round is R
-        if len(self.book.ledger):
+        if len(self.edges.ledger):
             log.warning("%s: %d one-sided uses left unsettled at the end (a neighbour did not "
                         "answer the closing exchanges); dacflnode invariant settles them from "
-                        "its checkpoint", self.setup.node_id, len(self.book.ledger),
+                        "its checkpoint", self.setup.node_id, len(self.edges.ledger),
                         extra={"event": "unsettled_at_end", "node": self.setup.node_id})
 
     def _set_round(self, round_: int) -> None:
         state = self.state
         self.state = NodeState(round_, state.x, state.omega, state.omega_prev)
 
-    async def _closing_exchange(self, kind: Kind, skip: Collection[str] = ()) -> list[str]:
+    async def _exchange_round(self, t: int, message_kind: Kind = Kind.STATE,
+                              skip: Collection[str] = ()) -> _Exchanged:
+        """Round ``t``'s exchange (a round's, or a closing one of ``message_kind``): re-anchor
+        when due, push the node's message to the round's mixed neighbours (but ``skip``), hear
+        theirs and any handover due, update the senders' public copies and absorb what the
+        messages settle."""
+        self._reanchor_if_due(t)
+        active = [j for j in self.mixing(t) if j not in skip]
+        handovers = self.edges.handovers_due(t)
+        message = await self._message(t, len(active), message_kind)
+        if message_kind is Kind.STATE:
+            self._reference = (message.tensors if self.copies is None
+                               else self.setup.algorithm.outgoing(self.state))
+        deadline = time.monotonic() + self.setup.round_deadline
+        received = await self._until_stopped(
+            self._exchange(t, active, handovers, message, deadline))
+        usable = set(received)
+        if self.copies is not None:  # a closing exchange mixes nothing: no full copy is pulled
+            usable = await self._until_stopped(self._update_copies(
+                t, received, deadline, pull=message_kind is Kind.STATE))
+        return _Exchanged(active, handovers, message, received, usable,
+                          self.edges.absorb(t, received))
+
+    async def _closing_exchange(self, message_kind: Kind,
+                                skip: Collection[str] = ()) -> list[str]:
         """One more exchange of round ``self.round`` without mixing (after the last round, or
         before leaving): the neighbours' headers settle the last one-sided uses. Returns the
         neighbours heard from (``skip``: neighbours not to exchange with)."""
         t = self.round
-        self._reanchor_if_due(t)
-        active = [j for j in self.mixing(t) if j not in skip]
-        handovers = self.book.handovers_due(t)
-        message = await self._message(t, len(active), kind)
-        deadline = time.monotonic() + self.setup.round_deadline
-        received = await self._until_stopped(
-            self._exchange(t, active, handovers, message, deadline))
-        if self.copies is not None:  # nothing is mixed any more: no full copy is pulled
-            await self._until_stopped(self._update_copies(t, received, deadline, pull=False))
-        absorbed = self.book.absorb(t, received)
+        exchanged = await self._exchange_round(t, message_kind, skip)
+        active, received, absorbed = exchanged.active, exchanged.received, exchanged.absorbed
         if absorbed.terms:
             await asyncio.get_running_loop().run_in_executor(self.setup.executor, self._apply,
                                                              absorbed)
@@ -930,7 +679,7 @@ class NodeRunner:
                         ", ".join(missing),
                         extra={"event": "closing_state_missing", "node": self.setup.node_id,
                                "round": t, "neighbour": missing})
-        self.book.record_round(t, (), {}, {}, None)
+        self.edges.record_round(t, (), {}, {}, None)
         self.transport.inbox.discard_before(t + 1)
         return [j for j in active if j in received]
 
@@ -940,14 +689,14 @@ class NodeRunner:
         that ``Σ x = Σ tracked`` stays exact among the nodes that remain."""
         setup = self.setup
         alg = setup.algorithm
-        self.phase = "leaving"
+        self.phase = Phase.LEAVING
         t = self.round
         heard = await self._closing_exchange(Kind.LEAVING)
         targets = self.mixing(t)
-        unsettled = len(self.book.ledger)
-        anchors: tuple[int, ...] = self.book.header(t + 1)[1]
+        unsettled = len(self.edges.ledger)
+        anchors: tuple[int, ...] = self.edges.header(t + 1)[1]
         if unsettled:  # the neighbours that did not answer cannot settle: ask for a re-anchor
-            anchors = tuple(sorted({*anchors, self.book.propose_anchor(t)}))
+            anchors = tuple(sorted({*anchors, self.edges.propose_anchor(t)}))
             log.warning("%s: %d one-sided uses unsettled at leave; re-anchor proposed",
                         setup.node_id, unsettled,
                         extra={"event": "unsettled_at_leave", "node": setup.node_id})
@@ -973,11 +722,10 @@ class NodeRunner:
             log.warning("%s: left at round %d with no neighbour to hand its share to",
                         setup.node_id, t,
                         extra={"event": "left_alone", "node": setup.node_id, "round": t})
-        await self._stop_greeting()
-        self.phase = "left"
-        if setup.state_dir is not None and setup.checkpoints:
-            await self._write("checkpoint", self._save_checkpoint, setup.state_dir, True)
-        await self._write_final()
+        await self.handshakes.stop()
+        self.phase = Phase.LEFT
+        await self.outputs.checkpoint(lambda: self.checkpoint(left=True))
+        await self.outputs.final_model(self.state)
 
     async def _exchange(
         self, t: int, active: list[str], handovers: Sequence[str], message: RoundMessage,
@@ -1002,7 +750,7 @@ class NodeRunner:
                 # a neighbour already past round t (we restarted) no longer pushes it; one in
                 # round t when this node restarted may have pushed it to the node's previous
                 # process: pull its state
-                seen = self._peer_rounds.get(peer, -1)
+                seen = self.handshakes.peer_rounds.get(peer, -1)
                 if seen > t or (seen == t and t == self._resumed_at):
                     await self._pull(peer, t, deadline)
             probe = None
@@ -1044,7 +792,7 @@ class NodeRunner:
                                   extra={"event": "probe_failed", "node": me, "neighbour": peer})
                     continue
                 self._alive.add(peer)
-                self._peer_rounds[peer] = ident.round
+                self.handshakes.peer_rounds[peer] = ident.round
                 if ident.round > t:  # it went on without this node: take its state of round t
                     await self._pull(peer, t, deadline)
             delay = min(2 * delay, PROBE_MAX)
@@ -1116,7 +864,7 @@ class NodeRunner:
         self._pulling.add(key)
         try:
             message = await self.transport.pull(
-                peer, t, timeout=max(0.0, min(deadline - time.monotonic(), 30.0)))
+                peer, t, timeout=max(0.0, min(deadline - time.monotonic(), DEFAULT_PULL_TIMEOUT)))
             await inbox.put(message)
             log.info("%s: pulled round %d state of %s", self.setup.node_id, t, peer,
                      extra={"event": "pulled", "node": self.setup.node_id, "round": t,
@@ -1141,71 +889,3 @@ class NodeRunner:
                                  "neighbour": peer})
         finally:
             self._pulling.discard(key)
-
-    # ------------------------------------------------------------------ files
-    async def _write(self, what: str, fn: Callable[..., object], *args: Any) -> None:
-        """Write a file off the event loop; transient I/O errors are retried, the rest end
-        the run (:class:`~dacflnode.node.persist.PersistError`)."""
-        files = self._files
-        if files is None:
-            return
-        await asyncio.to_thread(files.write, what, lambda: fn(*args))
-
-    def _metrics_line(self, report: RoundReport, state_dir: Path) -> None:
-        setup = self.setup
-        append_line(state_dir / METRICS_FILE, {
-            "round": report.round,
-            "node": setup.node_id,
-            "algorithm": setup.algorithm.name,
-            "lr": setup.trainer.lr_at(report.round - 1),
-            "train_loss": report.train_loss,
-            "samples": report.samples,
-            "accuracy": report.accuracy,
-            "test_loss": report.test_loss,
-            "consensus_residual": report.residual,
-            "neighbours_used": list(report.used),
-            "neighbours_missing": list(report.missing),
-            "alone_rounds": self.alone_rounds,
-            "refused_states": sum(t.refused_states for t in self.peers.values()),
-            "bytes_sent": report.bytes_sent,
-            "bytes_received": report.bytes_received,
-            "exchange_s": round(report.exchange_s, 4),
-            "train_s": round(report.train_s, 4),
-            "seconds": round(report.seconds, 4),
-            "data_size": setup.data.size if setup.data else None,
-            "class_counts": dict(setup.data.class_counts) if setup.data else None,
-        })
-
-    def _save_checkpoint(self, state_dir: Path, left: bool = False) -> None:
-        fields = self.book.checkpoint_fields()
-        save_checkpoint(state_dir, self.state, self.setup.trainer.local_buffers(),
-                        self.setup.run_info, tracked=self.setup.algorithm.tracked_field,
-                        left=left, **fields)
-
-    async def _write_final(self) -> None:
-        setup = self.setup
-        model = await setup.view.final(self.state.round, setup.algorithm.model(self.state))
-        if setup.state_dir is None:
-            return
-        meta = {"algorithm": setup.algorithm.name, "node": setup.node_id,
-                "round": str(self.state.round), "fingerprint": setup.layout.fingerprint()}
-        await self._write("final model", save_model, setup.state_dir / FINAL_MODEL,
-                          setup.layout, model, setup.trainer.local_buffers(), meta)
-
-
-def _final_problem(path: Path, round_: int) -> str | None:
-    """What is wrong with the final model ``path`` of a run of ``round_`` rounds (to follow the
-    file's name), or ``None``."""
-    if not path.exists():
-        return "is missing"
-    try:
-        meta, tensors, verified = read_verified(path)
-    except (OSError, CorruptFile) as exc:
-        return str(exc).removeprefix(f"{path}: ")
-    if not verified:
-        return "has no checksum"
-    if meta.get("round") != str(round_):
-        return f"is of round {meta.get('round')}, not {round_}"
-    if not all(bool(torch.isfinite(t).all()) for t in tensors.values() if t.is_floating_point()):
-        return "holds non-finite values"
-    return None

@@ -30,14 +30,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dacflnode.node.metrics_http import METRICS_PATH, MetricsServer
+from dacflnode.node.phase import Phase
 from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
 
 __all__ = ["METRICS_PATH", "MetricsServer", "NeighbourInfo", "NodeMetrics", "NodeStatus"]
 
-#: The phases a node goes through (:attr:`NodeRunner.phase`, ``failed`` set by the daemon);
-#: ``dacfl_phase{phase}`` is 1 for the current one and 0 for the others.
-PHASES = ("starting", "waiting-for-peers", "joining", "exchanging", "training", "evaluating",
-          "closing", "leaving", "done", "stopped", "left", "failed")
 
 #: Per-neighbour counters: metric name (without ``_total``), help, :class:`NeighbourInfo` field.
 PEER_COUNTERS = (
@@ -85,8 +82,9 @@ class _StatusCollector(Collector):
         yield from self._node_gauges(status)
         phase = GaugeMetricFamily("dacfl_phase", "1 for the phase the node is in, else 0",
                                   labels=["node", "phase"])
-        current = status.phase if status is not None else "starting"
-        for p in (*PHASES, *([current] if current not in PHASES else [])):
+        current = status.phase if status is not None else Phase.STARTING.value
+        phases = [p.value for p in Phase]
+        for p in (*phases, *([current] if current not in phases else [])):
             phase.add_metric([n, p], 1.0 if p == current else 0.0)
         yield phase
         info = GaugeMetricFamily("dacfl_node_info", "The node's algorithm and device (always 1)",
@@ -133,14 +131,11 @@ class _StatusCollector(Collector):
     def _data_gauges(self, status: NodeStatus | None) -> Iterator[Metric]:
         """The device's data: its size, the samples per class, the files it skipped."""
         n = self.node_id
-        size = GaugeMetricFamily("dacfl_data_samples", "Samples on this device, by split",
-                                 labels=["node", "split"])
-        per_class = GaugeMetricFamily("dacfl_data_class_samples",
-                                      "Training samples on this device per class",
-                                      labels=["node", "class"])
-        skipped = GaugeMetricFamily("dacfl_data_skipped_files",
-                                    "Undecodable data files left out (bad_files: skip)",
-                                    labels=["node"])
+        size, per_class, skipped = _gauges(
+            ("dacfl_data_samples", "Samples on this device, by split", "split"),
+            ("dacfl_data_class_samples", "Training samples on this device per class", "class"),
+            ("dacfl_data_skipped_files", "Undecodable data files left out (bad_files: skip)",
+             None))
         if status is not None and status.data_size:
             size.add_metric([n, "train"], status.data_size)
             size.add_metric([n, "test"], status.test_size)
@@ -171,20 +166,26 @@ class _StatusCollector(Collector):
 
     def _peer_gauges(self, neighbours: Iterable[NeighbourInfo]) -> Iterator[Metric]:
         n = self.node_id
-        connected = GaugeMetricFamily("dacfl_peer_connected", "1 if the neighbour answered",
-                                      labels=["node", "peer"])
-        last_round = GaugeMetricFamily("dacfl_peer_last_round",
-                                       "Last round received from the neighbour (-1: none)",
-                                       labels=["node", "peer"])
-        latency = GaugeMetricFamily("dacfl_peer_push_latency_seconds",
-                                    "Duration of the last push to the neighbour",
-                                    labels=["node", "peer"])
+        connected, last_round, latency = _gauges(
+            ("dacfl_peer_connected", "1 if the neighbour answered", "peer"),
+            ("dacfl_peer_last_round", "Last round received from the neighbour (-1: none)",
+             "peer"),
+            ("dacfl_peer_push_latency_seconds", "Duration of the last push to the neighbour",
+             "peer"))
         for nb in neighbours:
             connected.add_metric([n, nb.node_id], 1.0 if nb.connected else 0.0)
             last_round.add_metric([n, nb.node_id], nb.last_round_received)
             if not math.isnan(nb.latency_ms):
                 latency.add_metric([n, nb.node_id], nb.latency_ms / 1000.0)
         yield from (connected, last_round, latency)
+
+
+def _gauges(*specs: tuple[str, str, str | None]) -> list[GaugeMetricFamily]:
+    """Empty gauges from ``(name, help, label)``: each labelled ``node``, and ``label`` when it
+    is not ``None``."""
+    return [GaugeMetricFamily(name, help_text,
+                              labels=["node"] if label is None else ["node", label])
+            for name, help_text, label in specs]
 
 
 class NodeMetrics:

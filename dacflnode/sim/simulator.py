@@ -2,9 +2,10 @@
 the in-memory transport, in one event loop.
 
 Exchange, mixing, the round bookkeeping, the metrics lines and the final files are the runner's
-own code; the simulator only builds each node's :class:`~dacflnode.node.runner.NodeSetup` with
-the policies a global view allows (see :mod:`dacflnode.sim.global_view`) and a trainer from the
-chosen engine (:mod:`dacflnode.sim.engines`):
+own code; the simulator only builds each node's
+:class:`~dacflnode.node.runner_types.NodeSetup` with the policies a global view allows (see
+:mod:`dacflnode.sim.global_view`) and a trainer from the chosen engine
+(:mod:`dacflnode.sim.engines`):
 
 * graph topologies: the daemon's Metropolis weights and active-edge rule, so ``launch`` and
   ``simulate --engine sequential`` produce the same models;
@@ -35,8 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -61,11 +63,12 @@ from dacflnode.node.invariant import relative_residual
 from dacflnode.node.metrics_log import METRICS_FILE
 from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.node.run_graph import RunGraph
-from dacflnode.node.runner import NodeRunner, NodeSetup, RoundReport
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup, RoundReport
 from dacflnode.sim.engines.base import Engine, InlineExecutor, NodeData, RayTarget
 from dacflnode.sim.engines.registry import make_engine
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity, Transport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.state_guard import ABSURD_RATIO
 
@@ -427,7 +430,7 @@ class _Nodes:
         self.running: dict[str, NodeRunner | None] = {
             node: None for node in sim.ids
             if self.plan is None or self.plan.join_round(node) is None}
-        self.transports: dict[str, MemoryTransport] = {}
+        self.transports: dict[str, Transport] = {}
         self._state_dirs: dict[str, Path | None] = {}
         self._changed = asyncio.Event()
         #: the last round each node reported
@@ -475,13 +478,12 @@ class _Nodes:
 
     def _runner(self, node: str, state: NodeState, resume: Checkpoint | None,
                 join: bool) -> NodeRunner:
-        inbox = Inbox(senders=self.neighbours[node], current_round=_round_of(self.runners, node))
         identity = Identity(node, self.sim.layout.fingerprint(), SIMULATION_RUN)
-        transport = MemoryTransport(self.network, identity, self.neighbours[node], inbox,
-                                    self.tensors, compressed=self.compressed)
+        transport = partial(MemoryTransport, self.network, identity, self.neighbours[node],
+                            tensors=self.tensors, compressed=self.compressed)
         runner = NodeRunner(self._setup(node, join), transport, state, resume=resume)
         self.runners[node] = runner
-        self.transports[node] = transport
+        self.transports[node] = runner.transport
         return runner
 
     async def play(self, node: str) -> None:
@@ -562,11 +564,6 @@ def _check_contracts(ids: Sequence[str], shares: Sequence[NodeDataSet]) -> None:
     why = contract_difference_all(ids, [s.contract for s in shares])
     if why is not None:
         raise ConfigError("data_root", why)
-
-
-def _round_of(runners: Mapping[str, NodeRunner], node: str) -> Callable[[], int]:
-    """The round ``node``'s runner is in (its inbox's window), once the runner exists."""
-    return lambda: runners[node].round
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -165,10 +165,12 @@ class Inbox:
 
     Each sender has at most one message per round: a second one is refused
     (``ALREADY_EXISTS``, :attr:`~Reason.DUPLICATE`) and the first is kept, so a replayed or
-    forged second push cannot replace a state. ``guard``, when set (the node runner sets a
+    forged second push cannot replace a state. ``guard``, when given (the node runner gives a
     :class:`~dacflnode.wire.state_guard.RobustGuard`), judges every message in a worker
     thread before it is buffered; its refusal is raised as a :class:`WireError`, and the inbox
     no longer waits for that sender's state of that round (:meth:`forgo`).
+
+    The node runner builds its inbox with all of these, then its transport around it.
     """
 
     senders: Collection[str]
@@ -177,13 +179,13 @@ class Inbox:
     guard: StateGuard | None = None
     #: Answers a neighbour's Hello: ``on_join(peer, proposed)`` is the round from which this
     #: node mixes with ``peer`` (0: as always), given the round ``peer`` proposed (0: none).
-    #: Set by the node runner; ``None`` answers 0.
+    #: ``None`` answers 0.
     on_join: Callable[[str, int], int] | None = None
     #: When (``time.monotonic()``) each neighbour last called this node: a Hello, a pull, or
     #: a push, accepted or refused for its round. A neighbour heard from is alive, if late.
     heard: dict[str, float] = field(default_factory=dict)
     #: Told of every state the :attr:`guard` refused, with the refusal (on the event loop, after
-    #: the inbox stopped waiting for that state). Set by the node runner (quarantine).
+    #: the inbox stopped waiting for that state): the node runner's quarantine.
     on_refused: Callable[[RoundMessage, Refusal], None] | None = None
     #: Senders whose edge this node quarantined: everything they push is refused
     #: (``PERMISSION_DENIED``, :attr:`~Reason.QUARANTINED`).
@@ -193,8 +195,8 @@ class Inbox:
     outgoing: Callable[[str, RoundMessage], RoundMessage] | None = None
     #: Answers a neighbour's copy pull: ``copy_of(copy_id)`` is this node's public copy of that
     #: id as a message of full float32 tensors with ``copy_next`` = the id, or ``None`` when it
-    #: does not keep it (refused ``NOT_FOUND``, :attr:`~Reason.NOT_KEPT`). Set by the node
-    #: runner of a compressed run (docs/compression.md); ``None``: no copy is kept.
+    #: does not keep it (refused ``NOT_FOUND``, :attr:`~Reason.NOT_KEPT`): the node runner's
+    #: in a compressed run (docs/compression.md); ``None``: no copy is kept.
     copy_of: Callable[[int], RoundMessage | None] | None = None
     _messages: dict[int, dict[str, RoundMessage]] = field(default_factory=dict)
     _changed: asyncio.Condition | None = None

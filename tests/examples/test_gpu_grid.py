@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dacflnode.node.metrics_log import LINE_KEYS, append_line
+from dacflnode.node.metrics_log import MetricsLine, append_line
 from tests.learning.test_datasets import write_idx_dataset
 
 pytestmark = pytest.mark.slow
@@ -209,13 +209,14 @@ def test_skipped_jobs_are_not_started():
 # ------------------------------------------------------------------------------ results
 
 
-def _line(rnd: int, node: str, acc: float | None) -> dict[str, Any]:
-    values = {"round": rnd, "node": node, "algorithm": "dacfl", "lr": 0.001, "train_loss": 0.5,
-              "samples": 100, "accuracy": acc, "test_loss": 0.4, "consensus_residual": 0.1,
-              "neighbours_used": 9, "neighbours_missing": 0, "alone_rounds": 0,
-              "refused_states": 0, "bytes_sent": 0, "bytes_received": 0, "exchange_s": 0.0,
-              "train_s": 1.0, "seconds": 1.0, "data_size": 6000, "class_counts": {"0": 6000}}
-    return {k: values[k] for k in LINE_KEYS}
+def _line(rnd: int, node: str, acc: float | None) -> MetricsLine:
+    values: dict[str, Any] = {
+        "round": rnd, "node": node, "algorithm": "dacfl", "lr": 0.001, "train_loss": 0.5,
+        "samples": 100, "accuracy": acc, "test_loss": 0.4, "consensus_residual": 0.1,
+        "neighbours_used": 9, "neighbours_missing": 0, "alone_rounds": 0,
+        "refused_states": 0, "bytes_sent": 0, "bytes_received": 0, "exchange_s": 0.0,
+        "train_s": 1.0, "seconds": 1.0, "data_size": 6000, "class_counts": {"0": 6000}}
+    return MetricsLine(**values)
 
 
 def _write_nodes(folder: Path, rounds: dict[str, int]) -> None:

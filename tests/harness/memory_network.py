@@ -11,14 +11,16 @@ import asyncio
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.train import TrainResult
-from dacflnode.node.runner import NodeRunner, NodeSetup
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup
+from dacflnode.transport.base import Identity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 
 SIZE = 64
@@ -73,10 +75,9 @@ class FakeNetwork:
         gen = torch.Generator().manual_seed(7)
         initial = torch.randn(layout.numel, generator=gen)
         neighbours = self.neighbours(node)
-        inbox = Inbox(senders=neighbours, current_round=lambda: self.runners[node].round)
-        transport = MemoryTransport(
-            self.network, Identity(node, layout.fingerprint(), "fake"), neighbours, inbox,
-            {name: (layout.numel,) for name in algorithm.exchanged})
+        transport = partial(MemoryTransport, self.network,
+                            Identity(node, layout.fingerprint(), "fake"), neighbours,
+                            tensors={name: (layout.numel,) for name in algorithm.exchanged})
         options = {**self.setup_extra, **extra}
         setup = NodeSetup(node_id=node, neighbours=neighbours, algorithm=algorithm,
                           trainer=FakeTrainer(self.ids.index(node)), layout=layout,

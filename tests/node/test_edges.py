@@ -25,7 +25,7 @@ async def test_a_healthy_ring_keeps_the_invariant_and_records_every_use():
     assert await finish(net) == [True] * 4
     assert residual(states(net.runners)) < TOL
     for runner in net.runners.values():
-        assert len(runner.book.ledger) == 0
+        assert len(runner.edges.ledger) == 0
         assert all(p.corrections == 0 and p.missed == 0 for p in runner.peers.values())
 
 

@@ -23,7 +23,8 @@ from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.launcher import free_ports
 from dacflnode.node.peers import load_peers, parse_peers, read_metrics_token
 from dacflnode.node.peers_yaml import dump_peers
-from dacflnode.node.status import PHASES, MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
+from dacflnode.node.phase import Phase
+from dacflnode.node.status import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.transport.base import Identity, Inbox, Transport
 from dacflnode.transport.grpc_control import fetch_metrics
 from dacflnode.transport.grpc_transport import GrpcTransport
@@ -115,7 +116,7 @@ def test_the_exposition_shows_the_status_it_was_given():
     assert got[("dacfl_train_seconds_sum", node)] == 0.2
     phases = {dict(labels)["phase"]: v for (name, labels), v in got.items()
               if name == "dacfl_phase"}
-    assert phases == {p: float(p == "training") for p in PHASES}
+    assert phases == {p.value: float(p is Phase.TRAINING) for p in Phase}
 
 
 def test_what_is_not_measured_yet_is_absent_rather_than_nan():

@@ -8,6 +8,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,9 +19,10 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig
 from dacflnode.node.checkpoint import Checkpoint
-from dacflnode.node.runner import NodeRunner, NodeSetup
+from dacflnode.node.runner import NodeRunner
+from dacflnode.node.runner_types import NodeSetup
 from dacflnode.node.training import ThreadedTrainer
-from dacflnode.transport.base import Identity, Inbox
+from dacflnode.transport.base import Identity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.errors import Reason, WireError
 from dacflnode.wire.message import Kind, RoundMessage
@@ -38,11 +40,8 @@ def make_runner(
     x, y = torch.randn(20, 1, 8, 8, generator=gen), torch.randint(0, 10, (20,), generator=gen)
     local = LocalTrainer(model, x, y, TrainConfig(lr=0.05), seed=0, node_index=0)
     algorithm = make_algorithm("dacfl")
-    runners: dict[str, NodeRunner] = {}
-    inbox = Inbox(senders=neighbours, current_round=lambda: runners[node_id].round)
-    transport = MemoryTransport(network, Identity(node_id, layout.fingerprint(), "test"),
-                                neighbours, inbox,
-                                {name: (layout.numel,) for name in algorithm.exchanged})
+    transport = partial(MemoryTransport, network, Identity(node_id, layout.fingerprint(), "test"),
+                        neighbours, tensors={name: (layout.numel,) for name in algorithm.exchanged})
     setup = NodeSetup(node_id=node_id, neighbours=neighbours, algorithm=algorithm,
                       trainer=ThreadedTrainer(local, x, y), layout=layout, rounds=rounds,
                       round_deadline=deadline, **options)
@@ -50,8 +49,7 @@ def make_runner(
     resume = None
     if used_prev:
         resume = Checkpoint(state, {}, {}, used_log=((start_round - 1, used_prev),))
-    runners[node_id] = NodeRunner(setup, transport, state, resume)
-    return runners[node_id]
+    return NodeRunner(setup, transport, state, resume)
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -250,3 +248,28 @@ def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning
         asyncio.run(scenario())
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert sum("pulled round" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_runner_builds_its_inbox_with_what_the_inbox_asks_of_the_node():
+    """The inbox gets the node's round, the guard and the answer to a join when the runner
+    makes it, before the transport exists: nothing is patched in afterwards."""
+    network = MemoryNetwork()
+    a = make_runner(network, "a", ["b"], start_round=3)
+    inbox = a.transport.inbox
+    assert inbox.current_round() == 3
+    assert inbox.guard is not None and inbox.on_refused is not None
+    assert inbox.on_join is not None
+    assert inbox.on_join("b", 0) == 0  # a Hello that proposes nothing: mixed as always
+    assert inbox.copy_of is None and inbox.outgoing is None  # no compression, no poison
+    assert inbox.senders == ["b"]
+
+
+def test_a_join_proposal_is_answered_by_the_runners_edges():
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"], start_round=3)
+        assert a.transport.inbox.on_join is not None
+        assert a.transport.inbox.on_join("b", 6) == 6  # mixed again from the proposed round
+        assert a.peers["b"].active_from == 6
+
+    asyncio.run(scenario())

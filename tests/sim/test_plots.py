@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from dacflnode.node.metrics_log import LINE_KEYS, METRICS_FILE, append_line
+from dacflnode.node.metrics_log import METRICS_FILE, MetricsLine, append_line
 from dacflnode.sim.plots import COLOURS, MARKERS_PER_LINE, accuracy_figure, nodes_figure
 from dacflnode.sim.report import figures, find_runs
 
@@ -29,14 +30,15 @@ def close_figures():
     plt.close("all")
 
 
-def metrics_line(node: str, r: int, algorithm: str, residual: float) -> dict[str, Any]:
-    base = {"round": r, "node": node, "algorithm": algorithm, "lr": 0.05, "train_loss": 1.0,
-            "samples": 100, "accuracy": 0.1 * r + 0.01 * int(node[-1]), "test_loss": 1.0,
-            "consensus_residual": residual, "neighbours_used": [], "neighbours_missing": [],
-            "alone_rounds": 0, "refused_states": 0, "bytes_sent": 0, "bytes_received": 0,
-            "exchange_s": 0.01, "train_s": 0.1,
-            "seconds": 0.1 * r, "data_size": 30, "class_counts": {"a": 30}}
-    return {k: base[k] for k in LINE_KEYS}
+def metrics_line(node: str, r: int, algorithm: str, residual: float) -> MetricsLine:
+    base: dict[str, Any] = {
+        "round": r, "node": node, "algorithm": algorithm, "lr": 0.05, "train_loss": 1.0,
+        "samples": 100, "accuracy": 0.1 * r + 0.01 * int(node[-1]), "test_loss": 1.0,
+        "consensus_residual": residual, "neighbours_used": [], "neighbours_missing": [],
+        "alone_rounds": 0, "refused_states": 0, "bytes_sent": 0, "bytes_received": 0,
+        "exchange_s": 0.01, "train_s": 0.1,
+        "seconds": 0.1 * r, "data_size": 30, "class_counts": {"a": 30}}
+    return MetricsLine(**base)
 
 
 def write_simulate_run(out: Path, algorithms: tuple[str, ...], rounds: int = 4,
@@ -170,6 +172,6 @@ def test_nodes_figure_of_four_algorithms_has_no_empty_panel(tmp_path):
 
 
 def test_nodes_figure_of_runs_without_data_draws_what_there_is():
-    lines = [metrics_line("node-0", r, "dacfl", float("nan")) for r in (1, 2)]
+    lines = [asdict(metrics_line("node-0", r, "dacfl", float("nan"))) for r in (1, 2)]
     fig = nodes_figure({"dacfl": {"node-0": lines}})
     assert [ax.get_title() for ax in fig.axes] == ["DACFL: round time"]

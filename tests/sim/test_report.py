@@ -2,19 +2,20 @@
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dacflnode.node.metrics_log import LINE_KEYS, METRICS_FILE, append_line, summarize
+from dacflnode.node.metrics_log import METRICS_FILE, MetricsLine, append_line, summarize
 from dacflnode.sim.report import ReportError, build_report, find_runs, write_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def line(node: str, r: int, algorithm: str = "dacfl", **kw: Any) -> dict[str, Any]:
-    base = {
+def line(node: str, r: int, algorithm: str = "dacfl", **kw: Any) -> MetricsLine:
+    base: dict[str, Any] = {
         "round": r, "node": node, "algorithm": algorithm, "lr": 0.05, "train_loss": 2.0 / r,
         "samples": 100, "accuracy": 0.1 * r + 0.01 * int(node[-1]), "test_loss": 1.0,
         "consensus_residual": 1.0 / r, "neighbours_used": [], "neighbours_missing": [],
@@ -24,7 +25,7 @@ def line(node: str, r: int, algorithm: str = "dacfl", **kw: Any) -> dict[str, An
         "data_size": 30 + int(node[-1]), "class_counts": {"a": 10, "b": 20 + int(node[-1])},
     }
     base.update(kw)
-    return {k: base[k] for k in LINE_KEYS}
+    return MetricsLine(**base)
 
 
 def write_node(folder: Path, node: str, rounds: int, algorithm: str = "dacfl") -> Path:
@@ -167,7 +168,8 @@ def test_a_run_row_carries_each_nodes_data_and_latest_accuracy(tmp_path):
 def test_lines_written_before_they_carried_the_data_report_none(tmp_path):
     folder = tmp_path / "old" / "node-0"
     folder.mkdir(parents=True)
-    old = {k: v for k, v in line("node-0", 1).items() if k not in ("data_size", "class_counts")}
+    old = {k: v for k, v in asdict(line("node-0", 1)).items()
+           if k not in ("data_size", "class_counts")}
     (folder / METRICS_FILE).write_text(json.dumps(old) + "\n")
     (run,) = find_runs([tmp_path / "old"])
     assert run.row()["per_node"][0]["data_size"] is None

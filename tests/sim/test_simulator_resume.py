@@ -28,7 +28,7 @@ async def finishers_exact(events: list[dict[str, Any]], gone_after: int = 3,
     left = {e["leave"] for e in events if "leave" in e}
     assert {n: p for n, p in phases(sim).items() if n not in gone | left} == dict.fromkeys(
         (n for n in IDS if n not in gone | left), "done")
-    assert all(len(r.book.ledger) == 0 for r in sim.finishers)
+    assert all(len(r.edges.ledger) == 0 for r in sim.finishers)
     assert result.invariant is not None
     return result.invariant
 
