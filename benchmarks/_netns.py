@@ -1,6 +1,6 @@
 """Separate hosts on one machine: one Linux network namespace per node, all plugged into a bridge
 in a hub namespace. Shared by ``bench_slow_links.py`` and the multi-host tests
-(``tests/node/netns_lab.py``, which skips where this raises :class:`LabError`).
+(``tests/harness/netns.py``, which skips where this raises :class:`LabError`).
 
     from _netns import LabError, hosts, sh             # a benchmark script
     from benchmarks._netns import LabError, hosts, sh  # a test

@@ -32,18 +32,18 @@ class FakeTrainer:
     def __init__(self, index: int) -> None:
         self.index = index
 
-    async def train(self, start: torch.Tensor, round: int) -> TrainResult:
-        gen = torch.Generator().manual_seed(1000 * self.index + round)
+    async def train(self, start: torch.Tensor, round_: int) -> TrainResult:
+        gen = torch.Generator().manual_seed(1000 * self.index + round_)
         step = torch.randn(start.shape, generator=gen) * 0.1
         return TrainResult(start + step, 0.0, 1, 1)
 
-    async def evaluate(self, model: torch.Tensor, round: int) -> tuple[float, float]:
+    async def evaluate(self, model: torch.Tensor, round_: int) -> tuple[float, float]:
         return float(model.mean()), 0.0
 
     def local_buffers(self) -> dict[str, torch.Tensor]:
         return {}
 
-    def lr_at(self, round: int) -> float:
+    def lr_at(self, round_: int) -> float:
         return 0.1
 
 

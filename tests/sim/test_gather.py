@@ -13,8 +13,8 @@ from dacflnode.sim.gather import RoundGather
 async def test_the_action_runs_once_when_every_member_has_called():
     calls: list[tuple[int, dict[str, int]]] = []
 
-    async def double(round: int, values: Mapping[str, int]) -> dict[str, int]:
-        calls.append((round, dict(values)))
+    async def double(round_: int, values: Mapping[str, int]) -> dict[str, int]:
+        calls.append((round_, dict(values)))
         return {m: 2 * v for m, v in values.items()}
 
     async def scenario() -> list[int]:
@@ -27,7 +27,7 @@ async def test_the_action_runs_once_when_every_member_has_called():
 
 
 async def test_a_failing_action_fails_every_caller():
-    async def broken(round: int, values: Mapping[str, int]) -> dict[str, int]:
+    async def broken(round_: int, values: Mapping[str, int]) -> dict[str, int]:
         raise RuntimeError("training failed")
 
     async def scenario() -> list[object]:
@@ -40,7 +40,7 @@ async def test_a_failing_action_fails_every_caller():
 
 
 async def test_a_member_calling_twice_in_a_round_is_an_error():
-    async def echo(round: int, values: Mapping[str, int]) -> dict[str, int]:
+    async def echo(round_: int, values: Mapping[str, int]) -> dict[str, int]:
         return dict(values)
 
     gather: RoundGather[int, int] = RoundGather(["a", "b"], echo)
