@@ -26,10 +26,12 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -128,6 +130,29 @@ async def _wait_all_or_first_failure(procs: list[asyncio.subprocess.Process]) ->
     return [p.returncode if p.returncode is not None else -1 for p in procs]
 
 
+@contextlib.contextmanager
+def _noting_interrupts() -> Iterator[list[int]]:
+    """A list that gets an entry for each SIGINT received inside the block; the handler that
+    was there (``asyncio.run``'s, which cancels the main task) still runs. Outside the main
+    thread, where signals cannot be handled, the list stays empty."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    before = signal.getsignal(signal.SIGINT)
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        if callable(before):
+            before(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 async def run_cluster(
     run: RunConfig,
     out_dir: Path,
@@ -171,15 +196,20 @@ async def run_cluster(
         ))
         log.close()
     follower = asyncio.ensure_future(_follow(algorithm, node_dirs, run.rounds, procs, progress))
-    try:
-        codes = await _wait_all_or_first_failure(procs)
-    except asyncio.CancelledError:
-        await _terminate(procs)
-        raise
-    finally:
-        follower.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await follower
+    with _noting_interrupts() as interrupted:
+        try:
+            codes = await _wait_all_or_first_failure(procs)
+        except asyncio.CancelledError:
+            await _terminate(procs)
+            raise
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+    if interrupted:
+        # Ctrl-C reached the daemons too (one process group): they stopped at a checkpoint
+        # with exit 0, and may have done so before the event loop cancelled this wait
+        raise KeyboardInterrupt
     failed = [f"{d.name} (exit {c}, see {d / 'daemon.out'})"
               for d, c in zip(node_dirs, codes, strict=True) if c != 0]
     if failed:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import signal
 import sys
 import time
 
 from dacflnode.cli.main import COMMANDS
+from dacflnode.node import launcher
 from dacflnode.node.launcher import _wait_all_or_first_failure, daemon_argv
 
 
@@ -50,3 +52,25 @@ def test_the_daemon_command_line_is_one_the_start_command_accepts(tmp_path):
     params = command.make_context(argv[3], argv[4:]).params  # refuses an unknown option
     assert (params["peers_file"], params["faults_file"]) == (str(peers), str(plan))
     assert "--faults" not in daemon_argv(peers)
+
+
+def test_a_ctrl_c_is_noted_and_still_reaches_the_handler_that_was_there():
+    """The launcher notes a SIGINT even when its daemons, stopped by the same Ctrl-C, exit 0
+    before the event loop cancels the wait for them; the handler in place before (asyncio's,
+    which cancels the main task) still runs, and is back in place afterwards."""
+    calls: list[int] = []
+
+    def before(signum: int, frame: object) -> None:
+        calls.append(signum)
+
+    previous = signal.signal(signal.SIGINT, before)
+    try:
+        with launcher._noting_interrupts() as received:
+            signal.raise_signal(signal.SIGINT)
+        assert received == [signal.SIGINT] and calls == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is before
+        with launcher._noting_interrupts() as received:
+            pass
+        assert received == []
+    finally:
+        signal.signal(signal.SIGINT, previous)
