@@ -150,7 +150,7 @@ async def test_slow_connections_beyond_the_cap_cost_no_thread_and_cannot_keep_a_
     try:
         assert await until(lambda: server.active + server.evicted >= 200)
         assert server.active <= 8 and server.evicted >= 192
-        assert threading.active_count() == threads
+        assert threading.active_count() <= threads  # (a thread of an earlier test may end)
         # the oldest slow ones were closed to make room; the newest still hold their slots
         assert await until(lambda: sum(closed_by_server(s) for s in socks[:150]) == 150)
         assert not any(closed_by_server(s) for s in socks[-8:])
