@@ -267,21 +267,20 @@ class NodeRunner:
         return self._leave.is_set()
 
     def request_stop(self) -> None:
-        if not self._stop.is_set():
-            log.info("%s: stop requested in round %d (%s)", self.setup.node_id, self.round,
-                     self.phase,
-                     extra={"event": "stop_requested", "node": self.setup.node_id,
-                            "round": self.round})
-        self._stop.set()
+        self._request(self._stop, "stop")
 
     def request_leave(self) -> None:
         """Drain: finish the round in progress, then leave the network (docs/faults.md)."""
-        if not self._leave.is_set():
-            log.info("%s: leave requested in round %d (%s)", self.setup.node_id, self.round,
+        self._request(self._leave, "leave")
+
+    def _request(self, flag: asyncio.Event, what: str) -> None:
+        """Set ``flag``, logging the first request (``stop`` or ``leave``)."""
+        if not flag.is_set():
+            log.info("%s: %s requested in round %d (%s)", self.setup.node_id, what, self.round,
                      self.phase,
-                     extra={"event": "leave_requested", "node": self.setup.node_id,
+                     extra={"event": f"{what}_requested", "node": self.setup.node_id,
                             "round": self.round})
-        self._leave.set()
+        flag.set()
 
     @property
     def stopping(self) -> bool:
