@@ -13,13 +13,17 @@ Every namespace made is deleted on exit, whatever ends the block, and with it it
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+
+from dacflnode.node.launcher import daemon_argv
 
 COMMAND_TIMEOUT = 20  # one ip/tc command
 
@@ -91,3 +95,18 @@ def hosts(prefix: str, subnet: str, nodes: int, tools: Sequence[str] = ("ip",)
         for ns in reversed(created):  # deleting a namespace deletes its veth ends and bridge
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True,
                            timeout=COMMAND_TIMEOUT, check=False)
+
+
+def link_bytes(ns: str) -> tuple[int, int]:
+    """The bytes ``eth0`` of ``ns`` has sent and received so far."""
+    stats = json.loads(sh("ip", "-n", ns, "-j", "-s", "link", "show", "dev", "eth0"))[0]
+    return int(stats["stats64"]["tx"]["bytes"]), int(stats["stats64"]["rx"]["bytes"])
+
+
+def start_daemon(ns: str, peers: Path, stderr: Path, env: Mapping[str, str]
+                 ) -> subprocess.Popen[bytes]:
+    """The daemon of peers file ``peers`` (the launcher's command line), run in namespace
+    ``ns``, its stderr written to the file ``stderr``."""
+    with stderr.open("w") as err:
+        return subprocess.Popen(["ip", "netns", "exec", ns, *daemon_argv(peers)],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env)

@@ -44,7 +44,6 @@ SIGTERM and errors.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -60,7 +59,7 @@ from types import FrameType
 from typing import Any
 
 from _common import add_standard_args, emit_result
-from _netns import COMMAND_TIMEOUT, LabError, hosts, sh
+from _netns import COMMAND_TIMEOUT, LabError, hosts, link_bytes, sh, start_daemon
 
 from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
@@ -116,8 +115,7 @@ def lab(prefix: str, subnet: str, nodes: int, rate: str, delay_ms: float,
 
 def link_tx(ns: str) -> int:
     """Bytes ``eth0`` of ``ns`` has sent so far."""
-    stats = json.loads(sh("ip", "-n", ns, "-j", "-s", "link", "show", "dev", "eth0"))[0]
-    return int(stats["stats64"]["tx"]["bytes"])
+    return link_bytes(ns)[0]
 
 
 def rate_bits(rate: str) -> float:
@@ -160,11 +158,7 @@ def run_cluster(args: argparse.Namespace, lab_: Lab, compression: str, root: Pat
     deadline = started + args.cluster_timeout
     try:
         for i, (ns, path) in enumerate(zip(lab_.namespaces, paths, strict=True)):
-            with (root / f"node-{i}.stderr").open("w") as err:
-                procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", ns, sys.executable, "-m", "dacflnode", "start",
-                     "--peers", str(path)],
-                    stdout=subprocess.DEVNULL, stderr=err, env=env))
+            procs.append(start_daemon(ns, path, root / f"node-{i}.stderr", env))
         # the link counters when every node has written its last round's line: what the
         # rounds sent, apart from the closing exchanges that follow them
         tx_rounds: list[int] | None = None

@@ -10,9 +10,9 @@ from contextlib import ExitStack, contextmanager
 import pytest
 
 from benchmarks import _netns
-from benchmarks._netns import COMMAND_TIMEOUT, Hosts, sh
+from benchmarks._netns import COMMAND_TIMEOUT, Hosts, link_bytes, sh, start_daemon
 
-__all__ = ["COMMAND_TIMEOUT", "Hosts", "hosts", "sh"]
+__all__ = ["COMMAND_TIMEOUT", "Hosts", "hosts", "link_bytes", "sh", "start_daemon"]
 
 
 @contextmanager

@@ -15,10 +15,8 @@ skip, saying why, otherwise. On a kernel without ``sch_netem`` the links are sha
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -31,7 +29,7 @@ from dacflnode.config import RunConfig
 from dacflnode.node.cluster import generate_cluster
 from dacflnode.node.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.harness.netns import COMMAND_TIMEOUT, hosts, sh
+from tests.harness.netns import COMMAND_TIMEOUT, hosts, link_bytes, sh, start_daemon
 
 pytestmark = pytest.mark.slow
 
@@ -90,11 +88,6 @@ class Run:
         return (self.root / f"node-{i}.stderr").read_text()[-3000:]
 
 
-def link_bytes(ns: str) -> tuple[int, int]:
-    stats = json.loads(sh("ip", "-n", ns, "-j", "-s", "link", "show", "dev", "eth0"))[0]
-    return stats["stats64"]["tx"]["bytes"], stats["stats64"]["rx"]["bytes"]
-
-
 @pytest.fixture(scope="module")
 def cluster(lab: Lab, tmp_path_factory) -> Run:
     root = tmp_path_factory.mktemp("netns")
@@ -105,11 +98,7 @@ def cluster(lab: Lab, tmp_path_factory) -> Run:
     started = time.monotonic()
     try:
         for i, (ns, path) in enumerate(zip(lab.namespaces, paths, strict=True)):
-            with (root / f"node-{i}.stderr").open("w") as err:
-                procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", ns, sys.executable, "-m", "dacflnode", "start",
-                     "--peers", str(path)],
-                    stdout=subprocess.DEVNULL, stderr=err, env=ENV))
+            procs.append(start_daemon(ns, path, root / f"node-{i}.stderr", ENV))
         codes: list[int | None] = []
         for p in procs:
             try:
