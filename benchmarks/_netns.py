@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dacflnode.node.launcher import daemon_argv
+from dacflnode.cluster.launcher import daemon_argv
 
 COMMAND_TIMEOUT = 20  # one ip/tc command
 

@@ -43,7 +43,7 @@ as ``--streams`` grows; ``states_held_at_peak`` gives the same growth in states.
 
 Usage: ``python benchmarks/attacks.py [--quick] [--json] [--scenarios slots,...]``;
 ``--quick``: 60 streams, 400 connections, 200 Hellos, a 2 s idle deadline, 4 ring rounds.
-The CI versions of these attacks, with assertions, are in ``tests/node/test_attacks.py``.
+The CI versions of these attacks, with assertions, are in ``tests/e2e/test_attacks.py``.
 """
 
 from __future__ import annotations
@@ -163,10 +163,10 @@ class Target:
         return self.workdir / "node-0" / "daemon.log"
 
     def start(self, timeout: float = 120.0) -> None:
+        from dacflnode.cluster.launcher import free_ports
         from dacflnode.config import RunConfig
         from dacflnode.learning.layout import StateLayout
-        from dacflnode.node.cluster import generate_cluster
-        from dacflnode.node.launcher import free_ports
+        from dacflnode.peers.generate import generate_cluster
 
         run = RunConfig(dataset="synthetic", model="attacks:Wide", nodes=2, rounds=self.rounds,
                         synthetic_train=200, synthetic_test=50, device="cpu",
@@ -236,7 +236,7 @@ class Target:
 
     def rounds_done(self) -> list[dict[str, Any]]:
         """node-0's ``metrics.jsonl`` lines so far (one per finished round)."""
-        from dacflnode.node.metrics_log import read_metrics
+        from dacflnode.records.metrics_log import read_metrics
 
         path = self.workdir / "node-0" / "metrics.jsonl"
         return read_metrics(path) if path.exists() else []
@@ -803,8 +803,8 @@ async def ring_run(workdir: Path, rounds: int, attack_streams: int = 0,
     ``rounds`` rounds; with ``attack_streams``, that many header-less streams are kept open
     against node-0 from its start to its end (:func:`headerless_streams`). Rounds per minute
     count the rounds' own time on node-0 (exchange, training, evaluation: not start-up)."""
-    from dacflnode.node.launcher import run_cluster
-    from dacflnode.node.metrics_log import read_metrics
+    from dacflnode.cluster.launcher import run_cluster
+    from dacflnode.records.metrics_log import read_metrics
 
     stop = asyncio.Event()
     cluster = asyncio.create_task(run_cluster(

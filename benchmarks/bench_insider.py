@@ -12,7 +12,7 @@ longest exchange phase of any honest round next to the untouched run's. The simu
 deadline: a round that waited for a refused state would never end, and the run would fail its
 timeout instead; its exchange phases include waiting for the neighbours' training (all nodes
 share one thread), so they are compared with the untouched run's, not with a deadline (the
-daemon test tests/node/test_insider_cluster.py checks exchange times against a deadline).
+daemon test tests/e2e/test_insider_cluster.py checks exchange times against a deadline).
 
 The result's ``ratio`` is the worst gap, in accuracy points, between a poisoned run's honest
 mean and the untouched run's (the baseline, measured in the same process); target ≤ 2.

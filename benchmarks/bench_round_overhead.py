@@ -1,8 +1,8 @@
 """What the daemon adds to a round, beyond the training and the bytes it has to move.
 
-Builds ``--nodes`` complete nodes in one process, the way ``dacflnode.node.daemon.build_node``
+Builds ``--nodes`` complete nodes in one process, the way ``dacflnode.daemon.service.build_node``
 assembles them (a data share, the model seeded alike on every node, a
-:class:`~dacflnode.learning.train.LocalTrainer`, a :class:`~dacflnode.node.runner_types.NodeSetup`
+:class:`~dacflnode.learning.train.LocalTrainer`, a :class:`~dacflnode.protocol.setup.NodeSetup`
 with a ``state_dir`` in a temporary folder, so metrics lines and checkpoints are written every
 round), connects them over :class:`~dacflnode.transport.grpc_transport.GrpcTransport` on
 127.0.0.1 (2 nodes: one edge; more: a ring) and times ``--rounds`` rounds (exchange, mix,
@@ -55,9 +55,9 @@ from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.datasets import DATASETS, Dataset, load_dataset
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig, evaluate
-from dacflnode.node.runner import NodeRunner
-from dacflnode.node.runner_types import NodeSetup, RoundReport
-from dacflnode.node.training import ThreadedTrainer
+from dacflnode.protocol.runner import NodeRunner
+from dacflnode.protocol.setup import NodeSetup, RoundReport
+from dacflnode.protocol.training import ThreadedTrainer
 from dacflnode.transport.base import Identity
 from dacflnode.transport.grpc_transport import GrpcTransport
 

@@ -62,8 +62,8 @@ from _common import add_standard_args, emit_result
 from _netns import COMMAND_TIMEOUT, LabError, hosts, link_bytes, sh, start_daemon
 
 from dacflnode.config import RunConfig
-from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.metrics_log import read_metrics
+from dacflnode.peers.generate import generate_cluster
+from dacflnode.records.metrics_log import read_metrics
 
 DATA = Path("/usr/share/datasets/fashion-mnist")
 COMPRESSORS = ("none", "int8", "topk:0.01")

@@ -37,9 +37,9 @@ from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, TrainConfig
-from dacflnode.node.runner import NodeRunner
-from dacflnode.node.runner_types import NodeSetup
-from dacflnode.node.training import ThreadedTrainer
+from dacflnode.protocol.runner import NodeRunner
+from dacflnode.protocol.setup import NodeSetup
+from dacflnode.protocol.training import ThreadedTrainer
 from dacflnode.transport.base import Identity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.errors import Refusal

@@ -11,7 +11,7 @@ from dacflnode.config import DaemonSettings, RunConfig, config_from_mapping, loa
 from dacflnode.config.fingerprint import fingerprint_data, run_fingerprint
 from dacflnode.errors import ConfigError
 from dacflnode.learning.owndata import DataContract
-from dacflnode.node.peers import load_peers
+from dacflnode.peers.file import load_peers
 
 DAEMON = DaemonSettings(members=("a", "b"), edges=(("a", "b"),))
 

@@ -18,8 +18,8 @@ import yaml
 from dacflnode import logs
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
-from dacflnode.node.daemon import setup_logging
-from dacflnode.node.launcher import free_ports
+from dacflnode.cluster.launcher import free_ports
+from dacflnode.daemon.service import setup_logging
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire.errors import Reason, WireError
@@ -240,7 +240,7 @@ async def test_every_line_of_a_json_daemon_log_parses_with_every_key(json_daemon
         with pytest.raises(WireError):
             receiver.hello(pb.HelloRequest(node_id=claimed, protocol_version=PROTOCOL_VERSION,
                                            model_fingerprint="m", run_fingerprint="r"))
-    node_log = logging.getLogger("dacflnode.node.runner")
+    node_log = logging.getLogger("dacflnode.protocol.runner")
     node_log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
                      "bob", 4, "alice, carol", extra={"event": "state_missing", "node": "bob",
                                                       "round": 4, "neighbour": ["alice", "carol"]})

@@ -10,7 +10,7 @@ from __future__ import annotations
 #: Every algorithm the simulator runs (:mod:`dacflnode.algorithms.rounds`).
 ALGORITHMS = ("dacfl", "cdsgd", "dpsgd", "fedavg")
 #: The algorithms that need no central god node, the ones a daemon can run; a test checks them
-#: against each algorithm's ``decentralized`` flag (:mod:`dacflnode.node.daemon_algorithms`).
+#: against each algorithm's ``decentralized`` flag (:mod:`dacflnode.peers.algorithms`).
 DAEMON_ALGORITHMS = ("dacfl", "cdsgd")
 #: DACFL's tracking difference: the paper's lagged one or the fresh one.
 FODAC_VARIANTS = ("lagged", "fresh")
@@ -25,6 +25,7 @@ TOPOLOGIES = MATRIX_KINDS + GRAPH_KINDS
 #: The fewest nodes of a ring (two nodes have one edge: a complete graph).
 RING_MIN_NODES = 3
 
-#: The consensus demo's input signals and mixing matrices (:mod:`dacflnode.algorithms.fodac`).
+#: The consensus demo's input signals and mixing matrices
+#: (:mod:`dacflnode.algorithms.consensus_demo`).
 DEMO_INPUTS = ("I", "II")
 DEMO_MATRICES = ("sparse", "dense", "uniform", "ring")

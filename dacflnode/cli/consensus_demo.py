@@ -35,7 +35,7 @@ def consensus_demo_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from dacflnode.algorithms.fodac import consensus_demo
+    from dacflnode.algorithms.consensus_demo import consensus_demo
 
     result = consensus_demo(inputs, matrix, seed)
     if plot:

@@ -3,7 +3,7 @@
 The query commands reach the node's Control service, which always wants a token. It comes from
 ``--token``, else the environment variable ``DACFLNODE_CONTROL_TOKEN``, else ``node.control_token``
 of ``--peers``, else the token file the node writes at every start, ``STATE_DIR/control.token``
-of ``--peers`` (readable by the node's user only; :mod:`dacflnode.node.control_token`); a
+of ``--peers`` (readable by the node's user only; :mod:`dacflnode.peers.control_token`); a
 control address that is not loopback is reached over TLS, verified against the CA of the
 peers file's ``node.tls`` and the node id (or ``--ca`` and ``--server-name``).
 """
@@ -29,7 +29,7 @@ from dacflnode.errors import ConfigError
 from dacflnode.logs import LOG_FORMATS
 
 if TYPE_CHECKING:
-    from dacflnode.node.peers import PeersFile
+    from dacflnode.peers.file import PeersFile
     from dacflnode.transport.control_types import ControlAuth
 
 DEFAULT_CONTROL = "127.0.0.1:8000"
@@ -76,12 +76,12 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
       dacflnode start --peers cluster/node-0.yaml
       dacflnode start --peers cluster/node-1.yaml --log-format json
     """
-    from dacflnode.node.daemon import Daemon, setup_logging, watch_handshakes
+    from dacflnode.daemon.service import Daemon, setup_logging, watch_handshakes
 
     pf = load_for_start(peers_file, insecure)
     plan = None
     if faults_file:
-        from dacflnode.node.faults import check_for_daemons, load_fault_plan
+        from dacflnode.protocol.faults import check_for_daemons, load_fault_plan
 
         plan = check_for_daemons(load_fault_plan(faults_file, pf.daemon.members or None,
                                                  pf.run.rounds, pf.daemon.edges or None),
@@ -102,7 +102,7 @@ def load_for_start(peers_file: str, insecure: bool) -> PeersFile:
     exposed addresses at load then allows a plaintext non-loopback ``node.listen``)."""
     import yaml
 
-    from dacflnode.node.peers import load_peers, parse_peers
+    from dacflnode.peers.file import load_peers, parse_peers
 
     if not insecure:
         return load_peers(peers_file)
@@ -120,7 +120,7 @@ def load_for_start(peers_file: str, insecure: bool) -> PeersFile:
 
 
 def _is_loopback(address: str) -> bool:
-    from dacflnode.node.addresses import is_loopback
+    from dacflnode.peers.addresses import is_loopback
 
     host = address.rpartition(":")[0].strip("[]")
     return is_loopback(host)
@@ -137,8 +137,8 @@ def control_endpoint(target: str | None, peers_file: str | None, token: str | No
     token = token or os.environ.get(TOKEN_ENV) or None
     ca_bytes: bytes | None = None
     if peers_file:
-        from dacflnode.node.control_token import client_token, token_file
-        from dacflnode.node.peers import load_peers
+        from dacflnode.peers.control_token import client_token, token_file
+        from dacflnode.peers.file import load_peers
 
         node = load_peers(peers_file).node
         address = target or node.control
@@ -284,8 +284,8 @@ def _ended(last: dict[str, Any], address: str, peers_file: str | None, watched_s
     node, done, total, phase = last["node_id"], last["round"], last["rounds_total"], last["phase"]
     finished = phase in FINISHED_PHASES or done >= total
     if not finished and peers_file:
-        from dacflnode.node.checkpoint import FINAL_MODEL
-        from dacflnode.node.peers import load_peers
+        from dacflnode.peers.file import load_peers
+        from dacflnode.records.checkpoint import FINAL_MODEL
 
         final = load_peers(peers_file).node.state_dir / FINAL_MODEL
         with contextlib.suppress(OSError):

@@ -1,5 +1,5 @@
 """``dacflnode invariant``: the network-wide consensus residual from the nodes' checkpoints (files
-on disk, or fetched from running nodes); the computation is :mod:`dacflnode.node.invariant`."""
+on disk, or fetched from running nodes); the computation is :mod:`dacflnode.records.invariant`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dacflnode.cli.daemon_cmds import TOKEN_ENV, control_endpoint
 from dacflnode.cli.errors import config_errors
 
 if TYPE_CHECKING:
-    from dacflnode.node.invariant import InvariantReport, Skipped
+    from dacflnode.records.invariant import InvariantReport, Skipped
 
 
 @click.command("invariant")
@@ -62,7 +62,7 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
       dacflnode invariant --live cluster/*.yaml
       dacflnode invariant --peers cluster/node-0.yaml --peers cluster/node-1.yaml --json
     """
-    from dacflnode.node.invariant import compute_invariant, read_snapshots, verdict
+    from dacflnode.records.invariant import compute_invariant, read_snapshots, verdict
 
     state_sources: list[tuple[str, Path | bytes | None]] = []
     peers = list(peers_files)
@@ -84,7 +84,7 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
         fetched, skipped = _fetch_live(peers, token)
         state_sources.extend(fetched)
     else:
-        from dacflnode.node.peers import load_peers
+        from dacflnode.peers.file import load_peers
 
         for peers_file in peers:
             state_sources.append((peers_file, load_peers(peers_file).node.state_dir))
@@ -118,8 +118,8 @@ def _simulator_output(paths: list[Path], tolerance: float, as_json: bool) -> Non
     """Where every path is a folder of one simulator output without checkpoints (the simulator
     writes none): report the invariant of its summary, the verdict, and exit. Otherwise
     return, and the checkpoints are read."""
-    from dacflnode.node.checkpoint import CHECKPOINT
-    from dacflnode.node.invariant import (
+    from dacflnode.records.checkpoint import CHECKPOINT
+    from dacflnode.records.invariant import (
         read_simulator_invariant,
         simulator_summary,
         simulator_verdict,
@@ -169,7 +169,7 @@ def _fetch_live(peers_files: list[str], token: str | None
                 ) -> tuple[list[tuple[str, Path | bytes | None]], list[Skipped]]:
     """Each node's checkpoint bytes (``None``: it has none yet), fetched concurrently; the nodes
     that did not answer, or refused the token, are skipped."""
-    from dacflnode.node.invariant import Skipped
+    from dacflnode.records.invariant import Skipped
     from dacflnode.transport.errors import PeerUnavailable
     from dacflnode.transport.grpc_control import (
         ControlCallFailed,

@@ -73,7 +73,7 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
         TimeRemainingColumn,
     )
 
-    from dacflnode.node.launcher import launch as run_launch
+    from dacflnode.cluster.launcher import launch as run_launch
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
     daemon_settings = pop_daemon_settings(options)
@@ -118,7 +118,7 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
 
 def _interrupted(root: Path, nodes: int, rounds: int, algorithms: tuple[str, ...]) -> None:
     """After Ctrl-C: where each algorithm's nodes stopped, and how to go on."""
-    from dacflnode.node.launcher import checkpointed_rounds
+    from dacflnode.cluster.launcher import checkpointed_rounds
 
     click.echo("interrupted: every node was stopped at a checkpoint", err=True)
     for name, reached in checkpointed_rounds(root, nodes, algorithms).items():

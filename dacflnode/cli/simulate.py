@@ -69,7 +69,7 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
     """
     from dacflnode.errors import ConfigError
     from dacflnode.learning.names import node_ids
-    from dacflnode.node.faults import load_fault_plan
+    from dacflnode.protocol.faults import load_fault_plan
     from dacflnode.sim.engines.base import RayTarget
     from dacflnode.sim.experiment import run_experiment
     from dacflnode.sim.simulator import graph_edges

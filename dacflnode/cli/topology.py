@@ -18,7 +18,7 @@ from dacflnode.cli.options import (
     pop_daemon_settings,
 )
 from dacflnode.errors import ConfigError
-from dacflnode.node.addresses import CONTROL_PORT_OFFSET, METRICS_PORT_OFFSET
+from dacflnode.peers.addresses import CONTROL_PORT_OFFSET, METRICS_PORT_OFFSET
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -139,8 +139,8 @@ def topology_cmd(
           --data-root /data/photos --test-root /data/test --out cluster  # node-i: DIR/node-i
     """
     from dacflnode.algorithms.graphs import read_edge_list
-    from dacflnode.node.cluster import check_graph, generate_cluster
-    from dacflnode.node.peers import parse_peers
+    from dacflnode.peers.file import parse_peers
+    from dacflnode.peers.generate import check_graph, generate_cluster
 
     # daemon settings beyond the two deadlines (--gone-after, ...) go to every peers file
     daemon_settings = pop_daemon_settings(options)

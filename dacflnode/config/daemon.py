@@ -4,7 +4,7 @@ They sit beside the :class:`~dacflnode.config.run.RunConfig` keys in ``run:`` an
 the same way (:mod:`dacflnode.config.schema`), so their defaults exist here only. ``members``
 and ``edges`` are the whole graph and must match on every node; the deadlines are each node's
 own. Their structure (ids, pairs, a connected graph) is checked by
-:mod:`dacflnode.node.peers`, which knows the file they came from.
+:mod:`dacflnode.peers.file`, which knows the file they came from.
 """
 
 from __future__ import annotations

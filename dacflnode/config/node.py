@@ -4,7 +4,7 @@ it listens and how it is protected.
 They are declared as every other setting is (:mod:`dacflnode.config.schema`), read with
 :func:`~dacflnode.config.schema.from_mapping` (``exact``: a YAML file's own types, no
 conversions) and listed in ``docs/configuration.md``. A value here is as the file writes it:
-:mod:`dacflnode.node.peers` resolves it (addresses, paths relative to the file, defaults that
+:mod:`dacflnode.peers.file` resolves it (addresses, paths relative to the file, defaults that
 depend on other keys) and checks what needs the file and the network (exposure, distinct
 ports). Besides these keys, ``node:`` may hold a device's data keys of the run settings
 (:data:`NODE_DATA_KEYS`), read exactly as under ``run:``.

@@ -6,7 +6,7 @@ Every line has every key of :data:`JSON_KEYS`, first and in that order:
     when the record was made, ISO 8601 in UTC with milliseconds (``2026-05-04T12:00:00.123Z``);
 ``level``, ``logger``
     ``INFO``, ``WARNING``, …; the logger's name, which is the module that logged the line
-    (``dacflnode.node.runner``, ``dacflnode.transport.receiver``);
+    (``dacflnode.protocol.runner``, ``dacflnode.transport.receiver``);
 ``node``
     the node the line is about (its ``node`` field), else the daemon's own id;
 ``round``
@@ -27,7 +27,7 @@ Every line has every key of :data:`JSON_KEYS`, first and in that order:
     the traceback of a logged exception, or null.
 
 A line about a round's figures (the per-round line and the summary of
-:mod:`dacflnode.node.round_log`) carries them after these keys, as the keys of :data:`VALUE_KEYS`
+:mod:`dacflnode.daemon.round_log`) carries them after these keys, as the keys of :data:`VALUE_KEYS`
 it has (``rounds``, ``accuracy``, ``loss``, ``exchange_s``, ``train_s``, ``used``, ``missing``,
 ``late``, ``bytes_sent``, ``bytes_received``, ``seconds``).
 
@@ -65,7 +65,7 @@ from dacflnode.logs.guard import (
 JSON_KEYS = ("time", "level", "logger", "node", "round", "neighbour", "event", "reason",
              "message", "traceback")
 #: Figures a record may carry with ``extra=`` (the per-round line and the summary of
-#: :mod:`dacflnode.node.round_log`): a JSON line writes those it has after :data:`JSON_KEYS`.
+#: :mod:`dacflnode.daemon.round_log`): a JSON line writes those it has after :data:`JSON_KEYS`.
 VALUE_KEYS = ("rounds", "accuracy", "loss", "exchange_s", "train_s", "used", "missing", "late",
               "bytes_sent", "bytes_received", "seconds")
 

@@ -3,7 +3,7 @@
 Layout of ``out_dir``: one algorithm → ``out_dir/<node-id>/{metrics.jsonl,final.safetensors}``;
 several → ``out_dir/<algorithm>/<node-id>/…``; always ``out_dir/summary.json``. The summary of
 each algorithm is read back from the nodes' ``metrics.jsonl`` by
-:func:`~dacflnode.node.metrics_log.summarize`, the function ``launch`` uses; without ``out_dir``
+:func:`~dacflnode.records.metrics_log.summarize`, the function ``launch`` uses; without ``out_dir``
 the files go to a temporary directory that is removed afterwards.
 """
 
@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from dacflnode import __version__
+from dacflnode.assembly.data import cache_dir_in, own_node_data
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.filemodes import LOG_MODE, make_dir, write_text
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.names import node_ids
 from dacflnode.learning.partition import partition
-from dacflnode.node.data import cache_dir_in, own_node_data
-from dacflnode.node.faults import FaultPlan
-from dacflnode.node.metrics_log import summarize
+from dacflnode.protocol.faults import FaultPlan
+from dacflnode.records.metrics_log import summarize
 from dacflnode.sim.engines.base import RayTarget
 from dacflnode.sim.simulator import ProgressFn, Simulation
 

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from dacflnode.algorithms.rounds import network_average
-from dacflnode.node.training import NodeTrainer
+from dacflnode.protocol.training import NodeTrainer
 from dacflnode.sim.gather import RoundGather
 
 
 class MatrixRows:
     """Mixing weights and active neighbours from a mixing matrix per round (a
-    :class:`~dacflnode.node.policies.MixingPolicy`)."""
+    :class:`~dacflnode.protocol.policies.MixingPolicy`)."""
 
     def __init__(self, ids: Sequence[str], matrix: Callable[[int], np.ndarray]) -> None:
         self.ids = list(ids)
@@ -90,7 +90,7 @@ class NetworkAverage:
 
 
 class NodeView:
-    """One node's :class:`~dacflnode.node.policies.ModelView` onto a :class:`NetworkAverage`."""
+    """One node's :class:`~dacflnode.protocol.policies.ModelView` onto a :class:`NetworkAverage`."""
 
     def __init__(self, average: NetworkAverage, node: str) -> None:
         self.average = average

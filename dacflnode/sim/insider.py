@@ -26,9 +26,9 @@ from typing import Any
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import Dataset, load_dataset
 from dacflnode.learning.partition import partition
-from dacflnode.node.faults import FaultPlan, parse_fault_plan
-from dacflnode.node.membership import PeerState
-from dacflnode.node.metrics_log import read_metrics
+from dacflnode.protocol.faults import FaultPlan, parse_fault_plan
+from dacflnode.records.membership import PeerState
+from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.simulator import Simulation
 
 

@@ -133,7 +133,7 @@ def accuracy_figure(curves: Mapping[str, Mapping[str, Any]], title: str = "") ->
     """The Average of Acc and Var of Acc per round.
 
     ``curves[label]`` is an algorithm summary with ``rounds``, ``avg_acc`` and ``var_acc``
-    (what :func:`~dacflnode.node.metrics_log.summarize` returns) and optionally ``algorithm``
+    (what :func:`~dacflnode.records.metrics_log.summarize` returns) and optionally ``algorithm``
     and ``precision``; one line per label, labelled with the paper's algorithm names.
 
     Every algorithm has its colour (:data:`COLOURS`); several lines of one algorithm differ in

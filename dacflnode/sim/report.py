@@ -13,7 +13,7 @@ reproduction script's output) the group is split by the folder that holds the no
 directories. A run is labelled by its folder's name, followed by that split (the algorithm's
 folder, or the algorithm) when the folder holds several runs.
 
-Every number comes from :func:`~dacflnode.node.metrics_log.summarize`, the function
+Every number comes from :func:`~dacflnode.records.metrics_log.summarize`, the function
 ``simulate`` and ``launch`` write ``summary.json`` with, so a report and a summary agree: a round
 counts when every node of the run has written it. The mean round time is the mean of the
 ``seconds`` of those lines.
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dacflnode.filemodes import LOG_MODE, make_dir, prepare_file
-from dacflnode.node.metrics_log import METRICS_FILE, read_metrics, summarize
+from dacflnode.records.metrics_log import METRICS_FILE, read_metrics, summarize
 
 if TYPE_CHECKING:  # matplotlib loads only when a figure is drawn
     from matplotlib.figure import Figure

@@ -1,9 +1,9 @@
-"""N virtual nodes in one process: N daemons' :class:`~dacflnode.node.runner.NodeRunner` s over
+"""N virtual nodes in one process: N daemons' :class:`~dacflnode.protocol.runner.NodeRunner` s over
 the in-memory transport, in one event loop.
 
 Exchange, mixing, the round bookkeeping, the metrics lines and the final files are the runner's
 own code; the simulator only builds each node's
-:class:`~dacflnode.node.runner_types.NodeSetup` with the policies a global view allows (see
+:class:`~dacflnode.protocol.setup.NodeSetup` with the policies a global view allows (see
 :mod:`dacflnode.sim.global_view`) and a trainer from the chosen engine
 (:mod:`dacflnode.sim.engines`):
 
@@ -18,8 +18,8 @@ No round has a deadline, no checkpoint is written per round, and the absurd-stat
 docs/security.md), unless the fault plan has a ``poison`` entry: then every node guards its inbox
 as a daemon does, so the simulator plays a misbehaving member as a cluster would.
 
-Faults (``simulate --faults FILE``, :mod:`dacflnode.node.faults`): every node's setup carries the
-plan, and the runners themselves neither push nor wait for a dropped edge-round, so no deadline
+Faults (``simulate --faults FILE``, :mod:`dacflnode.protocol.faults`): every node's setup carries
+the plan, and the runners themselves neither push nor wait for a dropped edge-round, so no deadline
 is needed and a run with faults is as deterministic as one without. The simulator only plays the
 node events: it cancels a crashing node's runner at the start of its crash round and, for a
 restart, resumes a new runner from the crashed one's last completed round (in memory, as a
@@ -47,6 +47,7 @@ import torch
 from dacflnode.algorithms import graphs
 from dacflnode.algorithms.rounds import Algorithm, NodeState, make_algorithm
 from dacflnode.algorithms.topology import GRAPH_KINDS, MixingSchedule
+from dacflnode.assembly.data import NodeDataSet, class_counts, contract_difference_all
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig, anchor_delay
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import make_dir
@@ -55,16 +56,15 @@ from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.names import node_ids
 from dacflnode.learning.train import pick_device
-from dacflnode.node.checkpoint import Checkpoint
-from dacflnode.node.copies import SharedDecodes, compression_for, wire_parts
-from dacflnode.node.data import DataInfo, NodeDataSet, class_counts, contract_difference_all
-from dacflnode.node.faults import Crash, FaultPlan
-from dacflnode.node.invariant import relative_residual
-from dacflnode.node.metrics_log import METRICS_FILE
-from dacflnode.node.policies import Metropolis, MixingPolicy, ModelView, OwnModel
-from dacflnode.node.run_graph import RunGraph
-from dacflnode.node.runner import NodeRunner
-from dacflnode.node.runner_types import NodeSetup, RoundReport
+from dacflnode.peers.run_graph import RunGraph
+from dacflnode.protocol.copies import SharedDecodes, compression_for, wire_parts
+from dacflnode.protocol.faults import Crash, FaultPlan
+from dacflnode.protocol.policies import Metropolis, MixingPolicy, ModelView, OwnModel
+from dacflnode.protocol.runner import NodeRunner
+from dacflnode.protocol.setup import NodeSetup, RoundReport
+from dacflnode.records.checkpoint import Checkpoint
+from dacflnode.records.invariant import relative_residual
+from dacflnode.records.metrics_log import METRICS_FILE, DataInfo
 from dacflnode.sim.engines.base import Engine, InlineExecutor, NodeData, RayTarget
 from dacflnode.sim.engines.registry import make_engine
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage

@@ -49,7 +49,7 @@ Only this module and ``grpc_*.py`` import grpc. The options, and why:
     within seconds.
 
 Resource limits of every server (each measured against this grpcio: the option is honoured as
-described; ``tests/node/test_attacks.py`` and ``benchmarks/attacks.py`` rerun the attacks):
+described; ``tests/e2e/test_attacks.py`` and ``benchmarks/attacks.py`` rerun the attacks):
 
 ``grpc.max_allowed_incoming_connections`` (:func:`connection_cap`: 256, fewer under a low
 ``RLIMIT_NOFILE``, server)

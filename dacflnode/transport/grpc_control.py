@@ -7,7 +7,7 @@ the gRPC service and offers the client functions the CLI uses.
 Authentication: the service listens on loopback by default, where any local user can connect,
 so the daemon always serves it behind a :class:`TokenInterceptor` (``node.control_token``, or a
 token drawn at every start and written to ``STATE_DIR/control.token``, readable by the node's
-user only: :mod:`dacflnode.node.control_token`): every call must carry metadata
+user only: :mod:`dacflnode.peers.control_token`): every call must carry metadata
 ``authorization: Bearer <token>`` (compared in constant time); any other call ends
 ``UNAUTHENTICATED`` before a method runs, and is logged (at most one line per second, with a
 count of those not logged). An exposed (non-loopback) control address is served over TLS with

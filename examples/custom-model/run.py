@@ -26,7 +26,7 @@ import torch
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import Dataset
 from dacflnode.learning.partition import partition
-from dacflnode.node.metrics_log import summarize
+from dacflnode.records.metrics_log import summarize
 from dacflnode.sim.simulator import Simulation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # makes "my_model" importable

@@ -293,7 +293,7 @@ class Scheduler:
 def collect(state: JobState, folder: Path, rounds: int) -> dict[str, Any]:
     """One job's result: its ``summary.json`` when it finished, else the rounds its nodes wrote
     (``partial``: stopped with at least one evaluated round)."""
-    from dacflnode.node.metrics_log import summarize
+    from dacflnode.records.metrics_log import summarize
 
     job = state.job
     out: dict[str, Any] = {

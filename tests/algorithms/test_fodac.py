@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dacflnode.algorithms.fodac import consensus_demo, fig3_inputs, fodac_step
+from dacflnode.algorithms.consensus_demo import consensus_demo, fig3_inputs, fodac_step
 from dacflnode.algorithms.mixing import dense_random_matrix
 
 

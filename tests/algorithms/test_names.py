@@ -2,7 +2,7 @@
 
 from dacflnode.algorithms import names
 from dacflnode.algorithms.rounds import make_algorithm
-from dacflnode.node.daemon_algorithms import DAEMON_ALGORITHMS
+from dacflnode.peers.algorithms import DAEMON_ALGORITHMS
 
 
 def test_the_daemon_algorithms_are_the_decentralized_ones():

@@ -20,11 +20,11 @@ import yaml
 
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.cli.daemon_cmds import load_for_start
+from dacflnode.cluster.launcher import free_ports
 from dacflnode.errors import ConfigError
-from dacflnode.node.checkpoint import save_checkpoint
-from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.launcher import free_ports
-from dacflnode.node.peers import load_peers
+from dacflnode.peers.file import load_peers
+from dacflnode.peers.generate import generate_cluster
+from dacflnode.records.checkpoint import save_checkpoint
 from tests.harness.cluster import TINY, set_node, start_node
 from tests.harness.polling import until_blocking
 

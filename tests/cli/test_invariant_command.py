@@ -16,9 +16,9 @@ from click.testing import CliRunner, Result
 
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.cli.main import cli
-from dacflnode.node.checkpoint import save_checkpoint
-from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.launcher import free_ports
+from dacflnode.cluster.launcher import free_ports
+from dacflnode.peers.generate import generate_cluster
+from dacflnode.records.checkpoint import save_checkpoint
 from dacflnode.transport import channels
 from dacflnode.transport.control_types import NodeStatus
 from dacflnode.transport.grpc_control import add_control_service, control_interceptors

@@ -18,13 +18,13 @@ from click.testing import CliRunner
 
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.cli.main import cli
+from dacflnode.cluster.launcher import free_ports, prepare_resume
 from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
-from dacflnode.node.checkpoint import save_checkpoint
-from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.launcher import free_ports, prepare_resume
-from dacflnode.node.metrics_log import read_metrics
-from dacflnode.node.peers import load_peers
+from dacflnode.peers.file import load_peers
+from dacflnode.peers.generate import generate_cluster
+from dacflnode.records.checkpoint import save_checkpoint
+from dacflnode.records.metrics_log import read_metrics
 from tests.harness.cluster import ENV
 from tests.harness.polling import until_blocking
 

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli
-from dacflnode.node.peers import load_peers
+from dacflnode.peers.file import load_peers
 from dacflnode.security.certs import check_node_files
 
 pytestmark = pytest.mark.slow

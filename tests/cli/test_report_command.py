@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli, main
-from dacflnode.node.metrics_log import summarize
+from dacflnode.records.metrics_log import summarize
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from dacflnode.algorithms import graphs
 from dacflnode.cli.main import cli
-from dacflnode.node.peers import load_peers
+from dacflnode.peers.file import load_peers
 from dacflnode.security.certs import check_node_files
 
 
@@ -125,7 +125,7 @@ def test_tls_creates_the_certificates_and_names_them_in_every_file(tmp_path):
 
 def test_a_tls_cluster_keeps_control_on_loopback_and_says_where_each_token_will_be(tmp_path):
     # no token in the files: each node writes its own at every start (the daemon's refusal of a
-    # call without it: tests/node/test_control_token.py, on a --tls cluster)
+    # call without it: tests/peers/test_control_token.py, on a --tls cluster)
     args = ["topology", "ring", "--nodes", "3", "--listen-host", "0.0.0.0",
             "--tls", str(tmp_path / "certs"), "--out", str(tmp_path / "peers")]
     result = run(args)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dacflnode.node.cluster import peers_file_mode
-from dacflnode.node.peers import load_peers
+from dacflnode.peers.file import load_peers
+from dacflnode.peers.generate import peers_file_mode
 from tests.harness.cluster import ENV
 
 pytestmark = pytest.mark.slow

@@ -36,9 +36,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2, neighbor_pb2_grpc
 from dacflnode.cli.topology import topology_cmd as topology_command
-from dacflnode.node.addresses import CONTROL_PORT_OFFSET, METRICS_PORT_OFFSET
-from dacflnode.node.checkpoint import FINAL_MODEL
-from dacflnode.node.peers import parse_peers
+from dacflnode.peers.addresses import CONTROL_PORT_OFFSET, METRICS_PORT_OFFSET
+from dacflnode.peers.file import parse_peers
+from dacflnode.records.checkpoint import FINAL_MODEL
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.transport.base import Identity, Inbox
 from dacflnode.transport.grpc_transport import GrpcTransport

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.launcher import free_ports
-from dacflnode.node.metrics_log import read_metrics
+from dacflnode.cluster.launcher import free_ports
+from dacflnode.peers.generate import generate_cluster
+from dacflnode.records.metrics_log import read_metrics
 from tests.harness.cluster import TINY
 
 #: a uid with no account, as `docker run --user 54321:54321` gives the node

@@ -54,7 +54,7 @@ def test_every_example_plan_has_a_documented_command_and_the_cut_plan_both_kinds
 def run_documented(command: str, args: list[str], tmp_path: Path,
                    monkeypatch: pytest.MonkeyPatch) -> Any:
     """Invoke ``dacflnode COMMAND ARGS`` from the repository root with the run replaced."""
-    import dacflnode.node.launcher
+    import dacflnode.cluster.launcher
     import dacflnode.sim.experiment
 
     ran: list[str] = []
@@ -68,7 +68,7 @@ def run_documented(command: str, args: list[str], tmp_path: Path,
         return {}
 
     monkeypatch.setattr(dacflnode.sim.experiment, "run_experiment", fake_experiment)
-    monkeypatch.setattr(dacflnode.node.launcher, "run_cluster", fake_cluster)
+    monkeypatch.setattr(dacflnode.cluster.launcher, "run_cluster", fake_cluster)
     monkeypatch.chdir(ROOT)
     if "--out" in args:
         args[args.index("--out") + 1] = str(tmp_path / "out")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dacflnode.node.metrics_log import MetricsLine, append_line
+from dacflnode.records.metrics_log import MetricsLine, append_line
 from tests.learning.test_datasets import write_idx_dataset
 
 pytestmark = pytest.mark.slow

@@ -24,14 +24,14 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from dacflnode.cluster.launcher import free_ports
 from dacflnode.config import RunConfig
 from dacflnode.learning.names import node_ids
-from dacflnode.node.cluster import generate_cluster
-from dacflnode.node.control_token import client_token
-from dacflnode.node.invariant import compute_invariant, read_snapshot
-from dacflnode.node.launcher import free_ports
-from dacflnode.node.metrics_log import read_metrics
-from dacflnode.node.peers import load_peers
+from dacflnode.peers.control_token import client_token
+from dacflnode.peers.file import load_peers
+from dacflnode.peers.generate import generate_cluster
+from dacflnode.records.invariant import compute_invariant, read_snapshot
+from dacflnode.records.metrics_log import read_metrics
 from dacflnode.transport.control_types import ControlAuth
 from tests.harness.polling import until_blocking
 
@@ -49,7 +49,8 @@ COMMAND_TIMEOUT = 20
 #: ``dacflnode ARGS`` once a line arrives on stdin, with the daemon's imports done before.
 PRIMED = """
 import sys
-import dacflnode.node.daemon, dacflnode.transport.grpc_control, dacflnode.transport.grpc_transport
+import dacflnode.daemon.service, dacflnode.transport.grpc_control
+import dacflnode.transport.grpc_transport
 from dacflnode.cli.main import main
 sys.stdin.readline()
 main(sys.argv[1:])

@@ -18,8 +18,8 @@ import torch
 from dacflnode.algorithms.rounds import NodeState, make_algorithm
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.train import TrainResult
-from dacflnode.node.runner import NodeRunner
-from dacflnode.node.runner_types import NodeSetup
+from dacflnode.protocol.runner import NodeRunner
+from dacflnode.protocol.setup import NodeSetup
 from dacflnode.transport.base import Identity
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 

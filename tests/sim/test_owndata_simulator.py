@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dacflnode.assembly.data import own_node_data
 from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
-from dacflnode.node.data import own_node_data
-from dacflnode.node.metrics_log import read_metrics
+from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.simulator import Simulation
 from tests.harness.owndata import CLASSES, MIX, write_csv_nodes, write_png_nodes

@@ -16,7 +16,7 @@ from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from dacflnode.node.metrics_log import METRICS_FILE, MetricsLine, append_line
+from dacflnode.records.metrics_log import METRICS_FILE, MetricsLine, append_line
 from dacflnode.sim.plots import COLOURS, MARKERS_PER_LINE, accuracy_figure, nodes_figure
 from dacflnode.sim.report import figures, find_runs
 

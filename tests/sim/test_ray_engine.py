@@ -106,7 +106,7 @@ def test_ray_workers_give_the_local_engines_results_bit_for_bit(
 def test_own_tables_of_unequal_sizes_train_on_ray_as_locally(
     local_ray: None, two_threads: None, tmp_path
 ) -> None:
-    from dacflnode.node.data import own_node_data
+    from dacflnode.assembly.data import own_node_data
     from tests.harness.owndata import CLASSES, write_csv_nodes
 
     train, test = write_csv_nodes(tmp_path)

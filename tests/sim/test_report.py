@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dacflnode.node.metrics_log import METRICS_FILE, MetricsLine, append_line, summarize
+from dacflnode.records.metrics_log import METRICS_FILE, MetricsLine, append_line, summarize
 from dacflnode.sim.report import ReportError, build_report, find_runs, write_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -14,8 +14,8 @@ from dacflnode.algorithms.rounds import NodeState
 from dacflnode.config import RunConfig
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
-from dacflnode.node.invariant import Snapshot, compute_invariant, relative_residual
-from dacflnode.node.metrics_log import LINE_KEYS, read_metrics
+from dacflnode.records.invariant import Snapshot, compute_invariant, relative_residual
+from dacflnode.records.metrics_log import LINE_KEYS, read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.simulator import Simulation
 

@@ -18,8 +18,8 @@ from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
-from dacflnode.node.faults import FaultPlan, parse_fault_plan
-from dacflnode.node.metrics_log import read_metrics
+from dacflnode.protocol.faults import FaultPlan, parse_fault_plan
+from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.simulator import Simulation, SimulationResult
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dacflnode.node.metrics_log import read_metrics
+from dacflnode.records.metrics_log import read_metrics
 from tests.sim.test_simulator_faults import EXACT, IDS, RING, phases, simulate
 
 pytestmark = pytest.mark.slow

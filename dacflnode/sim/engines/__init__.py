@@ -1,8 +1,8 @@
 """How a simulation trains and evaluates its N virtual nodes: one
-:class:`~dacflnode.node.training.NodeTrainer` per runner, behind one of two engines.
+:class:`~dacflnode.protocol.training.NodeTrainer` per runner, behind one of two engines.
 
 ``sequential`` gives each runner its own :class:`~dacflnode.learning.train.LocalTrainer`, run by a
-:class:`~dacflnode.node.training.ThreadedTrainer` on the event loop's thread
+:class:`~dacflnode.protocol.training.ThreadedTrainer` on the event loop's thread
 (:class:`~dacflnode.sim.engines.base.InlineExecutor`): one training at a time, the exact training
 code of a daemon, so its results match a deployment bit for bit. ``batched`` gives each runner a
 handle on one shared :class:`~dacflnode.sim.batched.trainer.BatchedTrainer`: the handles gather

@@ -21,7 +21,7 @@ from torch import nn
 
 from dacflnode.errors import ConfigError
 from dacflnode.learning.train import TrainConfig, TrainResult, evaluate
-from dacflnode.node.training import NodeTrainer
+from dacflnode.protocol.training import NodeTrainer
 from dacflnode.sim.gather import RoundGather
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from dacflnode.learning.train import LocalTrainer, TrainConfig, TrainResult
-from dacflnode.node.training import ThreadedTrainer
+from dacflnode.protocol.training import ThreadedTrainer
 from dacflnode.sim.batched.trainer import BatchedTrainer
 from dacflnode.sim.engines.base import Engine, GatheredEngine, InlineExecutor, NodeSet
 

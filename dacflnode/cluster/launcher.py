@@ -1,0 +1,390 @@
+"""``dacflnode launch``: a real cluster of N daemon processes on 127.0.0.1.
+
+Writes the peers files (``DIR/peers/<node-id>.yaml``), starts ``dacflnode start`` for each node
+with its state directory at ``DIR/<node-id>/`` — the layout ``simulate`` writes — follows their
+``metrics.jsonl`` files for progress, and summarises the per-round Average/Var of Acc like the
+simulator does.
+
+The daemons are started as a user starts one, through the command line
+(:data:`DAEMON_COMMAND`): the launcher relies on the ``start`` command's options, a layer above
+``node``, across a process boundary and never by an import. It is the one place ``node`` does,
+and ``tests/cluster/test_launcher.py`` checks that ``start`` accepts the command line built here.
+
+With a fault plan (``launch --faults FILE``) every daemon gets a copy of the file
+(``DIR/faults.yaml``, passed as ``dacflnode start --faults``), so the whole cluster drops the
+same edge-rounds, and the run ends with the models ``simulate --faults FILE`` computes. Daemons
+play only drop and cut events (:func:`~dacflnode.protocol.faults.check_for_daemons`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+from dacflnode import __version__
+from dacflnode.algorithms.topology import GRAPH_KINDS
+from dacflnode.config import DAEMON_DEFAULTS, RunConfig
+from dacflnode.errors import ConfigError
+from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
+from dacflnode.learning.names import node_ids
+from dacflnode.logs import LOG_FILE_BACKUPS
+from dacflnode.peers.algorithms import check_algorithm
+from dacflnode.peers.file import load_peers
+from dacflnode.peers.generate import cluster_graph, generate_cluster
+from dacflnode.protocol.faults import check_for_daemons, load_fault_plan
+from dacflnode.records.checkpoint import (
+    CHECKPOINT,
+    CHECKPOINT_DAMAGED,
+    CHECKPOINT_PREV,
+    FINAL_MODEL,
+)
+from dacflnode.records.metrics_log import METRICS_FILE, read_metrics, summarize
+
+LaunchProgress = Callable[[str, int, int, float | None], None]
+
+#: How a daemon is started: ``dacflnode start`` run by this interpreter, in a process of its own.
+DAEMON_COMMAND = (sys.executable, "-m", "dacflnode", "start")
+
+#: What a run leaves in each node's folder: an earlier run is found by them, ``--fresh``
+#: deletes them (nothing else: the folder may hold the user's own files, or a data cache).
+NODE_OUTPUTS = (METRICS_FILE, CHECKPOINT, CHECKPOINT_PREV, CHECKPOINT_DAMAGED, FINAL_MODEL,
+                "daemon.out", "daemon.log",
+                *(f"daemon.log.{i}" for i in range(1, LOG_FILE_BACKUPS + 1)))
+#: The files of an earlier run that show it got somewhere (logs alone do not).
+RESULTS = (METRICS_FILE, CHECKPOINT, CHECKPOINT_PREV, FINAL_MODEL)
+#: What ``--fresh`` says, in every refusal to resume.
+FRESH_HINT = ("run the same command with --fresh to start over (it deletes that run's metrics, "
+              "checkpoints, final models and logs)")
+
+
+def daemon_argv(peers: Path, faults: Path | None = None) -> list[str]:
+    """The command line of the daemon of peers file ``peers``, playing fault plan ``faults``."""
+    plan = ["--faults", str(faults)] if faults is not None else []
+    return [*DAEMON_COMMAND, "--peers", str(peers), *plan]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports the OS reports free (bind(0)), all held until chosen."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+async def _follow(
+    name: str, node_dirs: list[Path], rounds: int, procs: list[asyncio.subprocess.Process],
+    progress: LaunchProgress | None,
+) -> None:
+    while any(p.returncode is None for p in procs):
+        done = [read_metrics(d / METRICS_FILE) for d in node_dirs]
+        finished = min(len(m) for m in done)
+        accs = [m[-1]["accuracy"] for m in done if m and m[-1]["accuracy"] is not None]
+        if progress is not None:
+            progress(name, finished, rounds, float(np.mean(accs)) if accs else None)
+        await asyncio.sleep(0.5)
+
+
+async def _terminate(procs: list[asyncio.subprocess.Process]) -> None:
+    """SIGTERM every daemon still running (each checkpoints and exits 0) and wait for them."""
+    for p in procs:
+        if p.returncode is None:
+            p.send_signal(signal.SIGTERM)
+    await asyncio.gather(*(p.wait() for p in procs))
+
+
+async def _wait_all_or_first_failure(procs: list[asyncio.subprocess.Process]) -> list[int]:
+    """The exit codes of all daemons; when one fails, the others are stopped at once instead of
+    waiting for it until their hello timeout or round deadline runs out."""
+    waits = {asyncio.ensure_future(p.wait()): p for p in procs}
+    pending = set(waits)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if any(task.result() != 0 for task in done):
+                await _terminate(procs)
+                break
+    finally:
+        for task in pending:
+            task.cancel()
+    return [p.returncode if p.returncode is not None else -1 for p in procs]
+
+
+@contextlib.contextmanager
+def _noting_interrupts() -> Iterator[list[int]]:
+    """A list that gets an entry for each SIGINT received inside the block; the handler that
+    was there (``asyncio.run``'s, which cancels the main task) still runs. Outside the main
+    thread, where signals cannot be handled, the list stays empty."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    before = signal.getsignal(signal.SIGINT)
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        if callable(before):
+            before(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+async def run_cluster(
+    run: RunConfig,
+    out_dir: Path,
+    *,
+    algorithm: str,
+    topology: str,
+    progress: LaunchProgress | None = None,
+    round_deadline: float = DAEMON_DEFAULTS.round_deadline,
+    hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
+    tls_dir: Path | None = None,
+    faults: Path | None = None,
+    daemon_settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Start one daemon per node, wait for all of them; raise RuntimeError if one fails.
+
+    ``faults``: a checked fault plan file that every daemon plays; ``daemon_settings``: further
+    daemon settings by name for every peers file."""
+    n = run.nodes
+    ports = free_ports(3 * n)
+    cfg = replace(run, algorithm=(algorithm,), topology=topology)
+    peers_dir = out_dir / "peers"
+    paths = generate_cluster(
+        topology, n, cfg, peers_dir, ports=ports[:n], control_ports=ports[n:2 * n],
+        metrics_ports=ports[2 * n:],
+        state_root=out_dir, edge_list=run.edge_list, round_deadline=round_deadline,
+        hello_timeout=hello_timeout, daemon_settings=daemon_settings, tls_dir=tls_dir,
+    )
+    node_dirs = [out_dir / p.stem for p in paths]
+    for d in node_dirs:
+        make_dir(d)
+    prepare_resume(node_dirs, {p.stem: p for p in paths})
+    env = dict(os.environ)
+    if run.threads is None:  # share the cores instead of oversubscribing them
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    started = time.perf_counter()
+    procs = []
+    for path, d in zip(paths, node_dirs, strict=True):
+        log = open_text(d / "daemon.out", LOG_MODE)
+        procs.append(await asyncio.create_subprocess_exec(
+            *daemon_argv(path, faults), stdout=log, stderr=asyncio.subprocess.STDOUT, env=env,
+        ))
+        log.close()
+    follower = asyncio.ensure_future(_follow(algorithm, node_dirs, run.rounds, procs, progress))
+    with _noting_interrupts() as interrupted:
+        try:
+            codes = await _wait_all_or_first_failure(procs)
+        except asyncio.CancelledError:
+            await _terminate(procs)
+            raise
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+    if interrupted:
+        # Ctrl-C reached the daemons too (one process group): they stopped at a checkpoint
+        # with exit 0, and may have done so before the event loop cancelled this wait
+        raise KeyboardInterrupt
+    failed = [f"{d.name} (exit {c}, see {d / 'daemon.out'})"
+              for d, c in zip(node_dirs, codes, strict=True) if c != 0]
+    if failed:
+        raise RuntimeError(f"node(s) failed: {', '.join(failed)}")
+    summary = summarize(node_dirs, algorithm, time.perf_counter() - started, engine="daemon")
+    if progress is not None:
+        progress(algorithm, run.rounds, run.rounds, summary["final"]["avg_acc"])
+    return summary
+
+
+def checkpoint_round(path: Path) -> tuple[int, dict[str, str]]:
+    """The round and the metadata of the checkpoint file ``path``, read from its header alone;
+    ``ValueError`` when it is not a checkpoint."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = dict(f.metadata() or {})
+        return int(meta["round"]), meta
+    except (SafetensorError, OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable checkpoint ({exc})") from exc
+
+
+def earlier_run(node_dirs: list[Path]) -> dict[str, int] | None:
+    """The round each node of an earlier run in ``node_dirs`` checkpointed (``None``: no
+    earlier run there). Raises :class:`ConfigError` naming ``--fresh`` when that run cannot
+    be resumed: a node has results but no readable checkpoint."""
+    if not any((d / name).exists() for d in node_dirs for name in RESULTS):
+        return None
+    without = [d for d in node_dirs
+               if not (d / CHECKPOINT).exists() and not (d / CHECKPOINT_PREV).exists()]
+    if without:
+        found = {d.name: [name for name in RESULTS if (d / name).exists()] for d in without}
+        why = "; ".join(f"{node} has {', '.join(names)} but no checkpoint"
+                        for node, names in found.items() if names)
+        if not why:
+            others = [d.name for d in node_dirs if d not in without]
+            why = (f"no checkpoint of {', '.join(found)}, while {', '.join(others)} "
+                   f"checkpointed")
+        raise ConfigError("--out", f"{node_dirs[0].parent} holds an earlier run that cannot "
+                                   f"be resumed: {why}; {FRESH_HINT}")
+    rounds = {}
+    for d in node_dirs:
+        path = d / CHECKPOINT if (d / CHECKPOINT).exists() else d / CHECKPOINT_PREV
+        try:
+            rounds[d.name] = checkpoint_round(path)[0]
+        except ValueError as exc:
+            raise ConfigError("--out", f"{d.parent} holds an earlier run that cannot be "
+                                       f"resumed: {exc}; {FRESH_HINT}") from exc
+    return rounds
+
+
+def prepare_resume(node_dirs: list[Path], peers: Mapping[str, Path]) -> dict[str, int] | None:
+    """Get ``node_dirs`` ready for the daemons of peers files ``peers`` (by node id) to resume
+    an earlier run from its checkpoints: refuse (:class:`ConfigError` naming ``--fresh``) one
+    they could not resume, a checkpoint of other settings included; cut each node's
+    ``metrics.jsonl`` back to its checkpoint's round (a round it logged but did not
+    checkpoint is run again, and logged once). The rounds of the earlier run, or ``None``."""
+    rounds = earlier_run(node_dirs)
+    if rounds is None:
+        return None
+    for d in node_dirs:
+        pf = load_peers(peers[d.name])
+        path = d / CHECKPOINT if (d / CHECKPOINT).exists() else d / CHECKPOINT_PREV
+        meta = checkpoint_round(path)[1]
+        # own data: the fingerprint holds the data's contract, known once the daemon reads the
+        # data; the daemon refuses a checkpoint of another run itself
+        if not pf.run.own_data and meta.get("run_fingerprint") != pf.run_fingerprint():
+            raise ConfigError("--out", f"{d.parent} holds an earlier run with other settings "
+                                       f"({d.name} checkpointed round {rounds[d.name]}); resume "
+                                       f"it with the options it was started with, or "
+                                       f"{FRESH_HINT}")
+    for d in node_dirs:
+        lines = read_metrics(d / METRICS_FILE)
+        kept = [line for line in lines if int(line.get("round", 0)) <= rounds[d.name]]
+        if len(kept) != len(lines):
+            write_text(d / METRICS_FILE, "".join(json.dumps(x) + "\n" for x in kept),
+                       LOG_MODE)
+    return rounds
+
+
+def clear_outputs(root: Path, nodes: int, algorithms: tuple[str, ...]) -> list[Path]:
+    """Delete what a run of ``algorithms`` over ``nodes`` nodes left in ``root`` (``--fresh``):
+    each node's :data:`NODE_OUTPUTS` and the summary; the files deleted."""
+    folders = [root / name for name in algorithms] if len(algorithms) > 1 else [root]
+    deleted = []
+    for folder in folders:
+        for path in [folder / node / name for node in node_ids(nodes) for name in NODE_OUTPUTS]:
+            if path.is_file():
+                path.unlink()
+                deleted.append(path)
+    for path in (root / "summary.json",):
+        if path.is_file():
+            path.unlink()
+            deleted.append(path)
+    return deleted
+
+
+def checkpointed_rounds(root: Path, nodes: int, algorithms: tuple[str, ...]
+                        ) -> dict[str, dict[str, int]]:
+    """Per algorithm, the round each node's checkpoint in ``root`` holds (nodes without a
+    readable checkpoint left out): what a resumed launch starts from."""
+    out: dict[str, dict[str, int]] = {}
+    for name in algorithms:
+        folder = root / name if len(algorithms) > 1 else root
+        rounds = {}
+        for node in node_ids(nodes):
+            with contextlib.suppress(ValueError):
+                rounds[node] = checkpoint_round(folder / node / CHECKPOINT)[0]
+        out[name] = rounds
+    return out
+
+
+def launch(
+    run: RunConfig, out_dir: str | Path, progress: LaunchProgress | None = None,
+    round_deadline: float = DAEMON_DEFAULTS.round_deadline,
+    hello_timeout: float = DAEMON_DEFAULTS.hello_timeout,
+    tls_dir: Path | None = None,
+    faults: str | Path | None = None,
+    daemon_settings: Mapping[str, Any] | None = None,
+    fresh: bool = False,
+) -> dict[str, Any]:
+    """Run every algorithm of ``run`` as a real cluster; write and return the summary.
+
+    An earlier run in ``out_dir`` (stopped by Ctrl-C, or finished) is resumed from its nodes'
+    checkpoints, or refused with a :class:`ConfigError` naming ``--fresh`` where it cannot be
+    (other settings, a node without a checkpoint): its files are never overwritten silently.
+    ``fresh``: delete what an earlier run left there first, and start over.
+
+    ``tls_dir``: the nodes talk mutual TLS with the certificates there (created when missing).
+    ``faults``: a fault plan file (drop and cut events) that every daemon plays; it is checked
+    here, before any daemon starts, and copied to ``out_dir/faults.yaml``.
+    ``daemon_settings``: further daemon settings by name (``gone_after``, ...).
+    """
+    topology = run.topology
+    if topology not in GRAPH_KINDS:
+        raise ConfigError(
+            "topology",
+            f"launch runs Metropolis weights over a graph; '{topology}' needs a global view "
+            f"(choose from {', '.join(GRAPH_KINDS)})",
+        )
+    for name in run.algorithm:
+        check_algorithm(name)
+    root = Path(out_dir)
+    if fresh:
+        clear_outputs(root, run.nodes, run.algorithm)
+    else:  # refuse before any daemon starts (the settings are checked per algorithm later)
+        for name in run.algorithm:
+            folder = root / name if len(run.algorithm) > 1 else root
+            earlier_run([folder / node for node in node_ids(run.nodes)])
+    plan_file: Path | None = None
+    if faults is not None:
+        ids = node_ids(run.nodes)
+        graph = cluster_graph(topology, run.nodes, run, run.edge_list)
+        check_for_daemons(load_fault_plan(faults, ids, run.rounds,
+                                          [(ids[i], ids[j]) for i, j in graph]),
+                          "`dacflnode launch`")
+        make_dir(root)
+        plan_file = (root / "faults.yaml").absolute()
+        if Path(faults).expanduser().absolute() != plan_file:
+            prepare_file(plan_file, LOG_MODE)  # copyfile truncates it and keeps the mode
+            shutil.copyfile(Path(faults).expanduser(), plan_file)
+    started = time.perf_counter()
+    results = {}
+    for name in run.algorithm:
+        folder = root / name if len(run.algorithm) > 1 else root
+        results[name] = asyncio.run(run_cluster(
+            run, folder, algorithm=name, topology=topology, progress=progress,
+            round_deadline=round_deadline, hello_timeout=hello_timeout, tls_dir=tls_dir,
+            faults=plan_file, daemon_settings=daemon_settings))
+    summary: dict[str, Any] = {"version": __version__, "config": run.to_json(),
+                               "algorithms": results,
+                               "wall_s": round(time.perf_counter() - started, 3)}
+    if plan_file is not None:
+        summary["faults"] = str(plan_file)
+    make_dir(root)
+    write_text(root / "summary.json", json.dumps(summary, indent=2) + "\n", LOG_MODE)
+    return summary

@@ -1,0 +1,167 @@
+"""The daemon's line per round and its summary line: a real pair of daemons, in both formats, and
+the line's parts on their own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+from dataclasses import dataclass, replace
+
+import pytest
+
+from dacflnode import logs
+from dacflnode.cluster.launcher import free_ports
+from dacflnode.daemon.round_log import RoundLog, duration, size
+from dacflnode.peers.generate import generate_cluster
+from dacflnode.records.membership import PeerTrack
+from tests.harness.cluster import TINY, start_node
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 20
+TEXT_ROUND = re.compile(
+    r" INFO dacflnode\.node\.round_log: node-0: round (\d+)/20: (accuracy [0-9.]+, loss "
+    r"[0-9.]+|not evaluated); exchange [0-9.]+s, train [0-9.]+s; neighbours used 1 "
+    r"\(node-1\), missing 0, late 0; sent \d+(\.\d)? k?M?B, received \d+(\.\d)? k?M?B$")
+
+
+def test_a_20_round_pair_logs_one_line_per_round_in_text_and_json(tmp_path):
+    ports = free_ports(4)
+    cfg = replace(TINY, nodes=2, rounds=ROUNDS, eval_every=2)
+    paths = generate_cluster("complete", 2, cfg, tmp_path / "peers", ports=ports[:2],
+                             control_ports=ports[2:], state_root=tmp_path, round_deadline=30,
+                             hello_timeout=60)
+    procs = [start_node(p, *extra, stderr=subprocess.PIPE)
+             for p, extra in zip(paths, ([], ["--log-format", "json"]), strict=True)]
+    try:
+        outputs = [p.communicate(timeout=300)[1].decode() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+
+    text = (tmp_path / "node-0" / "daemon.log").read_text().splitlines()
+    rounds = [m for m in map(TEXT_ROUND.search, text) if m]
+    assert [int(m[1]) for m in rounds] == list(range(1, ROUNDS + 1)), text
+    assert all(m[2].startswith("accuracy") == (int(m[1]) % 2 == 0) for m in rounds)
+    assert len([x for x in text if ": round " in x]) == ROUNDS  # no other line looks like one
+    (summary,) = [x for x in text if "node-0: finished 20/20 rounds in " in x]
+    assert re.search(r"; final accuracy 0\.\d{4}; sent \S+ \S+, received \S+ \S+$", summary)
+
+    lines = [json.loads(x) for x in
+             (tmp_path / "node-1" / "daemon.log").read_text().splitlines()]
+    per_round = [x for x in lines if x["event"] == "round"]
+    assert [x["round"] for x in per_round] == list(range(1, ROUNDS + 1))
+    for x in per_round:
+        assert list(x)[: len(logs.JSON_KEYS)] == list(logs.JSON_KEYS)
+        assert x["node"] == "node-1" and x["rounds"] == ROUNDS
+        assert x["message"].startswith(f"round {x['round']}/20: ")  # the node is a field
+        assert x["used"] == ["node-0"] and x["missing"] == [] and x["late"] == []
+        assert x["exchange_s"] >= 0 and x["train_s"] > 0
+        assert x["bytes_sent"] > 0  # its model, to node-0
+        evaluated = x["round"] % 2 == 0
+        assert (x.get("accuracy") is not None, x.get("loss") is not None) == (evaluated,) * 2
+    (end,) = [x for x in lines if x["event"] == "summary"]
+    assert (end["round"], end["rounds"]) == (ROUNDS, ROUNDS)
+    assert end["accuracy"] == per_round[-1]["accuracy"] and end["seconds"] > 0
+    # counted as they come: a faster neighbour's next state may fall in the round before
+    assert end["bytes_received"] >= sum(x["bytes_received"] for x in per_round) > 0
+    assert end["bytes_sent"] == sum(x["bytes_sent"] for x in per_round)
+    assert not any(x["message"].startswith("node-1: ") for x in lines)
+    # the console carries the same lines
+    assert [json.loads(x) for x in outputs[1].splitlines()] == lines
+
+
+@dataclass
+class Report:
+    round: int
+    used: tuple[str, ...] = ("b",)
+    missing: tuple[str, ...] = ()
+    accuracy: float | None = None
+    test_loss: float | None = None
+    exchange_s: float = 0.1
+    train_s: float = 0.2
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+@pytest.fixture
+def captured(caplog):
+    caplog.set_level(logging.INFO, logger="dacflnode.daemon.round_log")
+    return caplog
+
+
+def test_missing_and_late_neighbours_are_named_and_bytes_add_up(captured):
+    tracks = {"b": PeerTrack(), "c": PeerTrack(), "d": PeerTrack()}
+    rl = RoundLog("a", 5, lambda: tracks)
+    tracks["d"].late += 1  # d showed it was alive, c stayed silent
+    rl(Report(1, used=("b",), missing=("c", "d"), bytes_sent=1500, bytes_received=2_500_000))
+    rl(Report(2, accuracy=0.5, test_loss=1.25, bytes_sent=500))
+    rl.summary()
+    first, second, end = (r.getMessage() for r in captured.records)
+    assert "neighbours used 1 (b), missing 2 (c, d), late 1 (d); sent 1.5 kB, received 2.5 MB" \
+        in first and "not evaluated" in first
+    assert "round 2/5: accuracy 0.5000, loss 1.2500;" in second and "late 0;" in second
+    assert end.startswith("a: finished 2/5 rounds in ") and "final accuracy 0.5000" in end
+    assert end.endswith("sent 2.0 kB, received 2.5 MB")
+    assert captured.records[0].late == ["d"]
+
+
+def test_without_bytes_in_the_report_the_transports_count_of_the_round_is_used(captured):
+    counted = [(100, 50)]
+    rl = RoundLog("a", 3, traffic=lambda: counted[-1])
+    counted.append((1100, 2050))
+    rl(Report(1))
+    counted.append((1200, 2150))
+    rl(Report(2, bytes_sent=7, bytes_received=9))  # counted by the runner: those win
+    counted.append((1300, 2250))
+    rl(Report(3))
+    assert [(r.bytes_sent, r.bytes_received) for r in captured.records] == [
+        (1000, 2000), (7, 9), (100, 100)]
+    assert (rl.bytes_sent, rl.bytes_received) == (1107, 2109)
+
+
+def test_a_run_never_evaluated_says_so_in_its_summary(captured):
+    rl = RoundLog("a", 3)
+    rl(Report(1, accuracy=float("nan")))
+    rl.summary()
+    assert captured.records[-1].getMessage().split("; ")[1] == "final accuracy not evaluated"
+
+
+def test_sizes_and_durations_read_as_people_write_them():
+    assert [size(n) for n in (0, 999, 1000, 1_234_567, 5 * 10**9)] == [
+        "0 B", "999 B", "1.0 kB", "1.2 MB", "5.0 GB"]
+    assert [duration(s) for s in (3.21, 65, 7500)] == ["3.2s", "1m05s", "2h05m"]
+
+
+def test_round_lines_are_not_rate_limited_but_other_repeats_are(tmp_path):
+    logger = logging.getLogger("dacflnode.test_round_log")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        logs.install(logger, tmp_path, console=False)
+        for i in range(3 * logs.RATE_LIMIT_COUNT):
+            logger.info("line %d", i, extra={logs.UNLIMITED: True})
+            logger.info("other %d", i)
+        text = (tmp_path / "daemon.log").read_text()
+    finally:
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+            h.close()
+    assert text.count(" line ") == 3 * logs.RATE_LIMIT_COUNT
+    assert text.count(" other ") == logs.RATE_LIMIT_COUNT
+
+
+def test_the_json_message_drops_the_node_prefix_only_for_its_own_node():
+    def message(msg: str, *args: object, **fields: object) -> str:
+        record = logging.LogRecord("dacflnode.protocol.runner", logging.INFO, __file__, 1, msg,
+                                   args, None)
+        record.__dict__.update(fields)  # as extra= sets them
+        return str(json.loads(logs.JsonFormatter(node="n0").format(record))["message"])
+
+    assert message("%s: neighbour %s is up", "n1", "n2", node="n1") == "neighbour n2 is up"
+    assert message("n0: something") == "something"  # the daemon's own id
+    assert message("n1: something") == "n1: something"  # names another node: kept
