@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from dacflnode.cli.daemon_cmds import TOKEN_ENV, control_endpoint
+from dacflnode.cli.control import TOKEN_ENV, control_endpoint
 from dacflnode.cli.errors import config_errors
 
 if TYPE_CHECKING:
