@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -37,6 +38,14 @@ if TYPE_CHECKING:
     from dacflnode.transport.control_types import ControlAuth
 
 T = TypeVar("T")
+
+#: gRPC's fork support, off in a daemon unless the environment says otherwise. The only
+#: processes a daemon forks decode an image folder (``dataset: folder``) and never call gRPC;
+#: and while the node serves (its Control service runs from the start) gRPC skips its fork
+#: handlers anyway, writing "fork_posix.cc:71 Other threads are currently calling into gRPC,
+#: skipping fork() handlers" to stderr at each fork. gRPC reads it when it loads: ``start``
+#: sets it before the daemon imports grpc.
+GRPC_FORK_SUPPORT = ("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 @click.command()
@@ -76,6 +85,7 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
       dacflnode start --peers cluster/node-0.yaml
       dacflnode start --peers cluster/node-1.yaml --log-format json
     """
+    os.environ.setdefault(*GRPC_FORK_SUPPORT)
     from dacflnode.daemon.service import Daemon, setup_logging, watch_handshakes
 
     pf = load_for_start(peers_file, insecure)
