@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,8 +28,6 @@ from dacflnode.algorithms.compression_spec import (
     CompressionSpec,
     parse_compression,
 )
-from dacflnode.algorithms.graphs import ring
-from dacflnode.algorithms.mixing import dense_random_matrix, metropolis_matrix
 
 __all__ = [
     "COMPRESSIONS",
@@ -39,14 +36,10 @@ __all__ = [
     "BFloat16Compressor",
     "CompressionSpec",
     "Compressor",
-    "ConsensusTrace",
     "Float16Compressor",
     "Int8Compressor",
     "RandKCompressor",
-    "SweepRow",
     "TopKCompressor",
-    "choco_consensus",
-    "gamma_sweep",
     "make_compressor",
     "parse_compression",
     "randk_gamma",
@@ -279,8 +272,8 @@ def topk_gamma(fraction: float) -> float:
     """CHOCO's default γ of ``topk:F``: ``F^(2/3) / 2`` (0.023 at F = 0.01, 0.068 at 0.05, 0.108
     at 0.1), and 1 at F = 1, where nothing is dropped.
 
-    From :func:`gamma_sweep` (10 nodes, ring and dense matrices, d = 100 000): the γ of the
-    lowest error after 100 steps was 0.05, 0.1 and 0.2 for F = 0.01, 0.05 and 0.1 (about
+    From ``benchmarks/gamma_sweep.py`` (10 nodes, ring and dense matrices, d = 100 000): the γ
+    of the lowest error after 100 steps was 0.05, 0.1 and 0.2 for F = 0.01, 0.05 and 0.1 (about
     ``F^(2/3)``), and the error grew from γ = 0.4 on; over 800 steps γ = 0.046 for F = 0.01 turned
     back up after 400 steps on the dense matrix while 0.025 kept converging, hence half of
     ``F^(2/3)``: stability first (docs/compression.md)."""
@@ -291,8 +284,8 @@ def randk_gamma(fraction: float) -> float:
     """CHOCO's default γ of ``randk:F``: ``F / 2``, and 1 at F = 1, where nothing is dropped.
 
     CHOCO's analysis makes γ proportional to the compressor's contraction δ, which is F for
-    random-k. In :func:`gamma_sweep` the error after 100 steps was lowest at γ ≈ 2F for
-    F = 0.01 and between F and 2F for 0.05 and 0.1, and grew from 5F on; over 400 to 800
+    random-k. In ``benchmarks/gamma_sweep.py`` the error after 100 steps was lowest at γ ≈ 2F
+    for F = 0.01 and between F and 2F for 0.05 and 0.1, and grew from 5F on; over 400 to 800
     steps γ = 2F for F = 0.01 grew back (0.77 at step 100, 1.14 at 400, dense matrix), γ = F
     for F = 0.1 rose from 0.13 to 0.29 between steps 200 and 400, and γ = F for F = 0.01
     slowed down (0.34 at step 800) while γ = F / 2 converged steadily (0.25):
@@ -495,115 +488,3 @@ def make_compressor(spec: CompressionSpec | str) -> Compressor | None:
     if not parsed.compressed:
         return None
     return _COMPRESSORS[parsed.method](parsed)
-
-
-#: A consensus error above this counts as diverged: :func:`choco_consensus` stops there.
-DIVERGED = 1e3
-
-
-@dataclass(frozen=True)
-class ConsensusTrace:
-    """What :func:`choco_consensus` measured: ``errors[t]`` is ``‖x_t − x̄‖ / ‖x_0 − x̄‖``
-    after step ``t + 1``; ``sum_drift`` the largest ``max_k |Σ_i x_t[i, k] − Σ_i x_0[i, k]|``
-    over the steps, relative to ``max_k Σ_i |x_0[i, k]|``; ``final`` the states ``x``."""
-
-    errors: list[float]
-    sum_drift: float
-    final: Tensor
-
-
-def choco_consensus(
-    compressor: Compressor | None,
-    w: Tensor,
-    x0: Tensor,
-    gamma: float,
-    steps: int,
-    seed: int = 0,
-) -> ConsensusTrace:
-    """CHOCO-Gossip (Koloskova, Stich, Jaggi 2019, Algorithm 1) over a symmetric doubly
-    stochastic ``w`` (n×n) from the float32 states ``x0`` (n×d), all nodes in one process.
-
-    Each step, every node ``i`` sends ``q_i = Q(x_i − x̂_i)`` (encoded with the seed
-    ``stable_seed(seed, i, t, "x")``); every holder of a copy ``x̂_i`` adds the decoded ``q_i``
-    (one decode: the bits are the same at every end); then
-    ``x_i += γ Σ_{j≠i} w_ij (x̂_j − x̂_i)``. A run whose error exceeds :data:`DIVERGED` stops
-    there, its remaining errors ``inf``. With a symmetric ``w`` the increments cancel in
-    ``Σ_i x_i`` whatever ``Q`` did, so the sum changes only by float32 rounding.
-    ``compressor=None`` sends ``q_i = x_i − x̂_i`` exactly (plain gossip for ``γ = 1``)."""
-    if w.dim() != 2 or w.shape[0] != w.shape[1] or x0.dim() != 2 or x0.shape[0] != w.shape[0]:
-        raise ValueError("choco_consensus needs w of shape (n, n) and x0 of shape (n, d)")
-    nodes, dim = x0.shape
-    off = w.to(torch.float32).clone()
-    off.fill_diagonal_(0.0)
-    row = off.sum(dim=1, keepdim=True)
-    x = x0.to(torch.float32).clone()
-    copies = torch.zeros_like(x)
-    start_sum = x.double().sum(dim=0)
-    sum_scale = float(x.double().abs().sum(dim=0).max()) or 1.0
-    mean = x.double().mean(dim=0).float()
-    start_error = float(torch.linalg.vector_norm(x - mean)) or 1.0
-    errors: list[float] = []
-    drift = 0.0
-    for step in range(steps):
-        for i in range(nodes):
-            delta = x[i] - copies[i]
-            if compressor is None:
-                copies[i] += delta
-            else:
-                node_seed = stable_seed(seed, i, step, "x")
-                sent = compressor.encode(delta, node_seed)
-                copies[i] += compressor.decode(sent, dim, node_seed)
-        x += gamma * (off @ copies - row * copies)
-        error = float(torch.linalg.vector_norm(x - mean)) / start_error
-        if not error < DIVERGED:
-            errors.extend([math.inf] * (steps - step))
-            break
-        errors.append(error)
-        drift = max(drift, float((x.double().sum(dim=0) - start_sum).abs().max()) / sum_scale)
-    return ConsensusTrace(errors, drift, x)
-
-
-@dataclass(frozen=True)
-class SweepRow:
-    """One run of :func:`gamma_sweep`: the consensus error after 25 steps and at the end
-    (``inf`` when it diverged) and the largest relative drift of the network sum."""
-
-    matrix: str
-    compression: str
-    gamma: float
-    error_25: float
-    error_end: float
-    sum_drift: float
-
-
-def gamma_sweep(
-    specs: list[str],
-    gammas: list[float],
-    steps: int = 100,
-    nodes: int = 10,
-    dim: int = 100_000,
-    seed: int = 0,
-) -> list[SweepRow]:
-    """The experiment behind the default γ of each compressor (docs/compression.md): CHOCO
-    consensus on a ``nodes``-ring with Metropolis weights and on the paper's dense random
-    doubly stochastic matrix, from independent standard normal states of ``dim`` entries,
-    for every spec and γ: one row per (matrix, spec, γ), in that order.
-
-    The table of docs/compression.md is ``gamma_sweep(specs, [0.01, 0.02, 0.05, 0.1, 0.2,
-    0.4, 0.6, 0.8, 1.0])`` for the specs none, fp16, bf16, int8, topk:F and randk:F with
-    F ∈ {0.01, 0.05, 0.1} (about 25 minutes on two loaded cores)."""
-    matrices = {
-        "ring": torch.from_numpy(metropolis_matrix(nodes, ring(nodes))),
-        "dense": torch.from_numpy(dense_random_matrix(nodes, np.random.default_rng(seed))),
-    }
-    generator = torch.Generator().manual_seed(seed)
-    x0 = torch.randn(nodes, dim, generator=generator)
-    rows: list[SweepRow] = []
-    for name, w in matrices.items():
-        for spec in specs:
-            compressor = make_compressor(spec)
-            for gamma in gammas:
-                trace = choco_consensus(compressor, w, x0, gamma, steps, seed)
-                rows.append(SweepRow(name, spec, gamma, trace.errors[min(24, steps - 1)],
-                                     trace.errors[-1], trace.sum_drift))
-    return rows

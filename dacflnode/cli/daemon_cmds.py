@@ -1,11 +1,9 @@
 """``dacflnode start|status|metrics|stop``: run a node and query it.
 
-The query commands reach the node's Control service, which always wants a token. It comes from
-``--token``, else the environment variable ``DACFLNODE_CONTROL_TOKEN``, else ``node.control_token``
-of ``--peers``, else the token file the node writes at every start, ``STATE_DIR/control.token``
-of ``--peers`` (readable by the node's user only; :mod:`dacflnode.peers.control_token`); a
-control address that is not loopback is reached over TLS, verified against the CA of the
-peers file's ``node.tls`` and the node id (or ``--ca`` and ``--server-name``).
+The query commands reach the node's Control service with the address, token and CA that
+:func:`~dacflnode.cli.control.control_endpoint` finds (``--token``, ``DACFLNODE_CONTROL_TOKEN``,
+the peers file's ``node.control_token`` or the node's ``STATE_DIR/control.token``; TLS to a
+control address that is not loopback: :mod:`dacflnode.cli.control`).
 """
 
 from __future__ import annotations
@@ -24,6 +22,13 @@ import click
 from rich.console import Console, Group
 from rich.table import Table
 
+from dacflnode.cli.control import (
+    DEFAULT_CONTROL,
+    TOKEN_ENV,
+    control_endpoint,
+    fail,
+    is_loopback_address,
+)
 from dacflnode.cli.errors import config_errors
 from dacflnode.errors import ConfigError
 from dacflnode.logs import LOG_FORMATS
@@ -32,11 +37,15 @@ if TYPE_CHECKING:
     from dacflnode.peers.file import PeersFile
     from dacflnode.transport.control_types import ControlAuth
 
-DEFAULT_CONTROL = "127.0.0.1:8000"
-#: The environment variable the query commands read the control token from.
-TOKEN_ENV = "DACFLNODE_CONTROL_TOKEN"
-
 T = TypeVar("T")
+
+#: gRPC's fork support, off in a daemon unless the environment says otherwise. The only
+#: processes a daemon forks decode an image folder (``dataset: folder``) and never call gRPC;
+#: and while the node serves (its Control service runs from the start) gRPC skips its fork
+#: handlers anyway, writing "fork_posix.cc:71 Other threads are currently calling into gRPC,
+#: skipping fork() handlers" to stderr at each fork. gRPC reads it when it loads: ``start``
+#: sets it before the daemon imports grpc.
+GRPC_FORK_SUPPORT = ("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 @click.command()
@@ -76,6 +85,7 @@ def start(peers_file: str, log_level: str, log_format: str, insecure: bool,
       dacflnode start --peers cluster/node-0.yaml
       dacflnode start --peers cluster/node-1.yaml --log-format json
     """
+    os.environ.setdefault(*GRPC_FORK_SUPPORT)
     from dacflnode.daemon.service import Daemon, setup_logging, watch_handshakes
 
     pf = load_for_start(peers_file, insecure)
@@ -119,75 +129,20 @@ def load_for_start(peers_file: str, insecure: bool) -> PeersFile:
     return parse_peers(data, peers_file)
 
 
-def _is_loopback(address: str) -> bool:
-    from dacflnode.peers.addresses import is_loopback
-
-    host = address.rpartition(":")[0].strip("[]")
-    return is_loopback(host)
-
-
-def control_endpoint(target: str | None, peers_file: str | None, token: str | None,
-                     ca: str | None, server_name: str | None, as_json: bool = False
-                     ) -> tuple[str, ControlAuth]:
-    """The control address and how to authenticate to it (see the module docstring); with
-    ``as_json``, an unreadable token file is also reported as a JSON object on stdout."""
-    from dacflnode.transport.control_types import ControlAuth
-
-    address = target or DEFAULT_CONTROL
-    token = token or os.environ.get(TOKEN_ENV) or None
-    ca_bytes: bytes | None = None
-    if peers_file:
-        from dacflnode.peers.control_token import client_token, token_file
-        from dacflnode.peers.file import load_peers
-
-        node = load_peers(peers_file).node
-        address = target or node.control
-        if token is None:
-            try:
-                token = client_token(node)
-            except OSError as exc:
-                _fail(f"cannot read the control token {token_file(node.state_dir)} of "
-                      f"{peers_file}: {exc.strerror or exc}: run as the node's user (the file "
-                      "is readable by it only), or pass --token", as_json, target=address)
-        if node.tls is not None and not _is_loopback(address) and ca is None:
-            ca_bytes = _read(node.tls.ca, "node.tls.ca")
-            server_name = server_name or node.id
-    if ca is not None:
-        ca_bytes = _read(Path(ca), "--ca")
-    return address, ControlAuth(token=token, ca=ca_bytes, server_name=server_name)
-
-
-def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise click.UsageError(f"{what}: cannot read {path}: {exc.strerror}") from exc
-
-
-def _fail(message: str, as_json: bool, **fields: object) -> NoReturn:
-    """Exit 1 after one error line on stderr; with ``as_json``, a JSON object on stdout too
-    (``{"error": message, ...fields}``), so that a script reading stdout gets JSON whatever
-    happened."""
-    click.echo(f"error: {message}", err=True)
-    if as_json:
-        click.echo(json.dumps({"error": message, **fields}))
-    sys.exit(1)
-
-
 def _no_daemon(target: str, auth: ControlAuth, exc: Exception, as_json: bool = False
                ) -> NoReturn:
     hint = "is it running? pass --target HOST:PORT or --peers FILE"
     if auth.ca is not None:
         hint += "; with TLS, check that it serves TLS and that its certificate names " + \
             repr(auth.server_name or target)
-    elif not _is_loopback(target):
+    elif not is_loopback_address(target):
         hint += ("; an exposed control port speaks TLS: pass --peers FILE, or --ca FILE and "
                  "--server-name NODE_ID")
     said = f"no dacflnode daemon answers at {target}"
     detail = str(exc).removeprefix(said).strip()  # the call's own words, said once
     if detail.startswith("(") and detail.endswith(")"):
         detail = detail[1:-1]
-    _fail(f"{said}{': ' + detail if detail else ''} ({hint})", as_json, target=target)
+    fail(f"{said}{': ' + detail if detail else ''} ({hint})", as_json, target=target)
 
 
 def _call(address: str, auth: ControlAuth,
@@ -203,10 +158,10 @@ def _call(address: str, auth: ControlAuth,
         _no_daemon(address, auth, exc, as_json)
     except ControlUnauthenticated as exc:
         if exc.token_sent:
-            _fail(f"{exc}: check --token, {TOKEN_ENV} or node.control_token of the peers file; "
+            fail(f"{exc}: check --token, {TOKEN_ENV} or node.control_token of the peers file; "
                   "a token read from STATE_DIR/control.token is only good until the node "
                   "restarts: run the command again", as_json, target=address)
-        _fail(f"{exc}: pass --peers FILE (the node's peers file: run as the node's user, the "
+        fail(f"{exc}: pass --peers FILE (the node's peers file: run as the node's user, the "
               f"token is read from its STATE_DIR/control.token), or --token TOKEN or "
               f"{TOKEN_ENV}", as_json, target=address)
 
@@ -291,7 +246,7 @@ def _ended(last: dict[str, Any], address: str, peers_file: str | None, watched_s
         with contextlib.suppress(OSError):
             finished = final.stat().st_mtime >= watched_since
     if not finished:
-        _fail(f"{node} stopped answering at {address} in round {done}/{total} ({phase}): it was "
+        fail(f"{node} stopped answering at {address} in round {done}/{total} ({phase}): it was "
               "stopped, failed or is cut off; see its STATE_DIR/daemon.log", as_json,
               node_id=node, round=done, rounds_total=total, phase=phase)
     state = "left" if phase == "left" else "done"

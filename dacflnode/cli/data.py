@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from dacflnode.cli.errors import config_errors
-from dacflnode.config.run import read_yaml_file
+from dacflnode.config.run_file import read_yaml_file
 from dacflnode.errors import ConfigError
 
 _OWN_DATASETS = ("folder", "table", "python")

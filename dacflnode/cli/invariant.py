@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from dacflnode.cli.daemon_cmds import TOKEN_ENV, control_endpoint
+from dacflnode.cli.control import TOKEN_ENV, control_endpoint
 from dacflnode.cli.errors import config_errors
 
 if TYPE_CHECKING:
@@ -41,10 +41,11 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
     """Check DACFL's consensus invariant over a set of nodes: the relative residual
     |Σx − Σtracked| / |Σtracked| of their estimates x and the models they track.
 
-    PATHS are state directories (their checkpoint.safetensors is read), checkpoint files, or
-    peers files. The raw residual is what the checkpoints hold; the resolved one first undoes
-    the one-sided edge uses the checkpoints can decide (docs/faults.md). Nodes at different
-    rounds (a running network) give an estimate only, and the output says so.
+    PATHS are state directories (their checkpoint.safetensors is read), run folders (`launch
+    --out DIR`: every node's folder in DIR), checkpoint files, or peers files. The raw
+    residual is what the checkpoints hold; the resolved one first undoes the one-sided edge
+    uses the checkpoints can decide (docs/faults.md). Nodes at different rounds (a running
+    network) give an estimate only, and the output says so.
 
     The output folder of `dacflnode simulate --out DIR` (or its node folders), which holds no
     checkpoints, is judged from what the simulator wrote in DIR/summary.json: the residual over
@@ -57,12 +58,18 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
 
     \b
     Examples:
+      dacflnode invariant runs/cluster           # a launch output folder
       dacflnode invariant runs/cluster/node-*
       dacflnode invariant runs/sim              # a simulator's output folder
       dacflnode invariant --live cluster/*.yaml
       dacflnode invariant --peers cluster/node-0.yaml --peers cluster/node-1.yaml --json
     """
-    from dacflnode.records.invariant import compute_invariant, read_snapshots, verdict
+    from dacflnode.records.invariant import (
+        compute_invariant,
+        node_folders,
+        read_snapshots,
+        verdict,
+    )
 
     state_sources: list[tuple[str, Path | bytes | None]] = []
     peers = list(peers_files)
@@ -79,6 +86,11 @@ def invariant_cmd(paths: tuple[Path, ...], peers_files: tuple[str, ...], live: b
     if not live and not peers and state_sources:
         _simulator_output([Path(source) for _, source in state_sources
                            if isinstance(source, Path)], tolerance, as_json)
+    # a run's folder (launch --out DIR) stands for the node folders below it
+    state_sources = [(str(folder), folder) if folder != source else (label, source)
+                     for label, source in state_sources
+                     for folder in (node_folders(source) if isinstance(source, Path)
+                                    and source.is_dir() else [source])]
     skipped: list[Skipped] = []
     if live:
         fetched, skipped = _fetch_live(peers, token)

@@ -58,11 +58,13 @@ def _pct(value: float | None, scale: float, unit: str, fmt: str) -> str:
     return "—" if value is None else f"{scale * value:{fmt}}{unit}"
 
 
-def _size(value: float | None) -> str:
-    """Payload bytes a node sent per round, as MB (2^20 bytes) or kB."""
+def size(value: float | None) -> str:
+    """Payload bytes a node sent per round in the round log's units (decimal: 1 MB = 10^6
+    bytes, 1 kB = 10^3 bytes, as :func:`dacflnode.daemon.round_log.size` writes them); MB with
+    two decimals."""
     if value is None:
         return "—"
-    return f"{value / 2**20:.2f} MB" if value >= 2**20 else f"{value / 2**10:.1f} kB"
+    return f"{value / 1e6:.2f} MB" if value >= 1e6 else f"{value / 1e3:.1f} kB"
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
@@ -79,7 +81,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
             _pct(r["var_acc"], 1e4, " %²", ".3f"),
             _pct(r["consensus_residual"], 1, "", ".4g"),
             _pct(r["mean_round_s"], 1, " s", ".3f"),
-            _size(r.get("bytes_sent_per_round")),
+            size(r.get("bytes_sent_per_round")),
         ))
     _table(lines, left=2)
     for r in rows:

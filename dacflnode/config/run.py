@@ -4,6 +4,9 @@ Every setting is declared here once (see :mod:`dacflnode.config.schema`); the re
 ``docs/configuration.md``, generated from these declarations. Every problem is reported as a
 :class:`~dacflnode.errors.ConfigError` naming the option, spelled as in YAML (``snake_case``;
 ``kebab-case`` is accepted too).
+
+The checks that span several settings are :mod:`dacflnode.config.run_checks`; reading the
+settings from a YAML file (``--config``) is :mod:`dacflnode.config.run_file`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from dacflnode.algorithms.names import (
     TOPOLOGIES,
 )
 from dacflnode.config import schema
-from dacflnode.config.reader import read_yaml
+from dacflnode.config.dataset_defaults import default_lr, resolved_model
+from dacflnode.config.own_data import BAD_FILES, OWN_DATA, is_own
+from dacflnode.config.run_checks import check_run
 from dacflnode.config.schema import Scope, setting
 from dacflnode.errors import ConfigError
 from dacflnode.learning.names import DATASETS, PARTITIONS, PRECISIONS
@@ -36,38 +41,8 @@ if TYPE_CHECKING:  # the numerical stack loads when a run is built, not with the
 
 ENGINES = ("auto", "batched", "sequential")
 
-#: The data sources a device brings itself (``docs/data.md``), beside the built-in data sets.
-OWN_DATA = ("folder", "table", "python")
-
-#: What a node does with an image file it cannot decode.
-BAD_FILES = ("fail", "skip")
-
-
-def _own(run: RunConfig) -> bool:
-    return run.dataset in OWN_DATA
-
 RUN = Scope.RUN
 NODE = Scope.NODE
-
-
-def _resolved_model(run: RunConfig) -> str:
-    if run.model is not None:
-        return run.model
-    from dacflnode.learning.models import default_model_for, default_model_for_shape
-
-    if run.dataset == "folder":
-        return default_model_for_shape((run.channels, run.image_size, run.image_size))
-    if run.dataset == "table":
-        return "mlp"
-
-    try:
-        return default_model_for(run.dataset)
-    except ConfigError:
-        return f"default:{run.dataset}"
-
-
-# The default learning rate of a data set (0.001, the paper's (F)MNIST rate, for the others).
-_DEFAULT_LR = {"cifar10": 0.005, "synthetic": 0.05}
 
 
 @schema.declared
@@ -130,7 +105,7 @@ class RunConfig:
         " Labels map by name; a device may lack some classes.",
         scope=RUN,
         group="data",
-        relevant=_own,
+        relevant=is_own,
         relevant_text="own data",
         metavar="NAME,...",
     )
@@ -189,7 +164,7 @@ class RunConfig:
         group="data",
         above=0.0,
         below=1.0,
-        relevant=_own,
+        relevant=is_own,
         relevant_text="own data",
     )
     bad_files: str = setting(
@@ -213,7 +188,7 @@ class RunConfig:
         scope=RUN,
         group="data",
         choices=PARTITIONS,
-        relevant=lambda run: not _own(run),
+        relevant=lambda run: not is_own(run),
         relevant_text="a built-in data set",
     )
     dirichlet_alpha: float = setting(
@@ -222,7 +197,7 @@ class RunConfig:
         scope=RUN,
         group="data",
         above=0.0,
-        relevant=lambda run: run.partition == "dirichlet" and not _own(run),
+        relevant=lambda run: run.partition == "dirichlet" and not is_own(run),
         relevant_text="partition is dirichlet",
     )
     shards_per_node: int = setting(
@@ -231,7 +206,7 @@ class RunConfig:
         scope=RUN,
         group="data",
         minimum=1,
-        relevant=lambda run: run.partition == "shards" and not _own(run),
+        relevant=lambda run: run.partition == "shards" and not is_own(run),
         relevant_text="partition is shards",
     )
     model: str | None = setting(
@@ -240,7 +215,7 @@ class RunConfig:
         scope=RUN,
         group="model",
         default_text="per data set: fmnist-cnn; cifar-cnn for cifar10; mlp for synthetic",
-        fingerprint=_resolved_model,
+        fingerprint=resolved_model,
     )
     topology: str = setting(
         "dense",
@@ -476,7 +451,7 @@ class RunConfig:
     def learning_rate(self) -> float:
         if self.lr is not None:
             return self.lr
-        return _DEFAULT_LR.get(self.dataset, 0.001)
+        return default_lr(self.dataset)
 
     def consensus_gamma(self) -> float | None:
         """CHOCO's step of a compressed run (``consensus_step``, else the compressor's
@@ -552,72 +527,10 @@ class RunConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> RunConfig:
-        """The declared checks (choices, bounds), then the ones that span several settings."""
-        if not self.algorithm:
-            raise ConfigError("algorithm", "name at least one algorithm")
-        schema.check(self)
-        if len(set(self.algorithm)) != len(self.algorithm):
-            raise ConfigError("algorithm", "an algorithm is named twice")
-        if self.mixing == "clipped" and "fedavg" in self.algorithm:
-            raise ConfigError(
-                "mixing",
-                "fedavg averages at a server and has no neighbour to clip: run it with"
-                " mixing exact, apart from the gossip algorithms",
-            )
-        try:
-            spec = parse_compression(self.compression)
-        except ValueError as exc:
-            raise ConfigError("compression", str(exc)) from None
-        if spec.compressed and self.mixing != "exact":
-            raise ConfigError(
-                "compression",
-                f"a compressed run mixes with CHOCO-Gossip, not mixing {self.mixing}: use one"
-                " of them",
-            )
-        if spec.compressed and "fedavg" in self.algorithm:
-            raise ConfigError(
-                "compression",
-                "fedavg averages at a server and has no gossip to compress: run it with"
-                " compression none, apart from the gossip algorithms",
-            )
-        if _own(self):
-            self._validate_own()
-        elif self.data_root is not None and not Path(self.data_root).is_dir() and not self.download:
-            raise ConfigError("data_root", f"{self.data_root} is not a directory")
-        if self.mixing_matrix is not None and not Path(self.mixing_matrix).is_file():
-            raise ConfigError("mixing_matrix", f"{self.mixing_matrix} is not a file")
-        if "fedavg" not in self.algorithm or len(self.algorithm) > 1:
-            from dacflnode.algorithms.topology import MixingSchedule
-
-            MixingSchedule(self.topology_spec())  # builds round 0: graph and matrix checks
+        """The declared checks (choices, bounds), then the ones that span several settings
+        (:func:`~dacflnode.config.run_checks.check_run`); returns this run."""
+        check_run(self)
         return self
-
-    def _validate_own(self) -> None:
-        """The settings own data needs: a class list, and what each source reads."""
-        if not self.classes:
-            raise ConfigError(
-                "classes",
-                f"dataset {self.dataset} needs the run's class list: classes: [a, b, ...]",
-            )
-        if len(set(self.classes)) != len(self.classes):
-            dup = next(c for c in self.classes if self.classes.count(c) > 1)
-            raise ConfigError("classes", f"'{dup}' is listed twice")
-        if self.dataset == "table" and not self.label_column:
-            raise ConfigError("label_column", "dataset table needs the name of its label column")
-        if self.dataset == "python":
-            module, _, func = (self.data_factory or "").partition(":")
-            if not module or not func:
-                raise ConfigError(
-                    "data_factory",
-                    "dataset python needs data_factory: package.module:function, got"
-                    f" {self.data_factory!r}",
-                )
-        if self.dataset == "folder" and self.channels not in (1, 3):
-            raise ConfigError("channels", f"must be 1 or 3, got {self.channels}")
-        for key in ("data_root", "test_root"):
-            value = getattr(self, key)
-            if value is not None and not Path(value).exists():
-                raise ConfigError(key, f"{value} does not exist")
 
     def for_node(self, node_id: str) -> RunConfig:
         """This run as node ``node_id`` of ``simulate`` or ``launch`` sees it: with own data,
@@ -636,7 +549,7 @@ class RunConfig:
     @property
     def own_data(self) -> bool:
         """Whether each device brings its own data (``folder``, ``table`` or ``python``)."""
-        return _own(self)
+        return is_own(self)
 
     def apply_threads(self) -> None:
         """Set PyTorch's intra-op threads when ``threads`` is given.
@@ -659,24 +572,3 @@ class RunConfig:
 def config_from_mapping(values: Mapping[str, Any], base: RunConfig | None = None) -> RunConfig:
     """Apply ``values`` (YAML keys or CLI options; ``None`` means "not given") over ``base``."""
     return schema.from_mapping(RunConfig, values, base)
-
-
-def read_yaml_file(path: str | Path) -> Any:
-    """The YAML document in ``path`` (``{}`` when empty); :class:`ConfigError` (field
-    ``config``) naming the file when it cannot be read or parsed."""
-    data = read_yaml(path, "config")[1]
-    return {} if data is None else data
-
-
-def load_yaml_config(path: str | Path) -> RunConfig:
-    """Read a run configuration; a top-level ``run:`` section is accepted too."""
-    data: Any = read_yaml_file(path)
-    prefix = ""
-    if isinstance(data, dict) and isinstance(data.get("run"), dict) and len(data) == 1:
-        data, prefix = data["run"], "run."
-    if not isinstance(data, dict):
-        raise ConfigError("config", f"{path} must hold a mapping of option: value")
-    try:
-        return config_from_mapping(data)
-    except ConfigError as exc:
-        raise ConfigError(f"{prefix}{exc.field}", f"in {path}: {exc.message}") from None

@@ -19,7 +19,7 @@ import os
 import secrets
 from pathlib import Path
 
-from dacflnode.peers.file import NodeSection
+from dacflnode.peers.model import NodeSection
 
 #: The token file's name in the node's state folder.
 TOKEN_FILE = "control.token"

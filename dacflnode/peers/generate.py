@@ -35,12 +35,8 @@ from dacflnode.peers.addresses import (
     is_loopback,
 )
 from dacflnode.peers.algorithms import check_algorithm
-from dacflnode.peers.file import (
-    Neighbour,
-    NodeSection,
-    PeersFile,
-    parse_peers,
-)
+from dacflnode.peers.file import parse_peers
+from dacflnode.peers.model import Neighbour, NodeSection, PeersFile
 from dacflnode.peers.yaml_form import dump_peers
 from dacflnode.security.certs import tls_files, write_certs
 

@@ -1,6 +1,6 @@
 """A run's graph by node id: who the nodes are, and whom each exchanges with in a round.
 
-One definition for the daemon (:class:`~dacflnode.peers.file.PeersFile`) and the simulator
+One definition for the daemon (:class:`~dacflnode.peers.model.PeersFile`) and the simulator
 (:mod:`dacflnode.sim.simulator`), so that ``launch`` and ``simulate`` drop the same edges in the
 same rounds:
 

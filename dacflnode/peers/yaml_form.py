@@ -14,7 +14,7 @@ import yaml
 from dacflnode.config import schema
 from dacflnode.config.daemon import DaemonSettings
 from dacflnode.config.run import RunConfig
-from dacflnode.peers.file import PeersFile
+from dacflnode.peers.model import PeersFile
 
 
 class _Flow(list[Any]):

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from dacflnode.records.checkpoint import CHECKPOINT, Checkpoint, read_checkpoint
+from dacflnode.records.checkpoint import CHECKPOINT, CHECKPOINT_PREV, Checkpoint, read_checkpoint
+from dacflnode.records.metrics_log import METRICS_FILE
 
 TRACKED_NAMES = ("omega_prev", "omega", "x")
 #: The relative residual under which the invariant is said to hold: float32 rounding leaves up
@@ -103,6 +104,30 @@ def read_snapshot(source: Path | bytes) -> Snapshot:
     if not snapshot.node:
         raise ValueError("the checkpoint names no node")
     return snapshot
+
+
+#: What a node's state folder holds once its daemon ran: how :func:`node_folders` tells one.
+NODE_FOLDER_FILES = (CHECKPOINT, CHECKPOINT_PREV, METRICS_FILE, "daemon.log")
+
+
+def node_folders(path: Path) -> list[Path]:
+    """The state folders that the folder ``path`` stands for: ``path`` itself when it is a
+    node's (it holds a checkpoint, a metrics log or a daemon log) or has no node folder below
+    it; else, sorted, every node folder below it: ``DIR/<node-id>/`` of ``launch --out DIR``, or
+    ``DIR/<algorithm>/<node-id>/`` when it ran several algorithms."""
+
+    def is_node(folder: Path) -> bool:
+        return any((folder / name).exists() for name in NODE_FOLDER_FILES)
+
+    if is_node(path):
+        return [path]
+    found: list[Path] = []
+    for child in sorted(p for p in path.iterdir() if p.is_dir()):
+        if is_node(child):
+            found.append(child)
+        else:
+            found.extend(sorted(g for g in child.iterdir() if g.is_dir() and is_node(g)))
+    return found or [path]
 
 
 def read_snapshots(

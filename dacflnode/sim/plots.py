@@ -203,12 +203,6 @@ def node_shades(algorithm: str | None, count: int) -> list[tuple[float, float, f
     return [(r + (1 - r) * f, g + (1 - g) * f, b + (1 - b) * f) for f in fractions]
 
 
-def plot_nodes(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], path: PathArg,
-               title: str = "", algorithms: Mapping[str, str] | None = None) -> None:
-    """Write :func:`nodes_figure` to ``path``."""
-    save_figure(nodes_figure(runs, title, algorithms), path)
-
-
 def nodes_figure(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], title: str = "",
                  algorithms: Mapping[str, str] | None = None) -> Figure:
     """Each node of each run per round: the consensus residual ‖x_i − ω_i‖ and the round time

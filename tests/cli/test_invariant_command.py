@@ -61,6 +61,42 @@ def test_state_directories_give_a_table_and_both_residuals(tmp_path):
     assert "(0 unresolved correction(s))" in out and "warning" not in out
 
 
+def write_launch_summary(root: Path) -> None:
+    """The summary.json ``launch --out DIR`` writes beside the node folders (daemons' engine)."""
+    (root / "peers").mkdir(parents=True, exist_ok=True)
+    (root / "summary.json").write_text(json.dumps(
+        {"algorithms": {"dacfl": {"engine": "daemon"}}}))
+
+
+def test_a_launch_output_folder_stands_for_its_node_folders(tmp_path):
+    write_pair(tmp_path)
+    write_launch_summary(tmp_path)
+    whole = run("invariant", "--json", str(tmp_path))
+    each = run("invariant", "--json", str(tmp_path / "node-0"), str(tmp_path / "node-1"))
+    assert whole.exit_code == each.exit_code == 0, whole.output
+    got, expected = json.loads(whole.output), json.loads(each.output)
+    assert got["nodes"] == ["node-0", "node-1"]
+    assert got == expected
+
+
+def test_a_launch_folder_of_several_algorithms_reads_every_algorithms_nodes(tmp_path):
+    write_pair(tmp_path / "dacfl")
+    write_launch_summary(tmp_path)
+    result = run("invariant", "--json", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["nodes"] == ["node-0", "node-1"]
+
+
+def test_a_node_of_a_launch_folder_without_a_checkpoint_yet_is_named(tmp_path):
+    write_pair(tmp_path)
+    write_launch_summary(tmp_path)
+    (tmp_path / "node-2").mkdir()
+    (tmp_path / "node-2" / "daemon.log").write_text("started\n")
+    result = run("invariant", str(tmp_path))
+    assert result.exit_code == 1
+    assert f"skipped {tmp_path / 'node-2'}: no checkpoint yet" in result.output
+
+
 def test_json_is_one_object_and_an_undecidable_correction_is_counted(tmp_path):
     first, _ = write_pair(tmp_path)
     (tmp_path / "empty").mkdir()

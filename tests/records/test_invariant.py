@@ -14,6 +14,7 @@ from dacflnode.records.checkpoint import save_checkpoint
 from dacflnode.records.invariant import (
     Snapshot,
     compute_invariant,
+    node_folders,
     read_snapshots,
     relative_residual,
 )
@@ -180,3 +181,18 @@ def test_a_node_that_left_is_not_summed_but_resolves_its_neighbours_corrections(
     assert report.resolved_residual == pytest.approx(0.0, abs=1e-7)
     with pytest.raises(ValueError, match="every node read has left"):
         compute_invariant([b])
+
+
+def test_node_folders_are_the_folder_itself_or_the_node_folders_below_it(tmp_path):
+    for node in ("node-1", "node-0"):
+        (tmp_path / "run" / node).mkdir(parents=True)
+        (tmp_path / "run" / node / "metrics.jsonl").write_text("")
+    (tmp_path / "run" / "peers").mkdir()
+    (tmp_path / "multi" / "cdsgd" / "node-0").mkdir(parents=True)
+    (tmp_path / "multi" / "cdsgd" / "node-0" / "daemon.log").write_text("")
+    (tmp_path / "empty").mkdir()
+    assert node_folders(tmp_path / "run") == [tmp_path / "run" / "node-0",
+                                              tmp_path / "run" / "node-1"]
+    assert node_folders(tmp_path / "run" / "node-0") == [tmp_path / "run" / "node-0"]
+    assert node_folders(tmp_path / "multi") == [tmp_path / "multi" / "cdsgd" / "node-0"]
+    assert node_folders(tmp_path / "empty") == [tmp_path / "empty"]

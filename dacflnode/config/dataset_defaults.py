@@ -1,0 +1,43 @@
+"""The defaults of a run that follow its data set: the model and the learning rate.
+
+The defaults follow the paper's Table 1 (lr 0.001 for (F)MNIST, 0.005 for CIFAR-10); the
+synthetic data set, this project's own, trains the ``mlp`` at lr 0.05 (see
+:class:`~dacflnode.config.run.RunConfig`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dacflnode.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dacflnode.config.run import RunConfig
+
+__all__ = ["default_lr", "resolved_model"]
+
+# The default learning rate of a data set (0.001, the paper's (F)MNIST rate, for the others).
+_DEFAULT_LR = {"cifar10": 0.005, "synthetic": 0.05}
+
+
+def default_lr(dataset: str) -> float:
+    """The learning rate of a run on ``dataset`` that sets no ``lr``."""
+    return _DEFAULT_LR.get(dataset, 0.001)
+
+
+def resolved_model(run: RunConfig) -> str:
+    """The model ``run`` trains: ``model`` when set, else its data set's default (what the
+    handshake fingerprint hashes, so that an unset and an explicit default agree)."""
+    if run.model is not None:
+        return run.model
+    from dacflnode.learning.models import default_model_for, default_model_for_shape
+
+    if run.dataset == "folder":
+        return default_model_for_shape((run.channels, run.image_size, run.image_size))
+    if run.dataset == "table":
+        return "mlp"
+
+    try:
+        return default_model_for(run.dataset)
+    except ConfigError:
+        return f"default:{run.dataset}"

@@ -1,0 +1,55 @@
+"""A device's own data in the run settings (``dataset: folder | table | python``,
+``docs/data.md``): which data sets those are, what a node does with an undecodable image, and
+the settings own data needs besides (:func:`check_own_data`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dacflnode.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dacflnode.config.run import RunConfig
+
+__all__ = ["BAD_FILES", "OWN_DATA", "check_own_data", "is_own"]
+
+#: The data sources a device brings itself (``docs/data.md``), beside the built-in data sets.
+OWN_DATA = ("folder", "table", "python")
+
+#: What a node does with an image file it cannot decode.
+BAD_FILES = ("fail", "skip")
+
+
+def is_own(run: RunConfig) -> bool:
+    """Whether each device of ``run`` brings its own data."""
+    return run.dataset in OWN_DATA
+
+
+def check_own_data(run: RunConfig) -> None:
+    """The settings own data needs: a class list, and what each source reads."""
+    if not run.classes:
+        raise ConfigError(
+            "classes",
+            f"dataset {run.dataset} needs the run's class list: classes: [a, b, ...]",
+        )
+    if len(set(run.classes)) != len(run.classes):
+        dup = next(c for c in run.classes if run.classes.count(c) > 1)
+        raise ConfigError("classes", f"'{dup}' is listed twice")
+    if run.dataset == "table" and not run.label_column:
+        raise ConfigError("label_column", "dataset table needs the name of its label column")
+    if run.dataset == "python":
+        module, _, func = (run.data_factory or "").partition(":")
+        if not module or not func:
+            raise ConfigError(
+                "data_factory",
+                "dataset python needs data_factory: package.module:function, got"
+                f" {run.data_factory!r}",
+            )
+    if run.dataset == "folder" and run.channels not in (1, 3):
+        raise ConfigError("channels", f"must be 1 or 3, got {run.channels}")
+    for key in ("data_root", "test_root"):
+        value = getattr(run, key)
+        if value is not None and not Path(value).exists():
+            raise ConfigError(key, f"{value} does not exist")

@@ -1,0 +1,63 @@
+"""The checks of a run's settings that span several of them (:func:`check_run`, which
+:meth:`RunConfig.validate <dacflnode.config.run.RunConfig.validate>` runs): algorithms that
+cannot go together, compression with the mixing, what own data needs, the data and matrix files,
+and the graph and matrix of round 0. A single setting's choices and bounds are declared with it
+(:func:`dacflnode.config.schema.check`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dacflnode.algorithms.compression_spec import parse_compression
+from dacflnode.config import schema
+from dacflnode.config.own_data import check_own_data
+from dacflnode.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dacflnode.config.run import RunConfig
+
+__all__ = ["check_run"]
+
+
+def check_run(run: RunConfig) -> None:
+    """The declared checks (choices, bounds), then the ones that span several settings; a
+    :class:`ConfigError` naming the setting for the first problem."""
+    if not run.algorithm:
+        raise ConfigError("algorithm", "name at least one algorithm")
+    schema.check(run)
+    if len(set(run.algorithm)) != len(run.algorithm):
+        raise ConfigError("algorithm", "an algorithm is named twice")
+    if run.mixing == "clipped" and "fedavg" in run.algorithm:
+        raise ConfigError(
+            "mixing",
+            "fedavg averages at a server and has no neighbour to clip: run it with"
+            " mixing exact, apart from the gossip algorithms",
+        )
+    try:
+        spec = parse_compression(run.compression)
+    except ValueError as exc:
+        raise ConfigError("compression", str(exc)) from None
+    if spec.compressed and run.mixing != "exact":
+        raise ConfigError(
+            "compression",
+            f"a compressed run mixes with CHOCO-Gossip, not mixing {run.mixing}: use one"
+            " of them",
+        )
+    if spec.compressed and "fedavg" in run.algorithm:
+        raise ConfigError(
+            "compression",
+            "fedavg averages at a server and has no gossip to compress: run it with"
+            " compression none, apart from the gossip algorithms",
+        )
+    if run.own_data:
+        check_own_data(run)
+    elif run.data_root is not None and not Path(run.data_root).is_dir() and not run.download:
+        raise ConfigError("data_root", f"{run.data_root} is not a directory")
+    if run.mixing_matrix is not None and not Path(run.mixing_matrix).is_file():
+        raise ConfigError("mixing_matrix", f"{run.mixing_matrix} is not a file")
+    if "fedavg" not in run.algorithm or len(run.algorithm) > 1:
+        from dacflnode.algorithms.topology import MixingSchedule
+
+        MixingSchedule(run.topology_spec())  # builds round 0: graph and matrix checks
