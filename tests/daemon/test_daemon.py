@@ -176,3 +176,19 @@ def test_a_quarantined_neighbour_shows_in_status_json_and_prometheus(tmp_path):
     assert f'dacfl_peer_quarantines_total{{node="node-0",peer="{first}"}} 1.0' in text
     assert f'dacfl_peer_quarantines_total{{node="node-0",peer="{second}"}} 0.0' in text
     assert f'dacfl_peer_refused_states_total{{node="node-0",peer="{first}"}} 2.0' in text
+
+
+def test_a_daemon_without_its_runner_yet_reports_a_starting_node(tmp_path):
+    import math
+
+    pf = peers_file(tmp_path)
+    daemon = Daemon(pf)
+    status = daemon.status()
+    assert (status.phase, status.round, status.rounds_total, status.algorithm) == (
+        "starting", 0, pf.run.rounds, pf.run.algorithm[0])
+    assert math.isnan(status.last_accuracy) and math.isnan(status.consensus_residual)
+    assert [(n.node_id, n.state, n.connected, n.last_round_received)
+            for n in status.neighbours] == [(j, "", False, -1) for j in pf.neighbour_ids()]
+    assert 'dacfl_phase{node="node-0",phase="starting"} 1.0' in daemon.metrics.prometheus()
+    kind, text = daemon.metrics_text("json")
+    assert kind == "application/json" and '"last_round": null' in text
