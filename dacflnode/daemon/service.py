@@ -1,7 +1,7 @@
 """The long-running node: ``dacflnode start --peers peers.yaml``.
 
-Lifecycle: build the node from its peers file (data share, model, trainer — off the event loop),
-resume from ``STATE_DIR/checkpoint.safetensors`` if it belongs to this run, serve the Neighbor
+Lifecycle: build the node from its peers file (:mod:`dacflnode.assembly.build`: data share,
+model, trainer — off the event loop), resume from ``STATE_DIR/checkpoint.safetensors`` if it belongs to this run, serve the Neighbor
 service on ``node.listen``, the Control service on ``node.control`` and, when ``node.metrics`` is
 set, the Prometheus exposition at ``http://<node.metrics>/metrics``, handshake with every
 neighbour, run the rounds, write ``final.safetensors``. SIGINT (and SIGTERM, unless
@@ -17,6 +17,10 @@ warning at start and ``status`` shows ``tls: false``. The Control service always
 token: ``node.control_token`` when one is set, else a random one drawn at every start and written
 to ``STATE_DIR/control.token`` (mode 0600, :mod:`dacflnode.peers.control_token`); it is served over
 TLS (the node's certificate, no client certificate) when its address is not loopback.
+
+What the node is, ``status``, ``metrics`` and the Prometheus exposition read from one
+:class:`~dacflnode.protocol.snapshot.NodeSnapshot` (the runner's, or the starting one before it
+exists); the daemon adds what its servers saw (refused calls, failed TLS handshakes).
 
 Shutdown order: the runner stops or leaves (a signal or the Control service's Stop) → the
 transport stops:

@@ -2,10 +2,10 @@
 the in-memory transport, in one event loop.
 
 Exchange, mixing, the round bookkeeping, the metrics lines and the final files are the runner's
-own code; the simulator only builds each node's
-:class:`~dacflnode.protocol.setup.NodeSetup` with the policies a global view allows (see
-:mod:`dacflnode.sim.global_view`) and a trainer from the chosen engine
-(:mod:`dacflnode.sim.engines`):
+own code, and each node is made by the daemon's builder (:mod:`dacflnode.assembly.build`: the
+run's parts once, then each node's :class:`~dacflnode.protocol.setup.NodeSetup` and runner); the
+simulator only injects the policies a global view allows (see :mod:`dacflnode.sim.global_view`)
+and a trainer from the chosen engine (:mod:`dacflnode.sim.engines`):
 
 * graph topologies: the daemon's Metropolis weights and active-edge rule, so ``launch`` and
   ``simulate --engine sequential`` produce the same models;
