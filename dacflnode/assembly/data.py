@@ -1,6 +1,6 @@
 """What one node trains and evaluates on: its share of a built-in data set, or its own data.
 
-The daemon (:func:`~dacflnode.daemon.service.build_node`) and the simulator
+The daemon (:func:`~dacflnode.assembly.build.build_node`) and the simulator
 (:mod:`dacflnode.sim.simulator`) both get a node's data here, so that a simulated node and a
 daemon on the same files train on the same tensors:
 

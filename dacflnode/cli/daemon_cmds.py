@@ -260,6 +260,12 @@ def _ended(last: dict[str, Any], address: str, peers_file: str | None, watched_s
     sys.exit(0)
 
 
+def _class_order(name: str) -> tuple[int, int, str]:
+    """Classes in their order: numbered ones by number (``2`` before ``10``), named ones by
+    name (the Control service carries the counts as a map, which keeps no order)."""
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
 def _status_table(data: dict[str, Any]) -> Table:
     table = Table(title=f"{data['node_id']}  {data['algorithm']}  round {data['round']}/"
                         f"{data['rounds_total']}  {data['phase']}", title_justify="left")
@@ -285,7 +291,8 @@ def _status_table(data: dict[str, Any]) -> Table:
         counts = data.get("class_counts") or {}
         table.caption += (f"\ndata: {data['data_size']} training samples, "
                           f"{data.get('test_size', 0)} test; per class: "
-                          + ", ".join(f"{name} {count}" for name, count in counts.items()))
+                          + ", ".join(f"{name}: {counts[name]}"
+                                      for name in sorted(counts, key=_class_order)))
         if data.get("skipped_files"):
             table.caption += f"; {data['skipped_files']} undecodable files skipped"
     if data.get("leaving"):

@@ -1,10 +1,11 @@
 """The long-running node: ``dacflnode start --peers peers.yaml``.
 
-Lifecycle: build the node from its peers file (data share, model, trainer — off the event loop),
-resume from ``STATE_DIR/checkpoint.safetensors`` if it belongs to this run, serve the Neighbor
-service on ``node.listen``, the Control service on ``node.control`` and, when ``node.metrics`` is
-set, the Prometheus exposition at ``http://<node.metrics>/metrics``, handshake with every
-neighbour, run the rounds, write ``final.safetensors``. SIGINT (and SIGTERM, unless
+Lifecycle: build the node from its peers file (:mod:`dacflnode.assembly.build`: data share,
+model, trainer — off the event loop), resume from ``STATE_DIR/checkpoint.safetensors`` if it
+belongs to this run, serve the Neighbor service on ``node.listen``, the Control service on
+``node.control`` and, when ``node.metrics`` is set, the Prometheus exposition at
+``http://<node.metrics>/metrics``, handshake with every neighbour, run the rounds, write
+``final.safetensors``. SIGINT (and SIGTERM, unless
 ``run.drain_on_sigterm``) abandons the round being exchanged (or lets the training in flight
 finish and complete it), checkpoints, and exits 0: the node can resume later. A drain
 (``dacflnode stop --drain``, or SIGTERM with ``run.drain_on_sigterm``) instead has the node leave
@@ -18,6 +19,10 @@ token: ``node.control_token`` when one is set, else a random one drawn at every 
 to ``STATE_DIR/control.token`` (mode 0600, :mod:`dacflnode.peers.control_token`); it is served over
 TLS (the node's certificate, no client certificate) when its address is not loopback.
 
+What the node is, ``status``, ``metrics`` and the Prometheus exposition read from one
+:class:`~dacflnode.protocol.snapshot.NodeSnapshot` (the runner's, or the starting one before it
+exists); the daemon adds what its servers saw (refused calls, failed TLS handshakes).
+
 Shutdown order: the runner stops or leaves (a signal or the Control service's Stop) → the
 transport stops:
 it refuses new calls, reports ``NOT_SERVING``, stops its server with a grace period and closes its
@@ -28,34 +33,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import signal
 import ssl
 import stat
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import torch
-
-from dacflnode.algorithms.rounds import NodeState, make_algorithm
-from dacflnode.assembly.data import (
-    builtin_node_data,
-    cache_dir_in,
-    contract_summary,
-    own_node_data,
-)
-from dacflnode.config import anchor_delay
+from dacflnode.assembly import build
+from dacflnode.assembly.build import build_node as build_node  # the daemon's node, re-exported
 from dacflnode.daemon.prometheus import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.daemon.round_log import RoundLog
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import make_dir, tighten_dir
-from dacflnode.learning.layout import StateLayout
-from dacflnode.learning.models import build_model
-from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.peers.addresses import format_address, is_loopback, parse_address
 from dacflnode.peers.control_token import (
     new_token,
@@ -64,20 +56,18 @@ from dacflnode.peers.control_token import (
     write_token_file,
 )
 from dacflnode.peers.file import PeersFile, read_metrics_token
-from dacflnode.protocol.copies import compression_for
 from dacflnode.protocol.phase import Phase
 from dacflnode.protocol.runner import NodeRunner
-from dacflnode.protocol.setup import NodeSetup, RoundReport, compressed_spec
-from dacflnode.protocol.training import ThreadedTrainer
-from dacflnode.records.checkpoint import CHECKPOINT, Checkpoint, CheckpointError, load_checkpoint
-from dacflnode.records.membership import PeerState
-from dacflnode.records.metrics_log import DataInfo
+from dacflnode.protocol.setup import RoundReport
+from dacflnode.protocol.snapshot import NodeSnapshot, snapshot_of, traffic_totals
+from dacflnode.records.checkpoint import CHECKPOINT, CheckpointError
 from dacflnode.security.certs import check_node_material
 from dacflnode.security.tls import TlsMaterial
-from dacflnode.transport.base import Identity
 
 if TYPE_CHECKING:
+    from dacflnode.assembly.build import BuiltNode
     from dacflnode.protocol.faults import FaultPlan
+    from dacflnode.transport.base import Inbox
     from dacflnode.transport.grpc_control import TokenInterceptor
     from dacflnode.transport.grpc_transport import GrpcTransport
     from dacflnode.transport.receiver import Receiver
@@ -94,74 +84,6 @@ NEIGHBOUR_STOP_GRACE = 2.0
 CONTROL_STOP_GRACE = 1.0
 
 
-@dataclass
-class BuiltNode:
-    """A node ready to run; ``checkpoint`` is the one it resumes from (``None``: a fresh start)."""
-
-    setup: NodeSetup
-    state: NodeState
-    identity: Identity
-    device: str
-    checkpoint: Checkpoint | None = None
-
-
-def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
-    """Everything heavy: data, partition, model, trainer, checkpoint (run it in a thread).
-    ``faults``: injected faults to play (tests and demonstrations, docs/faults.md)."""
-    run = pf.run
-    run.apply_threads()
-    data = (own_node_data(run, cache_dir_in(pf.node.state_dir)) if run.own_data
-            else builtin_node_data(run, pf.node.share))
-    torch.manual_seed(run.seed)
-    model = build_model(data.default_model, data.input_shape, data.num_classes)
-    layout = StateLayout.from_module(model)
-    initial = layout.flatten_module(model)
-    algorithm = make_algorithm(run.algorithm[0], run.fodac_variant, run.mixing_rule(initial))
-    if algorithm.mixing.radius is not None:
-        log.info("%s: clipped mixing, radius %.6g", pf.node.id, algorithm.mixing.radius,
-                 extra={"event": "clipped_mixing", "node": pf.node.id})
-    compression = compression_for(run.compression, run.consensus_gamma(), run.seed)
-    if compression is not None:
-        log.info("%s: compression %s, CHOCO step %g", pf.node.id, compression.spec,
-                 compression.gamma, extra={"event": "compression", "node": pf.node.id})
-    device = pick_device(run.device)
-    trainer = LocalTrainer(model, data.train_x, data.train_y,
-                           run.train_config(), seed=run.seed, node_index=pf.node.share,
-                           device=device)
-    test_x, test_y = data.test_x, data.test_y
-    identity = Identity(pf.node.id, layout.fingerprint(), pf.run_fingerprint(data.contract),
-                        data_contract=data.contract)
-    if data.contract:
-        log.info("%s: %d training samples (%s), %d test samples; data contract: %s",
-                 pf.node.id, data.info.size, ", ".join(
-                     f"{k} {v}" for k, v in data.info.class_counts.items()),
-                 data.info.test_size, contract_summary(data.contract),
-                 extra={"event": "data_loaded", "node": pf.node.id})
-    run_info = {"run_fingerprint": identity.run_fingerprint,
-                "model_fingerprint": identity.model_fingerprint, "node": pf.node.id}
-    make_dir(pf.node.state_dir)
-    checkpoint = load_checkpoint(pf.node.state_dir, run_info, layout.numel)
-    if checkpoint is not None:
-        state = checkpoint.state
-        trainer.local.update(checkpoint.local)
-        log.info("%s: resuming from round %d", pf.node.id, state.round,
-                 extra={"event": "resuming", "node": pf.node.id, "round": state.round})
-    else:
-        state = NodeState.initial(initial)
-    active = pf.active_neighbour_ids if run.time_varying > 0 else None
-    setup = NodeSetup(
-        node_id=pf.node.id, neighbours=pf.neighbour_ids(), algorithm=algorithm,
-        trainer=ThreadedTrainer(trainer, test_x, test_y), layout=layout, rounds=run.rounds,
-        eval_every=run.eval_every, round_deadline=pf.daemon.round_deadline,
-        hello_timeout=pf.daemon.hello_timeout, active_neighbours=active,
-        state_dir=pf.node.state_dir, run_info=run_info, gone_after=pf.daemon.gone_after,
-        anchor_delay=anchor_delay(pf.daemon.anchor_delay, len(pf.daemon.members)),
-        faults=faults, data=data.info, compression=compression,
-    )
-    return BuiltNode(setup, state, identity, str(device), checkpoint)
-
-
-
 class Daemon:
     """One node process: servers, runner, signals."""
 
@@ -174,69 +96,57 @@ class Daemon:
         self.runner: NodeRunner | None = None
         #: the transport's receiver, whose per-neighbour refusal counts the status shows
         self.receiver: Receiver | None = None
+        #: whether the transport's channel to a neighbour is connected (once it exists)
+        self.channel_ready: Callable[[str], bool | None] | None = None
         self.metrics = NodeMetrics(pf.node.id)
         self.started = time.time()
         self.device = ""
-        #: the node's data, once it is built (size, samples per class, files skipped)
-        self.data_info: DataInfo | None = None
         #: what was refused so far, by reason (filled in by :meth:`run` once the servers exist)
         self.refusal_counts: Callable[[], dict[str, int]] = dict
         #: the ``/metrics`` server, while it runs
         self.metrics_server: MetricsServer | None = None
 
     # ---------------------------------------------------------------- ControlProvider
-    def status(self) -> NodeStatus:
+    def snapshot(self) -> NodeSnapshot:
+        """The node now: its runner's reading, or the starting form before the runner
+        exists."""
+        if self.runner is None:
+            run = self.pf.run
+            return NodeSnapshot.starting(self.pf.node.id, run.algorithm[0], run.rounds,
+                                         leaving=self._leave_early, stopping=self._stop_early)
+        return snapshot_of(self.runner, self.channel_ready)
+
+    def status(self, snap: NodeSnapshot | None = None) -> NodeStatus:
+        """What ``dacflnode status`` shows, made from ``snap`` (default: one taken now); the
+        Prometheus exposition is refreshed from it."""
+        snap = self.snapshot() if snap is None else snap
         pf = self.pf
-        runner = self.runner
+        late: Mapping[str, int] = self.receiver.late_by if self.receiver is not None else {}
+        refused: Mapping[str, int] = (self.receiver.refused_by if self.receiver is not None
+                                      else {})
         neighbours = []
-        stats = runner.transport.stats if runner is not None else {}
-        tracks = runner.peers if runner is not None else {}
-        receiver = self.receiver
-        ready = getattr(runner.transport, "channel_ready", None) if runner is not None else None
         for nb in pf.neighbours:
-            s = stats.get(nb.id)
-            track = tracks.get(nb.id)
-            state = track.state.value if track else ""
-            if state == PeerState.ACTIVE and s is not None and (
-                    not s.connected  # its last call failed
-                    or (track is not None and track.consecutive > 0)  # silent last round
-                    or (ready is not None and ready(nb.id) is False)):  # its end closed
-                state = UNREACHABLE  # stopped, restarting or cut off
+            p = snap.peer(nb.id)
             neighbours.append(NeighbourInfo(
-                nb.id, nb.address, s.connected if s else False,
-                s.last_round_received if s else -1, s.bytes_received if s else 0,
-                s.bytes_sent if s else 0, s.latency_ms if s else math.nan,
-                state=state,
-                missed_rounds=track.missed if track else 0,
-                late_states=receiver.late_by[nb.id] if receiver else 0,
-                refused=receiver.refused_by[nb.id] if receiver else 0,
-                corrections=track.corrections if track else 0,
-                refused_states=track.refused_states if track else 0,
-                messages_received=s.messages_received if s else 0,
-                messages_sent=s.messages_sent if s else 0))
+                nb.id, nb.address, p.connected, p.last_round_received, p.bytes_received,
+                p.bytes_sent, p.latency_ms, state=UNREACHABLE if p.unreachable else p.state,
+                missed_rounds=p.missed, late_states=late.get(nb.id, 0),
+                refused=refused.get(nb.id, 0), corrections=p.corrections,
+                refused_states=p.refused_states, messages_received=p.messages_received,
+                messages_sent=p.messages_sent))
         status = NodeStatus(
-            node_id=pf.node.id, algorithm=pf.run.algorithm[0],
-            round=runner.round if runner else 0, rounds_total=pf.run.rounds,
-            phase=runner.phase if runner else Phase.STARTING, neighbours=neighbours,
-            last_accuracy=runner.last_accuracy if runner else math.nan,
-            last_loss=runner.last_loss if runner else math.nan,
-            consensus_residual=runner.residual() if runner else math.nan,
-            device=self.device, uptime_s=time.time() - self.started,
-            listen_address=pf.node.listen, tls=pf.node.tls is not None,
-            refusals=self.refusals(),
-            anchors=sorted(runner.anchors) if runner else [],
-            reanchored=runner.reanchored if runner else 0,
-            leaving=runner.leaving if runner else self._leave_early,
-            alone_rounds=runner.alone_rounds if runner else 0,
+            node_id=snap.node_id, algorithm=snap.algorithm, round=snap.round,
+            rounds_total=snap.rounds, phase=snap.phase, neighbours=neighbours,
+            last_accuracy=snap.accuracy, last_loss=snap.loss,
+            consensus_residual=snap.residual, device=self.device,
+            uptime_s=time.time() - self.started, listen_address=pf.node.listen,
+            tls=pf.node.tls is not None, refusals=self.refusals(), anchors=list(snap.anchors),
+            reanchored=snap.reanchored, leaving=snap.leaving, alone_rounds=snap.alone_rounds,
             tls_handshake_failures=self.handshakes.counts() if self.handshakes else {},
-            quarantines=runner.quarantines if runner else 0,
-            refused_states=sum(t.refused_states for t in tracks.values()),
+            quarantines=snap.quarantines, refused_states=snap.refused_states,
+            data_size=snap.data_size, test_size=snap.test_size,
+            class_counts=dict(snap.class_counts), skipped_files=snap.skipped_files,
         )
-        info = self.data_info
-        if info is not None:
-            status.data_size, status.test_size = info.size, info.test_size
-            status.class_counts = dict(info.class_counts)
-            status.skipped_files = info.skipped
         self.metrics.update(status)
         return status
 
@@ -251,16 +161,17 @@ class Daemon:
     def metrics_text(self, fmt: str) -> tuple[str, str]:
         from dacflnode.transport.grpc_control import metrics_json
 
-        status = self.status()
+        snap = self.snapshot()
+        status = self.status(snap)
         if fmt == "prometheus":
             return "text/plain; version=0.0.4", self.metrics.prometheus()
-        last = self.runner.last if self.runner else None
-        extra = {"last_round": None if last is None else {
+        last = snap.last
+        extra: dict[str, Any] = {"last_round": None if last is None else {
             "round": last.round, "train_loss": last.train_loss, "samples": last.samples,
             "seconds": last.seconds,
             "exchange_s": last.exchange_s, "train_s": last.train_s,
             "neighbours_used": list(last.used), "neighbours_missing": list(last.missing),
-            "alone_rounds": self.runner.alone_rounds if self.runner else 0}}
+            "alone_rounds": snap.alone_rounds}}
         return "application/json", metrics_json(status, extra)
 
     def stop(self, drain: bool = False) -> None:
@@ -417,7 +328,6 @@ class Daemon:
         """The Control service, the node and its Neighbor service, until the rounds end."""
         from dacflnode.transport import channels
         from dacflnode.transport.grpc_control import add_control_service, control_interceptors
-        from dacflnode.transport.grpc_transport import GrpcTransport
 
         pf = self.pf
         control_tls = tls if tls is not None and self.control_exposed() else None
@@ -441,21 +351,10 @@ class Daemon:
 
             built = await asyncio.to_thread(build_node, pf, self.faults)
             self.device = built.device
-            self.data_info = built.setup.data
-            serve_neighbours = partial(
-                GrpcTransport, built.identity, pf.node.listen,
-                {nb.id: nb.address for nb in pf.neighbours},
-                tensors={name: (built.setup.layout.numel,)
-                         for name in built.setup.algorithm.exchanged},
-                compressed=compressed_spec(built.setup), tls=tls,
-                idle_timeout=pf.daemon.stream_idle_timeout,
-                stream_timeout=pf.daemon.stream_timeout,
-                first_message_timeout=pf.daemon.first_message_timeout,
-                health_listen=pf.node.health)
-            runner = NodeRunner(built.setup, serve_neighbours, built.state,
-                                resume=built.checkpoint)
+            runner = build.build_runner(built.setup, self._neighbour_service(built, tls),
+                                        built.state, resume=built.checkpoint)
             transport = cast("GrpcTransport", runner.transport)
-            self.receiver = transport.receiver
+            self.receiver, self.channel_ready = transport.receiver, transport.channel_ready
             self.runner = runner
             if built.checkpoint is not None and await runner.confirm_finished():
                 return 0  # started again after its last round: nothing to wait for
@@ -464,6 +363,21 @@ class Daemon:
             if transport is not None:
                 await transport.stop(grace=NEIGHBOUR_STOP_GRACE)
             await control.stop(grace=CONTROL_STOP_GRACE)
+
+    def _neighbour_service(self, built: BuiltNode, tls: TlsMaterial | None
+                           ) -> Callable[[Inbox], GrpcTransport]:
+        """The node's Neighbor service, around the inbox its runner builds."""
+        from dacflnode.transport.grpc_transport import GrpcTransport
+
+        pf = self.pf
+        return partial(
+            GrpcTransport, built.identity, pf.node.listen,
+            {nb.id: nb.address for nb in pf.neighbours}, tensors=built.parts.tensors,
+            compressed=built.parts.compressed, tls=tls,
+            idle_timeout=pf.daemon.stream_idle_timeout,
+            stream_timeout=pf.daemon.stream_timeout,
+            first_message_timeout=pf.daemon.first_message_timeout,
+            health_listen=pf.node.health)
 
     async def _run(self, runner: NodeRunner, transport: GrpcTransport,
                    interceptors: Sequence[TokenInterceptor]) -> int:
@@ -480,11 +394,8 @@ class Daemon:
             return counts
 
         self.refusal_counts = refusal_counts
-        def traffic() -> tuple[int, int]:
-            stats = list(transport.stats.values())
-            return (sum(s.bytes_sent for s in stats), sum(s.bytes_received for s in stats))
-
-        round_log = RoundLog(pf.node.id, pf.run.rounds, lambda: runner.peers, traffic)
+        round_log = RoundLog(pf.node.id, pf.run.rounds, lambda: runner.peers,
+                             lambda: traffic_totals(transport.stats.values()))
         chained = runner.on_round
 
         def on_round(r: RoundReport) -> None:

@@ -2,10 +2,10 @@
 the in-memory transport, in one event loop.
 
 Exchange, mixing, the round bookkeeping, the metrics lines and the final files are the runner's
-own code; the simulator only builds each node's
-:class:`~dacflnode.protocol.setup.NodeSetup` with the policies a global view allows (see
-:mod:`dacflnode.sim.global_view`) and a trainer from the chosen engine
-(:mod:`dacflnode.sim.engines`):
+own code, and each node is made by the daemon's builder (:mod:`dacflnode.assembly.build`: the
+run's parts once, then each node's :class:`~dacflnode.protocol.setup.NodeSetup` and runner); the
+simulator only injects the policies a global view allows (see :mod:`dacflnode.sim.global_view`)
+and a trainer from the chosen engine (:mod:`dacflnode.sim.engines`):
 
 * graph topologies: the daemon's Metropolis weights and active-edge rule, so ``launch`` and
   ``simulate --engine sequential`` produce the same models;
@@ -35,6 +35,7 @@ thread hop per call would buy nothing (docs/architecture.md).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,19 +46,18 @@ import numpy as np
 import torch
 
 from dacflnode.algorithms import graphs
-from dacflnode.algorithms.rounds import Algorithm, NodeState, make_algorithm
+from dacflnode.algorithms.rounds import Algorithm, NodeState
 from dacflnode.algorithms.topology import GRAPH_KINDS, MixingSchedule
+from dacflnode.assembly import build
 from dacflnode.assembly.data import NodeDataSet, class_counts, contract_difference_all
-from dacflnode.config import DAEMON_DEFAULTS, RunConfig, anchor_delay
+from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import make_dir
 from dacflnode.learning.datasets import Dataset, eval_subset
-from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model, default_model_for
 from dacflnode.learning.names import node_ids
 from dacflnode.learning.train import pick_device
 from dacflnode.peers.run_graph import RunGraph
-from dacflnode.protocol.copies import SharedDecodes, compression_for, wire_parts
 from dacflnode.protocol.faults import Crash, FaultPlan
 from dacflnode.protocol.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.protocol.runner import NodeRunner
@@ -70,7 +70,6 @@ from dacflnode.sim.engines.registry import make_engine
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage
 from dacflnode.transport.base import Identity, Transport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
-from dacflnode.wire.state_guard import ABSURD_RATIO
 
 #: The run fingerprint every simulated node announces (they all share one configuration).
 SIMULATION_RUN = "simulation"
@@ -153,11 +152,9 @@ class Simulation:
         self.cfg = cfg
         #: consecutive missed rounds before a neighbour is declared gone (as a daemon's)
         self.gone_after = gone_after
-        self.alg: Algorithm = make_algorithm(algorithm, cfg.fodac_variant)
         self.ids = node_ids(cfg.nodes)
         self.out_dir = out_dir
         self.faults = faults.check(self.ids, cfg.rounds, graph_edges(cfg)) if faults else None
-        engine = self._check_faults(cfg)
         tests: list[NodeData] | None = None
         if own is not None:  # every node on its own data (simulate --data-root DIR)
             shares = list(own)
@@ -195,17 +192,14 @@ class Simulation:
             torch.manual_seed(cfg.seed)
             return build_model(model_name, input_shape, num_classes)
 
-        model = factory()
-        self.layout = StateLayout.from_module(model)
-        self.initial = self.layout.flatten_module(model)
-        mixing = cfg.mixing_rule(self.initial)  # a daemon's rule: from the initial model
-        if mixing != self.alg.mixing:
-            self.alg = make_algorithm(algorithm, cfg.fodac_variant, mixing)
-        #: a compressed run's compression (the daemons' own: docs/compression.md)
-        compression = compression_for(cfg.compression, cfg.consensus_gamma(), cfg.seed)
-        # every sender's own decode serves its neighbours too (one process, the same tensors)
-        self.compression = (None if compression is None else replace(
-            compression, decodes=SharedDecodes(keep=4 * len(self.ids) * len(self.alg.exchanged))))
+        # the run's parts, made once: the layout, the initial model, the algorithm with a
+        # daemon's mixing rule and the compression (docs/compression.md); every sender's own
+        # decode serves its neighbours too (one process, the same tensors)
+        self.parts = build.with_shared_decodes(build.run_parts(cfg, algorithm, factory()),
+                                               len(self.ids))
+        self.alg: Algorithm = self.parts.algorithm
+        self.layout, self.initial = self.parts.layout, self.parts.initial
+        engine = self._check_faults(cfg)
         # Ray workers train on their own CPUs, whatever this machine has
         device = (torch.device("cpu") if ray is not None and cfg.device == "auto"
                   else pick_device(cfg.device))
@@ -421,9 +415,10 @@ class _Nodes:
         self.active = active
         self.records = records
         self.network = MemoryNetwork(copy=False)
-        self.tensors = {name: (sim.layout.numel,) for name in sim.alg.exchanged}
-        self.compressed = (None if sim.compression is None else
-                           wire_parts(sim.compression, sim.alg.exchanged, sim.layout.numel))
+        #: a launched daemon's defaults, but no round deadline (every node is this process's
+        #: own: none can be late), and the run's ids as its members
+        self.waits = replace(DAEMON_DEFAULTS, round_deadline=math.inf,
+                             gone_after=sim.gone_after, members=tuple(sim.ids))
         #: each node's latest runner
         self.runners: dict[str, NodeRunner] = {}
         #: the nodes running now (``None``: about to start with the others)
@@ -459,29 +454,26 @@ class _Nodes:
 
     # ------------------------------------------------------------------ one node
     def _setup(self, node: str, join: bool) -> NodeSetup:
-        sim, cfg = self.sim, self.sim.cfg
+        """A daemon's setup, but for what one process of nodes changes: no round deadline, no
+        per-round checkpoint, mixing and completion in place, the guard only against a fault
+        plan's poison, and the global view's mixing and model view."""
+        sim, plan = self.sim, self.plan
         if node not in self._state_dirs:
             self._state_dirs[node] = sim._state_dir(node)
-        return NodeSetup(
-            node_id=node, neighbours=self.neighbours[node], algorithm=sim.alg,
-            trainer=sim.engine.trainers[node], layout=sim.layout, rounds=cfg.rounds,
-            eval_every=cfg.eval_every, round_deadline=float("inf"),
+        return build.node_setup(
+            sim.cfg, sim.parts, self.waits, node, self.neighbours[node],
+            trainer=sim.engine.trainers[node], data=sim.data_info[sim.ids.index(node)],
             active_neighbours=None if self.active is None else self.active(node),
-            mixing=self.mixing, view=sim._view(node), state_dir=self._state_dirs[node],
-            checkpoints=False, executor=InlineExecutor(),
-            absurd_ratio=ABSURD_RATIO if self.plan is not None and self.plan.poisons else None,
-            gone_after=sim.gone_after,
-            anchor_delay=anchor_delay(0, len(sim.ids)),  # a launched daemon's default
-            faults=self.plan, join=join, data=sim.data_info[sim.ids.index(node)],
-            compression=sim.compression,
-        )
+            mixing=self.mixing, view=sim._view(node), executor=InlineExecutor(),
+            state_dir=self._state_dirs[node], checkpoints=False,
+            guard=plan is not None and bool(plan.poisons), faults=plan, join=join)
 
     def _runner(self, node: str, state: NodeState, resume: Checkpoint | None,
                 join: bool) -> NodeRunner:
         identity = Identity(node, self.sim.layout.fingerprint(), SIMULATION_RUN)
         transport = partial(MemoryTransport, self.network, identity, self.neighbours[node],
-                            tensors=self.tensors, compressed=self.compressed)
-        runner = NodeRunner(self._setup(node, join), transport, state, resume=resume)
+                            tensors=self.sim.parts.tensors, compressed=self.sim.parts.compressed)
+        runner = build.build_runner(self._setup(node, join), transport, state, resume=resume)
         self.runners[node] = runner
         self.transports[node] = runner.transport
         return runner

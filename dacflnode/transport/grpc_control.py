@@ -37,8 +37,9 @@ from dacflnode.transport.errors import PeerUnavailable
 CALL_TIMEOUT = 5.0
 #: Seconds a whole checkpoint download may take (a large model on a slow link).
 CHECKPOINT_TIMEOUT = 120.0
-#: Bytes per :class:`FileChunk` of a checkpoint download (well under the channels' message cap).
-CHUNK_BYTES = 1 << 20
+#: Bytes per :class:`FileChunk` of a checkpoint download (well under the channels' message cap;
+#: not the wire's state chunk, :data:`dacflnode.wire.message.CHUNK_BYTES`).
+CHECKPOINT_CHUNK_BYTES = 1 << 20
 #: The metadata key that carries the control token, as ``Bearer <token>``.
 AUTH_METADATA_KEY = "authorization"
 #: At most one "refused" log line per this many seconds (a flood of bad calls cannot fill the
@@ -100,8 +101,8 @@ class ControlServicer(pb_grpc.ControlServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 "no checkpoint yet: the node writes one after each round")
             return
-        for start in range(0, len(data), CHUNK_BYTES):
-            yield pb.FileChunk(data=data[start:start + CHUNK_BYTES])
+        for start in range(0, len(data), CHECKPOINT_CHUNK_BYTES):
+            yield pb.FileChunk(data=data[start:start + CHECKPOINT_CHUNK_BYTES])
 
 
 def add_control_service(server: grpc.aio.Server, provider: ControlProvider) -> None:

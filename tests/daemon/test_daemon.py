@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from unittest.mock import Mock
 
 import pytest
@@ -33,8 +34,15 @@ def peers_file(tmp_path: Path, **run: object) -> PeersFile:
     return load_peers(path)
 
 
-def with_runner(daemon: Daemon) -> Mock:
+def with_runner(daemon: Daemon, setup: object = None) -> Mock:
+    """A stand-in runner with the public attributes a snapshot reads (``setup``: its setup;
+    default: one naming the daemon's node, algorithm, rounds and neighbours, without data)."""
+    pf = daemon.pf
     runner = Mock(spec=NodeRunner)
+    runner.setup = setup or SimpleNamespace(
+        node_id=pf.node.id, neighbours=pf.neighbour_ids(), rounds=pf.run.rounds,
+        algorithm=SimpleNamespace(name=pf.run.algorithm[0]), data=None)
+    runner.last, runner.copies, runner.started, runner.stopping = None, None, 0.0, False
     daemon.runner = runner
     return runner
 
@@ -114,7 +122,7 @@ def test_an_automatic_anchor_delay_follows_the_number_of_members(tmp_path):
 def test_a_daemon_on_its_own_folder_announces_its_contract_and_shows_its_data(tmp_path):
     import json
 
-    from dacflnode.daemon.service import build_node
+    from dacflnode.assembly.build import build_node
     from tests.harness.owndata import CLASSES, write_png_nodes
 
     mix = {"node-0": {"cat": 5, "eel": 3}, "node-1": {"dog": 4}}
@@ -135,9 +143,14 @@ def test_a_daemon_on_its_own_folder_announces_its_contract_and_shows_its_data(tm
     assert built.setup.data.test_size == 6 * len(CLASSES)
     assert any((tmp_path / "node-0" / ".cache").rglob("*.npy"))  # decoded once, kept
     daemon = Daemon(pf)
-    daemon.data_info = built.setup.data
+    runner = with_runner(daemon, built.setup)
+    runner.transport, runner.peers, runner.anchors = Mock(stats={}), {}, set()
+    runner.reanchored = runner.alone_rounds = runner.quarantines = runner.round = 0
+    runner.phase, runner.last_accuracy, runner.last_loss = "waiting-for-peers", 0.0, 0.0
+    runner.residual.return_value, runner.leaving = 0.0, False
     status = daemon.status()
     assert (status.data_size, status.class_counts["eel"]) == (8, 3)
+    assert list(status.class_counts) == ["cat", "dog", "eel"]  # the run's class order
 
 
 def test_a_quarantined_neighbour_shows_in_status_json_and_prometheus(tmp_path):
@@ -163,3 +176,19 @@ def test_a_quarantined_neighbour_shows_in_status_json_and_prometheus(tmp_path):
     assert f'dacfl_peer_quarantines_total{{node="node-0",peer="{first}"}} 1.0' in text
     assert f'dacfl_peer_quarantines_total{{node="node-0",peer="{second}"}} 0.0' in text
     assert f'dacfl_peer_refused_states_total{{node="node-0",peer="{first}"}} 2.0' in text
+
+
+def test_a_daemon_without_its_runner_yet_reports_a_starting_node(tmp_path):
+    import math
+
+    pf = peers_file(tmp_path)
+    daemon = Daemon(pf)
+    status = daemon.status()
+    assert (status.phase, status.round, status.rounds_total, status.algorithm) == (
+        "starting", 0, pf.run.rounds, pf.run.algorithm[0])
+    assert math.isnan(status.last_accuracy) and math.isnan(status.consensus_residual)
+    assert [(n.node_id, n.state, n.connected, n.last_round_received)
+            for n in status.neighbours] == [(j, "", False, -1) for j in pf.neighbour_ids()]
+    assert 'dacfl_phase{node="node-0",phase="starting"} 1.0' in daemon.metrics.prometheus()
+    kind, text = daemon.metrics_text("json")
+    assert kind == "application/json" and '"last_round": null' in text

@@ -57,8 +57,19 @@ def test_a_status_shows_the_devices_data_size_and_classes():
     status = NodeStatus("n0", "dacfl", 1, 10, "training", data_size=40, test_size=8,
                         class_counts={"cat": 30, "dog": 10}, skipped_files=2)
     caption = str(_status_table(status.to_json()).caption)
-    assert "40 training samples, 8 test; per class: cat 30, dog 10" in caption
+    assert "40 training samples, 8 test; per class: cat: 30, dog: 10" in caption
     assert "2 undecodable files skipped" in caption
+
+
+def test_status_lists_the_classes_in_their_order_each_with_its_count():
+    from dacflnode.cli.daemon_cmds import _status_table
+    from dacflnode.transport.grpc_control import status_from_proto, status_to_proto
+
+    counts = {"7": 1969, "2": 1962, "10": 5, "0": 3, "1": 1000}
+    status = NodeStatus("n0", "dacfl", 1, 10, "training", data_size=4939, class_counts=counts)
+    back = status_from_proto(status_to_proto(status))  # a map on the wire: no order kept
+    caption = str(_status_table(back.to_json()).caption)
+    assert "per class: 0: 3, 1: 1000, 2: 1962, 7: 1969, 10: 5\n" in caption + "\n"
 
 
 def test_failed_tls_handshakes_survive_the_control_service_and_show_by_reason():
@@ -88,3 +99,54 @@ def test_a_node_without_failed_handshakes_shows_none():
     status = NodeStatus("n0", "dacfl", 1, 10, "training", tls=True,
                         tls_handshake_failures=dict.fromkeys(("plaintext", "other"), 0))
     assert "TLS handshakes" not in str(_status_table(status.to_json()).caption)
+
+
+# ------------------------------------------------------------------------------ the snapshot
+async def test_a_snapshot_reads_a_runner_and_totals_its_neighbours_counters():
+    import asyncio
+
+    from dacflnode.protocol.snapshot import snapshot_of
+    from dacflnode.records.membership import PeerState
+    from dacflnode.records.metrics_log import DataInfo
+    from tests.harness.memory_network import FakeNetwork
+
+    net = FakeNetwork([("a", "b"), ("b", "c")], rounds=2,
+                      setup_extra={"data": DataInfo(40, 8, {"0": 30, "1": 10}, 1)})
+    for node in net.ids:
+        net.runner(node)
+    before = snapshot_of(net.runners["b"])
+    assert (before.phase, before.round, before.rounds, before.algorithm) == (
+        "starting", 0, 2, "dacfl")
+    assert before.last is None and before.bytes_sent == before.bytes_received == 0
+    assert (before.data_size, before.test_size, dict(before.class_counts),
+            before.skipped_files) == (40, 8, {"0": 30, "1": 10}, 1)
+    assert await asyncio.wait_for(asyncio.gather(*await net.start()), 30) == [True] * 3
+    b = net.runners["b"]
+    b.peers["c"].refused_states = 2  # as a guard would have counted them
+    snap = snapshot_of(b)
+    stats = b.transport.stats
+    assert (snap.phase, snap.round) == ("done", 2)
+    assert snap.last is b.last and snap.last is not None and snap.last.round == 2
+    assert snap.accuracy == b.last_accuracy and snap.residual == b.residual()
+    assert snap.bytes_sent == stats["a"].bytes_sent + stats["c"].bytes_sent > 0
+    assert snap.bytes_received == stats["a"].bytes_received + stats["c"].bytes_received > 0
+    assert snap.refused_states == 2 and snap.copies_pulled is None
+    assert list(snap.peers) == ["a", "c"]
+    a = snap.peer("a")
+    assert (a.state, a.connected, a.bytes_sent, a.messages_received) == (
+        PeerState.ACTIVE, True, stats["a"].bytes_sent, stats["a"].messages_received)
+    assert not a.unreachable
+    assert snapshot_of(b, ready=lambda peer: peer != "a").peer("a").unreachable  # end closed
+    assert snap.peer("nobody").state == "" and not snap.peer("nobody").unreachable
+
+
+def test_the_starting_snapshot_is_a_node_with_nothing_measured():
+    import math
+
+    from dacflnode.protocol.snapshot import NodeSnapshot
+
+    snap = NodeSnapshot.starting("n0", "dacfl", 10, leaving=True)
+    assert (snap.phase, snap.round, snap.rounds, snap.leaving, snap.stopping) == (
+        "starting", 0, 10, True, False)
+    assert math.isnan(snap.accuracy) and math.isnan(snap.residual) and snap.last is None
+    assert snap.peer("n1").last_round_received == -1 and not snap.peer("n1").connected

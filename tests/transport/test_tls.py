@@ -279,7 +279,7 @@ async def test_stop_with_drain_reaches_the_node():
 
 
 async def test_the_checkpoint_streams_in_chunks_and_wants_the_token(monkeypatch):
-    monkeypatch.setattr(grpc_control, "CHUNK_BYTES", 10)
+    monkeypatch.setattr(grpc_control, "CHECKPOINT_CHUNK_BYTES", 10)
     server, provider, address = await serve_control(None, TOKEN)
     auth = ControlAuth(token=TOKEN)
     try:
