@@ -34,7 +34,7 @@ def test_in_a_healthy_ring_every_rounds_received_bytes_match_its_sent_bytes() ->
         reports: dict[str, list[tuple[int, int]]] = {node: [] for node in ids}
         for runner in runners:
             await runner.transport.start()
-            runner.on_round = (lambda r, node=runner.setup.node_id:  # type: ignore[misc]
+            runner.on_round = (lambda r, node=runner.setup.node_id:
                                reports[node].append((r.bytes_sent, r.bytes_received)))
         assert all(await asyncio.gather(*(r.run() for r in runners)))
         for node, lines in reports.items():
