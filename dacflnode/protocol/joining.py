@@ -24,6 +24,7 @@ import torch
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.protocol.copies import PublicCopies, is_compressed
 from dacflnode.protocol.edges import EdgeBook
+from dacflnode.protocol.fault_filter import FaultFilter
 from dacflnode.protocol.setup import NodeSetup
 from dacflnode.records.membership import PeerState
 from dacflnode.transport.base import HandshakeRefused, PeerUnavailable, Transport, TransportClosed
@@ -34,11 +35,13 @@ log = logging.getLogger(__name__)
 
 class Handshakes:
     """The handshakes of the node of ``setup`` over ``transport``; ``edges`` is its edge
-    bookkeeping and ``round_of`` gives the round the node is in."""
+    bookkeeping, ``round_of`` gives the round the node is in and ``faults`` is its fault
+    filter (whose neighbours are down, which edge-rounds lose a handshake)."""
 
     def __init__(self, setup: NodeSetup, transport: Transport, edges: EdgeBook,
-                 round_of: Callable[[], int]) -> None:
+                 round_of: Callable[[], int], faults: FaultFilter) -> None:
         self.setup = setup
+        self.faults = faults
         self.transport = transport
         self.edges = edges
         self.round_of = round_of
@@ -71,12 +74,10 @@ class Handshakes:
         peers = self.edges.peers
         deadline = time.monotonic() + setup.hello_timeout
         pending = set(setup.neighbours) - set(self.edges.quarantined)
-        faults = setup.faults
-        if faults is not None:  # an injected crash or a later join: do not wait for it
-            for peer in sorted(pending):
-                if faults.down(peer, self.round_of()):
-                    pending.discard(peer)
-                    peers[peer].state = PeerState.ABSENT
+        for peer in sorted(pending):  # an injected crash or a later join: do not wait for it
+            if self.faults.down(peer, self.round_of()):
+                pending.discard(peer)
+                peers[peer].state = PeerState.ABSENT
         delay = 0.05
         while pending:
             for peer in sorted(pending):
@@ -247,10 +248,9 @@ class Handshakes:
     # ------------------------------------------------------------------ missing neighbours
     def greet_the_missing(self) -> None:
         """Once a round, ask each gone or absent neighbour whether the edge can come back."""
-        faults = self.setup.faults
-        me, t = self.setup.node_id, self.round_of()
+        t = self.round_of()
         for peer in self.edges.to_greet():
-            if faults is not None and (faults.drops(me, peer, t) or faults.drops(peer, me, t)):
+            if not self.faults.linked(peer, t):
                 continue  # an edge-round that loses states loses a handshake too
             task = self._greetings.get(peer)
             if task is not None and not task.done():

@@ -127,7 +127,10 @@ class PeerStats:
     ``bytes_sent`` and ``bytes_received`` count the payload bytes (the tensors' bytes, as
     :attr:`~dacflnode.wire.message.RoundMessage.payload_bytes`) of every state moved with the
     neighbour: pushes out and in, pulls served and made (state and copy pulls), the same in
-    every transport, so a runner can take per-round differences.
+    every transport. :attr:`by_round` counts the same bytes again by the round they were
+    moved for: a push by its message's round, a pull (served or made) by the round it asked
+    for, whenever it lands; a node's round report takes them from there
+    (:meth:`Transport.traffic`).
     """
 
     connected: bool = False
@@ -138,11 +141,31 @@ class PeerStats:
     #: round states accepted from the neighbour (pushed or pulled), and pushes it accepted
     messages_received: int = 0
     messages_sent: int = 0
+    #: ``round -> [sent, received]`` payload bytes moved for that round and not yet taken by
+    #: :meth:`take`
+    by_round: dict[int, list[int]] = field(default_factory=dict)
 
-    def received(self, nbytes: int) -> None:
-        """Count a state of ``nbytes`` payload bytes accepted from the neighbour."""
+    def received(self, nbytes: int, round_: int) -> None:
+        """Count a state of ``nbytes`` payload bytes accepted from the neighbour for
+        ``round_``."""
         self.bytes_received += nbytes
         self.messages_received += 1
+        self.by_round.setdefault(round_, [0, 0])[1] += nbytes
+
+    def sent(self, nbytes: int, round_: int) -> None:
+        """Count ``nbytes`` payload bytes sent to the neighbour for ``round_`` (a push, or a
+        pull it made)."""
+        self.bytes_sent += nbytes
+        self.by_round.setdefault(round_, [0, 0])[0] += nbytes
+
+    def take(self, through: int) -> tuple[int, int]:
+        """Bytes sent and received for the rounds up to ``through`` not taken before (then
+        forgotten here; the totals keep them)."""
+        sent = received = 0
+        for r in [r for r in self.by_round if r <= through]:
+            s, rec = self.by_round.pop(r)
+            sent, received = sent + s, received + rec
+        return sent, received
 
     def answered(self, started: float) -> None:
         """Count a call to the neighbour, begun at ``started`` (``time.perf_counter()``), that
@@ -185,8 +208,9 @@ class Inbox:
     #: a push, accepted or refused for its round. A neighbour heard from is alive, if late.
     heard: dict[str, float] = field(default_factory=dict)
     #: Told of every state the :attr:`guard` refused, with the refusal (on the event loop, after
-    #: the inbox stopped waiting for that state): the node runner's quarantine.
-    on_refused: Callable[[RoundMessage, Refusal], None] | None = None
+    #: the inbox stopped waiting for that state); returns whether its sender is barred from now
+    #: on (:meth:`bar`): the node's quarantine.
+    on_refused: Callable[[RoundMessage, Refusal], bool] | None = None
     #: Senders whose edge this node quarantined: everything they push is refused
     #: (``PERMISSION_DENIED``, :attr:`~Reason.QUARANTINED`).
     barred: set[str] = field(default_factory=set)
@@ -264,8 +288,8 @@ class Inbox:
             if refused is not None:
                 # the round goes on without this state at once (never waits for it)
                 await self.forgo(message.round, message.sender)
-                if self.on_refused is not None:
-                    self.on_refused(message, refused)
+                if self.on_refused is not None and self.on_refused(message, refused):
+                    self.bar(message.sender)
                 raise WireError(refused.code, refused.detail, refused.reason)
         async with self._condition():
             self._admissible(message)  # the round, or a concurrent push, may have moved on
@@ -296,6 +320,14 @@ class Inbox:
         async with self._condition():
             self._forgone.setdefault(round_, set()).add(sender)
             self._condition().notify_all()
+
+    def bar(self, sender: str) -> None:
+        """Refuse everything ``sender`` pushes from now on (:attr:`barred`), and stop waiting
+        for its states of the current round and the next."""
+        self.barred.add(sender)
+        current = self.current_round()
+        for r in (current, current + 1):
+            self.forgo_nowait(r, sender)
 
     def forgo_nowait(self, round_: int, sender: str) -> None:
         """:meth:`forgo` from synchronous code running on the event loop (a waiter is woken
@@ -334,6 +366,17 @@ class Transport(ABC):
     def _stats(self, peer: str) -> PeerStats:
         """The counters of ``peer`` (made for a neighbour added after the start)."""
         return self.stats.setdefault(peer, PeerStats())
+
+    def traffic(self, through: int) -> tuple[int, int]:
+        """Payload bytes sent to and received from all neighbours for the rounds up to
+        ``through``, not taken by an earlier call: a round's report takes its round's traffic
+        (and what was moved late for a round reported already), however early or late it
+        landed."""
+        sent = received = 0
+        for stats in self.stats.values():
+            s, r = stats.take(through)
+            sent, received = sent + s, received + r
+        return sent, received
 
     @abstractmethod
     async def start(self) -> None:

@@ -652,7 +652,7 @@ class GrpcTransport(Transport):
                     pass
                 await call
         finally:
-            stats.bytes_sent += stream.sent
+            stats.sent(stream.sent, message.round)
         stats.answered(started)
         stats.messages_sent += 1
 
@@ -693,5 +693,5 @@ class GrpcTransport(Transport):
         except BaseException:
             assembler.release()
             raise
-        self._stats(peer).received(decoder.received)
+        self._stats(peer).received(decoder.received, int(request.round))
         return message

@@ -180,8 +180,8 @@ class MemoryTransport(Transport):
                     await self._push_stream(target, sent, stats, publish=sent is message)
                 else:
                     self.receiver.publish(message, None)
-                    stats.bytes_sent += await target.receiver.accept(sent, self.address,
-                                                                     peer_ids=self._me)
+                    stats.sent(await target.receiver.accept(sent, self.address,
+                                                            peer_ids=self._me), message.round)
         except TimeoutError as exc:
             stats.connected = False
             raise PeerUnavailable(f"push of round {message.round} to {peer} timed out after "
@@ -202,7 +202,7 @@ class MemoryTransport(Transport):
         try:
             await target.receiver.push(chunks(), peer=self.address, peer_ids=self._me)
         finally:
-            stats.bytes_sent += stream.sent
+            stats.sent(stream.sent, message.round)
 
     async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,
                     timeout: float) -> RoundMessage:
@@ -213,8 +213,8 @@ class MemoryTransport(Transport):
                     message = target.receiver.published(request, self.address,
                                                         peer_ids=self._me)
                     check_message(expect, message)
-                    target.receiver.served(self.identity.node_id, message)
-                    self.stats[peer].received(message.payload_bytes)
+                    target.receiver.served(request, message)
+                    self.stats[peer].received(message.payload_bytes, int(request.round))
                     return message
                 decoder = Decoder(expect)
                 for chunk in target.receiver.pull(request, self.address, peer_ids=self._me):
@@ -224,5 +224,5 @@ class MemoryTransport(Transport):
         except TimeoutError as exc:
             raise PeerUnavailable(f"pull of round {request.round} from {peer} timed out after "
                                   f"{timeout:.3g}s") from exc
-        self.stats[peer].received(decoder.received)
+        self.stats[peer].received(decoder.received, int(request.round))
         return message

@@ -426,7 +426,7 @@ class Receiver:
         stats = self.stats.setdefault(message.sender, PeerStats())
         stats.connected = True
         stats.last_round_received = max(stats.last_round_received, message.round)
-        stats.received(size)
+        stats.received(size, message.round)
 
     # ------------------------------------------------------------------ PullState
     def publish(
@@ -465,15 +465,17 @@ class Receiver:
             raise
         return self.inbox.sent_to(request.requester, found[0])
 
-    def served(self, requester: str, message: RoundMessage) -> None:
-        """Count ``message``, sent whole to ``requester`` in answer to a pull."""
-        self.stats.setdefault(requester, PeerStats()).bytes_sent += message.payload_bytes
+    def served(self, request: pb.PullRequest, message: RoundMessage) -> None:
+        """Count ``message``, sent whole in answer to the pull ``request`` (for the round the
+        request names)."""
+        self.stats.setdefault(request.requester, PeerStats()).sent(message.payload_bytes,
+                                                                    int(request.round))
 
-    def _serving(self, requester: str, message: RoundMessage,
+    def _serving(self, request: pb.PullRequest, message: RoundMessage,
                  stream: Iterator[_T]) -> Iterator[_T]:
         """``stream``, and :meth:`served` once its last chunk has been taken."""
         yield from stream
-        self.served(requester, message)
+        self.served(request, message)
 
     def pull(
         self, request: pb.PullRequest, peer: str = "?", *,
@@ -481,7 +483,7 @@ class Receiver:
     ) -> Iterator[pb.StateChunk]:
         """The stream of the message kept for the requested round (see :meth:`published`)."""
         message = self.published(request, peer, peer_ids=peer_ids)
-        return self._serving(request.requester, message,
+        return self._serving(request, message,
                              encode(message, header=self._header_of(message)))
 
     def pull_serialized(
@@ -491,7 +493,7 @@ class Receiver:
         """:meth:`pull`, serialized for gRPC (the data chunks made with one copy each)."""
         message = self.published(request, peer, peer_ids=peer_ids)
         header = serialize_chunk(pb.StateChunk(header=self._header_of(message)))
-        return self._serving(request.requester, message,
+        return self._serving(request, message,
                              itertools.chain((header,), serialized_chunks(message)))
 
     def _header_of(self, message: RoundMessage) -> pb.StateHeader:

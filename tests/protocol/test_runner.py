@@ -228,8 +228,8 @@ def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning
 
         a.transport.pull = slow_pull  # type: ignore[method-assign]
         deadline = asyncio.get_running_loop().time() + 10
-        first = asyncio.create_task(a._pull("b", 0, deadline))
-        second = asyncio.create_task(a._pull("b", 0, deadline))
+        first = asyncio.create_task(a.exchanger.pull("b", 0, deadline))
+        second = asyncio.create_task(a.exchanger.pull("b", 0, deadline))
         await until(lambda: calls == [0])
         await asyncio.sleep(0.05)
         release.set()
@@ -237,7 +237,7 @@ def test_a_state_asked_for_twice_is_pulled_once_and_a_duplicate_is_not_a_warning
         assert calls == [0] and a.transport.inbox.has(0, "b")
 
         release.clear()  # a pull of round 1 overtaken by the push of the same state
-        pull = asyncio.create_task(a._pull("b", 1, deadline))
+        pull = asyncio.create_task(a.exchanger.pull("b", 1, deadline))
         await until(lambda: calls == [0, 1])
         await a.transport.inbox.put(RoundMessage("b", 1, 1, state_of_b(1)))
         release.set()

@@ -80,3 +80,30 @@ async def test_a_round_that_moved_on_while_the_guard_ran_is_refused() -> None:
         await inbox.put(msg("a", 4, 1.0))
     assert err.value.reason is Reason.ROUND_PASSED
     assert inbox.get(4) == {}
+
+
+async def test_a_barred_sender_is_refused_and_not_waited_for_in_this_round_or_the_next() -> None:
+    inbox = Inbox(senders={"a", "b"}, current_round=lambda: 4)
+    inbox.bar("a")
+    with pytest.raises(WireError) as err:
+        await inbox.put(msg("a", 4, 1.0))
+    assert err.value.reason is Reason.QUARANTINED
+    assert inbox.forgone(4, "a") and inbox.forgone(5, "a") and not inbox.forgone(4, "b")
+
+
+async def test_a_refused_state_bars_its_sender_when_the_node_says_so() -> None:
+    told: list[tuple[str, Reason]] = []
+
+    def refuse_big(message: RoundMessage) -> Refusal | None:
+        return Refusal(Reason.ABSURD_STATE, "too big") if message.sender == "a" else None
+
+    def judge(message: RoundMessage, refusal: Refusal) -> bool:
+        told.append((message.sender, refusal.reason))
+        return True
+
+    inbox = Inbox(senders={"a", "b"}, current_round=lambda: 4, guard=refuse_big,
+                  on_refused=judge)
+    with pytest.raises(WireError):
+        await inbox.put(msg("a", 4, 1.0))
+    await inbox.put(msg("b", 4, 1.0))
+    assert told == [("a", Reason.ABSURD_STATE)] and inbox.barred == {"a"}
