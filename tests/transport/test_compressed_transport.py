@@ -12,7 +12,8 @@ import torch
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, Transport
-from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
+from dacflnode.transport.grpc_status import reason_of
+from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import Reason, WireError

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox
-from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
+from dacflnode.transport.grpc_status import reason_of
+from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.receiver import Receiver
 from dacflnode.wire.decoder import decode
 from dacflnode.wire.encoder import checksum, encode

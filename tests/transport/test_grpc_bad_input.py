@@ -16,13 +16,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import HandshakeRefused, Identity, Inbox, PeerUnavailable
-from dacflnode.transport.grpc_transport import (
-    SERVICE_NAME,
-    GrpcTransport,
-    reason_of,
-    unreachable,
-    wire_error,
-)
+from dacflnode.transport.grpc_service import SERVICE_NAME
+from dacflnode.transport.grpc_status import reason_of, unreachable, wire_error
+from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
 from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage

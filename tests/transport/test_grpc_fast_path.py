@@ -15,12 +15,9 @@ import pytest
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox
-from dacflnode.transport.grpc_transport import (
-    SERVICE_NAME,
-    GrpcTransport,
-    add_neighbor_service,
-    reason_of,
-)
+from dacflnode.transport.grpc_service import SERVICE_NAME, add_neighbor_service
+from dacflnode.transport.grpc_status import reason_of
+from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.wire import decoder as decoder_module
 from dacflnode.wire import fast_path
 from dacflnode.wire.encoder import encode, make_header

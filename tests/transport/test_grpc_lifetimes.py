@@ -19,7 +19,8 @@ import pytest
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, PeerUnavailable, TransportClosed
-from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls, unreachable
+from dacflnode.transport.grpc_status import unreachable
+from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls
 from dacflnode.wire.errors import REASON_METADATA_KEY
 from dacflnode.wire.message import RoundMessage
 from tests.harness.messages import message

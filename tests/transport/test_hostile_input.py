@@ -16,9 +16,10 @@ import torch
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
-from dacflnode.transport import grpc_transport
+from dacflnode.transport import grpc_service
 from dacflnode.transport.base import Identity, Inbox, PeerStats
-from dacflnode.transport.grpc_transport import GrpcTransport, reason_of
+from dacflnode.transport.grpc_status import reason_of
+from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.receiver import (
     FIRST_MESSAGE_TIMEOUT,
     IDLE_TIMEOUT,
@@ -274,14 +275,14 @@ async def test_over_grpc_a_stalled_stream_is_cut_at_once_not_drained():
                                            stall_after=2), timeout=20)
         assert (err.value.code(), reason_of(err.value)) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.IDLE)
-        assert time.monotonic() - started < 0.3 + grpc_transport.DRAIN_SECONDS / 2
+        assert time.monotonic() - started < 0.3 + grpc_service.DRAIN_SECONDS / 2
     finally:
         await channel.close()
         await server.stop(grace=0)
 
 
 async def test_over_grpc_stalled_streams_hold_two_buffers_and_are_cut(monkeypatch):
-    monkeypatch.setattr(grpc_transport, "DRAIN_SECONDS", 0.5)  # refused stalled streams
+    monkeypatch.setattr(grpc_service, "DRAIN_SECONDS", 0.5)  # refused stalled streams
     server, channel = await grpc_bob(idle=0.3)
     inbox = server.inbox
     stub = neighbor_pb2_grpc.NeighborStub(channel)

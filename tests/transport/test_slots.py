@@ -17,7 +17,9 @@ import pytest
 from dacflnode.security.certs import tls_files, write_certs
 from dacflnode.transport import channels
 from dacflnode.transport.base import Identity, Inbox
-from dacflnode.transport.grpc_transport import SERVICE_NAME, GrpcTransport, reason_of, unreachable
+from dacflnode.transport.grpc_service import SERVICE_NAME
+from dacflnode.transport.grpc_status import reason_of, unreachable
+from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.slots import PER_ADDRESS, PER_PEER, Call, CallSlots, peer_host
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
 from tests.harness.messages import message
