@@ -72,6 +72,7 @@ from dacflnode.protocol.phase import Phase
 from dacflnode.protocol.quarantine import Quarantine
 from dacflnode.protocol.schedule import RoundWork, SyncSchedule
 from dacflnode.protocol.setup import NodeSetup, RoundReport
+from dacflnode.protocol.snapshot import refused_total
 from dacflnode.records.checkpoint import FINAL_MODEL, Checkpoint
 from dacflnode.records.membership import PeerTrack
 from dacflnode.records.persist import PersistError
@@ -404,7 +405,7 @@ class NodeRunner:
         )
         self.last = report
         await self.outputs.metrics_line(report, self.alone_rounds,
-                                        sum(t.refused_states for t in self.peers.values()))
+                                        refused_total(self.peers.values()))
         await self.outputs.checkpoint(self.checkpoint)
         if self.on_round is not None:
             self.on_round(report)

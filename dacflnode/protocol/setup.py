@@ -9,13 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from dacflnode.algorithms.rounds import Algorithm
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.config.daemon import MIN_ANCHOR_DELAY
 from dacflnode.learning.layout import StateLayout
-from dacflnode.protocol.copies import Compression, wire_parts
+from dacflnode.protocol.copies import Compression
 from dacflnode.protocol.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.protocol.training import NodeTrainer
 from dacflnode.wire.state_guard import ABSURD_RATIO
@@ -91,10 +89,3 @@ class RoundReport:
     #: round (pushes and pulls, both ways)
     bytes_sent: int = 0
     bytes_received: int = 0
-
-
-def compressed_spec(setup: NodeSetup) -> dict[str, tuple[torch.dtype, tuple[int, ...]]] | None:
-    """The compressed tensor set a node of ``setup`` accepts (``None``: an uncompressed run)."""
-    if setup.compression is None:
-        return None
-    return wire_parts(setup.compression, setup.algorithm.exchanged, setup.layout.numel)
