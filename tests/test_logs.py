@@ -54,7 +54,7 @@ def capture(logger: logging.Logger, guard: logs.LogGuard) -> list[str]:
             lines.append(self.format(record))
 
     h = ListHandler()
-    h.setFormatter(logging.Formatter(logs.LINE_FORMAT))
+    h.setFormatter(logs.LineFormatter())
     h.addFilter(guard)
     logger.addHandler(h)
     return lines
@@ -241,19 +241,19 @@ async def test_every_line_of_a_json_daemon_log_parses_with_every_key(json_daemon
             receiver.hello(pb.HelloRequest(node_id=claimed, protocol_version=PROTOCOL_VERSION,
                                            model_fingerprint="m", run_fingerprint="r"))
     node_log = logging.getLogger("dacflnode.protocol.runner")
-    node_log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
-                     "bob", 4, "alice, carol", extra={"event": "state_missing", "node": "bob",
+    node_log.warning("round %d: no state from %s by the deadline; mixing without them",
+                     4, "alice, carol", extra={"event": "state_missing", "node": "bob",
                                                       "round": 4, "neighbour": ["alice", "carol"]})
-    node_log.info("%s: neighbour %s is up", "bob", HOSTILE,
+    node_log.info("neighbour %s is up", HOSTILE,
                   extra={"event": "neighbour_up", "node": "bob", "neighbour": HOSTILE})
     node_log.info("custom %s", "line", extra={"round": 7, "neighbour": HOSTILE, "event": "mine"})
     try:
         raise ValueError(HOSTILE)
     except ValueError:
-        node_log.exception("%s: %s", "bob", "failed\nforged", extra={"event": "failed",
+        node_log.exception("%s", "failed\nforged", extra={"event": "failed",
                                                                      "node": "bob"})
     for _ in range(3 * logs.RATE_LIMIT_COUNT):  # a flood: rate-limited as the text format is
-        node_log.warning("%s: %s refused round %d: %s (%s): %s", "bob", "carol", 5,
+        node_log.warning("%s refused round %d: %s (%s): %s", "carol", 5,
                          "ABORTED", Reason.ROUND_PASSED, "too late",
                          extra={"event": "push_refused", "node": "bob", "round": 5,
                                 "neighbour": "carol", "reason": Reason.ROUND_PASSED})
@@ -357,6 +357,47 @@ def test_every_logging_call_names_its_event_and_gives_only_known_fields():
     assert bad_name == [], f"an event is a lower-case name with underscores: {bad_name}"
 
 
+def test_the_text_line_names_the_node_before_the_message_and_the_json_line_as_its_key(
+        logger, tmp_path):
+    lines = capture(logger, logs.LogGuard())
+    logs.install(logger, tmp_path, console=False, log_format="json", node="bob")
+    logger.warning("round %d: no state from %s", 4, "alice", extra={"event": "state_missing",
+                   "node": "carol", "round": 4, "neighbour": "alice"})
+    logger.info("no node named", extra={"event": "plain"})
+    assert lines[0].endswith(f" WARNING {logger.name}: carol: round 4: no state from alice")
+    assert lines[1].endswith(f" INFO {logger.name}: no node named")
+    first, second = json_lines(tmp_path / "daemon.log")
+    assert (first["node"], first["message"]) == ("carol", "round 4: no state from alice")
+    assert (second["node"], second["message"]) == ("bob", "no node named")
+
+
+def test_a_console_for_in_process_nodes_shows_each_warning_after_its_node_once(logger, capsys):
+    first = logs.log_to_console(logger)
+    assert logs.log_to_console(logger) is first  # a second command in one process adds none
+    logger.warning("round %d: no state from %s", 2, "alice", extra={"node": "bob"})
+    logger.info("not shown", extra={"node": "bob"})
+    assert capsys.readouterr().err == "bob: round 2: no state from alice\n"
+
+
+def test_no_log_call_writes_its_node_into_the_message_too():
+    """The node a line is about is given once, as ``extra={"node": ...}``; the formats write it
+    (a ``"%s: "`` prefix with the same value would print it twice in the text format)."""
+    package = Path(logs.__file__).parent.parent
+    doubled = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("debug", "info", "warning", "error", "exception")
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                continue
+            extra = next((k.value for k in node.keywords if k.arg == "extra"), None)
+            names_node = isinstance(extra, ast.Dict) and any(
+                isinstance(k, ast.Constant) and k.value == "node" for k in extra.keys)
+            if names_node and str(node.args[0].value).startswith("%s: "):
+                doubled.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    assert doubled == []
+
+
 def test_every_module_logs_under_its_own_name():
     """``logging.getLogger(__name__)``: the JSON ``logger`` key and the text line name the module
     that logged; only the daemon's setup addresses the tree's root, ``dacflnode``."""
@@ -376,7 +417,7 @@ def test_every_module_logs_under_its_own_name():
 
 def test_a_line_about_several_neighbours_names_them_joined(logger, tmp_path):
     logs.install(logger, tmp_path, console=False, log_format="json", node="bob")
-    logger.warning("%s: round %d: no closing state from %s", "bob", 3, "alice, carol",
+    logger.warning("round %d: no closing state from %s", 3, "alice, carol",
                    extra={"event": "closing_state_missing", "node": "bob", "round": 3,
                           "neighbour": ["alice", "carol\nforged"]})
     (line,) = json_lines(tmp_path / "daemon.log")

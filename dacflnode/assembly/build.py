@@ -157,10 +157,10 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     model = build_model(data.default_model, data.input_shape, data.num_classes)
     parts = run_parts(run, run.algorithm[0], model)
     if parts.algorithm.mixing.radius is not None:
-        log.info("%s: clipped mixing, radius %.6g", node, parts.algorithm.mixing.radius,
+        log.info("clipped mixing, radius %.6g", parts.algorithm.mixing.radius,
                  extra={"event": "clipped_mixing", "node": node})
     if parts.compression is not None:
-        log.info("%s: compression %s, CHOCO step %g", node, parts.compression.spec,
+        log.info("compression %s, CHOCO step %g", parts.compression.spec,
                  parts.compression.gamma, extra={"event": "compression", "node": node})
     device = pick_device(run.device)
     trainer = LocalTrainer(model, data.train_x, data.train_y, run.train_config(),
@@ -168,7 +168,7 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     identity = Identity(node, parts.layout.fingerprint(), pf.run_fingerprint(data.contract),
                         data_contract=data.contract)
     if data.contract:
-        log.info("%s: %d training samples (%s), %d test samples; data contract: %s", node,
+        log.info("%d training samples (%s), %d test samples; data contract: %s",
                  data.info.size, ", ".join(f"{k}: {v}" for k, v in data.info.class_counts.items()),
                  data.info.test_size, contract_summary(data.contract),
                  extra={"event": "data_loaded", "node": node})
@@ -179,7 +179,7 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
     if checkpoint is not None:
         state = checkpoint.state
         trainer.local.update(checkpoint.local)
-        log.info("%s: resuming from round %d", node, state.round,
+        log.info("resuming from round %d", state.round,
                  extra={"event": "resuming", "node": node, "round": state.round})
     else:
         state = NodeState.initial(parts.initial)

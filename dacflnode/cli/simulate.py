@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,7 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
       dacflnode simulate --config examples/own-data/images/run.yaml \\
           --data-root devices/ --test-root devices/test/ --out runs/own   # DIR/<node-id>/
     """
+    from dacflnode import logs
     from dacflnode.errors import ConfigError
     from dacflnode.learning.names import node_ids
     from dacflnode.protocol.faults import load_fault_plan
@@ -77,6 +79,7 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
 
     if ray_workers is not None and ray_address is None:
         raise ConfigError("ray_workers", "needs --ray ADDRESS|local")
+    logs.log_to_console(logging.getLogger("dacflnode"))
     ray = RayTarget(ray_address, ray_workers) if ray_address is not None else None
     gone_after = daemon_settings({"gone_after": gone_after}).gone_after
     cfg = config_from_options(options)

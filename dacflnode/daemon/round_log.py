@@ -137,8 +137,8 @@ class RoundLog:
         self._late = counts
         evaluated = ("not evaluated" if accuracy is None else
                      f"accuracy {accuracy:.4f}" + ("" if loss is None else f", loss {loss:.4f}"))
-        log.info("%s: round %d/%d: %s; exchange %.2fs, train %.2fs; neighbours used %s, "
-                 "missing %s, late %s; sent %s, received %s", self.node, report.round,
+        log.info("round %d/%d: %s; exchange %.2fs, train %.2fs; neighbours used %s, "
+                 "missing %s, late %s; sent %s, received %s", report.round,
                  self.rounds, evaluated, report.exchange_s, report.train_s,
                  _names(report.used), _names(report.missing), _names(late),
                  size(sent), size(received),
@@ -153,8 +153,8 @@ class RoundLog:
         """The line at the end of the run: rounds, final accuracy, total time, bytes."""
         seconds = time.monotonic() - self.started
         accuracy = "not evaluated" if self.accuracy is None else f"{self.accuracy:.4f}"
-        log.info("%s: finished %d/%d rounds in %s; final accuracy %s; sent %s, received %s",
-                 self.node, self.done, self.rounds, duration(seconds), accuracy,
+        log.info("finished %d/%d rounds in %s; final accuracy %s; sent %s, received %s",
+                 self.done, self.rounds, duration(seconds), accuracy,
                  size(self.bytes_sent), size(self.bytes_received),
                  extra={"event": "summary", "node": self.node, "round": self.done,
                         "rounds": self.rounds, "accuracy": self.accuracy,

@@ -193,7 +193,7 @@ class Daemon:
     def on_signal(self, sig: signal.Signals) -> None:
         """SIGTERM drains when ``run.drain_on_sigterm`` says so; anything else stops."""
         drain = sig == signal.SIGTERM and self.pf.daemon.drain_on_sigterm
-        log.info("%s: %s: %s", self.pf.node.id, sig.name,
+        log.info("%s received: %s", sig.name,
                  "leaving the network" if drain else "stopping",
                  extra={"event": "signal", "node": self.pf.node.id})
         self.stop(drain=drain)
@@ -222,9 +222,9 @@ class Daemon:
                 raise ConfigError("node.tls", f"in {self.pf.path}: {exc.message}") from None
             return material
         log.warning(
-            "%s: neighbours are not authenticated (no node.tls): anyone who reaches %s can push"
+            "neighbours are not authenticated (no node.tls): anyone who reaches %s can push"
             " states in a neighbour's name or pull this node's model; set node.tls (see"
-            " `dacflnode certs` and docs/security.md)", self.pf.node.id, self.pf.node.listen,
+            " `dacflnode certs` and docs/security.md)", self.pf.node.listen,
             extra={"event": "unauthenticated", "node": self.pf.node.id})
         return None
 
@@ -272,8 +272,8 @@ class Daemon:
                               f"{address}: {exc.strerror or exc}: choose a free port, or drop "
                               "node.metrics") from exc
         self.metrics_server = server
-        log.info("%s: Prometheus metrics on %s://%s/metrics (%s)", self.pf.node.id,
-                 server.scheme, format_address(host, bound),
+        log.info("Prometheus metrics on %s://%s/metrics (%s)", server.scheme,
+                 format_address(host, bound),
                  "bearer token required" if token else "no token",
                  extra={"event": "metrics_serving", "node": self.pf.node.id})
         return server
@@ -297,7 +297,7 @@ class Daemon:
                 if metrics_server is not None:
                     await metrics_server.stop()
         except (ConfigError, CheckpointError) as exc:
-            log.error("%s: cannot start: %s", self.pf.node.id, exc,
+            log.error("cannot start: %s", exc,
                       extra={"event": "start_failed", "node": self.pf.node.id})
             if self.runner is not None:
                 self.runner.phase = Phase.FAILED
@@ -345,8 +345,8 @@ class Daemon:
             # the running one's token
             where = self._publish_token(token)
             await control.start()
-            log.info("%s: control service on %s (%s, token required: %s)", pf.node.id,
-                     pf.node.control, "TLS" if control_tls else "plaintext", where,
+            log.info("control service on %s (%s, token required: %s)", pf.node.control,
+                     "TLS" if control_tls else "plaintext", where,
                      extra={"event": "control_serving", "node": pf.node.id})
 
             built = await asyncio.to_thread(build_node, pf, self.faults)
@@ -416,22 +416,22 @@ class Daemon:
                                 if pf.node.health is not None and exc.address == pf.node.health
                                 else ("node.listen", pf.node.listen))
             raise self._bind_error(exc, setting, address) from exc
-        log.info("%s: serving neighbours on %s with %s (round %d of %d, %s on %s)", pf.node.id,
-                 pf.node.listen, "mutual TLS" if transport.tls else "no authentication",
+        log.info("serving neighbours on %s with %s (round %d of %d, %s on %s)", pf.node.listen,
+                 "mutual TLS" if transport.tls else "no authentication",
                  runner.round, pf.run.rounds, pf.run.algorithm[0], self.device,
                  extra={"event": "serving", "node": pf.node.id, "round": runner.round})
         if pf.node.health is not None:
-            log.info("%s: grpc.health.v1 alone, in plaintext, on %s", pf.node.id,
-                     pf.node.health, extra={"event": "health_serving", "node": pf.node.id})
+            log.info("grpc.health.v1 alone, in plaintext, on %s", pf.node.health,
+                     extra={"event": "health_serving", "node": pf.node.id})
         try:
             await runner.run()
             if round_log.done:
                 round_log.summary()
             if runner.phase == Phase.LEFT:
-                log.info("%s: left the network after round %d", pf.node.id, runner.round,
+                log.info("left the network after round %d", runner.round,
                          extra={"event": "left", "node": pf.node.id, "round": runner.round})
         except Exception as exc:  # a refused handshake, a broken model file, ...
-            log.error("%s: %s", pf.node.id, exc, exc_info=not isinstance(exc, RuntimeError),
+            log.error("%s", exc, exc_info=not isinstance(exc, RuntimeError),
                       extra={"event": "failed", "node": pf.node.id})
             runner.phase = Phase.FAILED
             return 1
@@ -485,14 +485,14 @@ def guard_state_dir(state_dir: Path, node: str) -> None:
     try:
         changed = tighten_dir(state_dir)
     except OSError as exc:
-        log.warning("%s: the state folder %s is open to other users (mode %03o) and cannot be "
+        log.warning("the state folder %s is open to other users (mode %03o) and cannot be "
                     "changed (%s): make it the node user's own with mode 0700 (`chmod 700 %s`)",
-                    node, state_dir, mode, exc.strerror or exc, state_dir,
+                    state_dir, mode, exc.strerror or exc, state_dir,
                     extra={"event": "state_dir_open", "node": node})
         return
     if changed:
-        log.warning("%s: the state folder %s was open to other users (mode %03o): set to %03o",
-                    node, state_dir, mode, stat.S_IMODE(state_dir.stat().st_mode),
+        log.warning("the state folder %s was open to other users (mode %03o): set to %03o",
+                    state_dir, mode, stat.S_IMODE(state_dir.stat().st_mode),
                     extra={"event": "state_dir_tightened", "node": node})
 
 
@@ -505,22 +505,21 @@ def watch_handshakes(node: str) -> HandshakeWatch | None:
     from dacflnode.transport.tls_failures import HandshakeWatch, verbosity_hides_failures
 
     if verbosity_hides_failures():
-        log.warning("%s: GRPC_VERBOSITY=%s hides failed TLS handshakes: they are neither "
-                    "counted nor logged; unset it to see them", node,
-                    os.environ.get("GRPC_VERBOSITY"),
+        log.warning("GRPC_VERBOSITY=%s hides failed TLS handshakes: they are neither "
+                    "counted nor logged; unset it to see them", os.environ.get("GRPC_VERBOSITY"),
                     extra={"event": "tls_handshakes_hidden", "node": node})
         return None
 
     def failed(reason: str, detail: str) -> None:
-        log.warning("%s: TLS handshake failed (%s): %s", node, reason, detail,
+        log.warning("TLS handshake failed (%s): %s", reason, detail,
                     extra={"node": node, "event": "tls_handshake_failed", "reason": reason})
 
     watch = HandshakeWatch(failed)
     try:
         watch.start()
     except OSError as exc:
-        log.warning("%s: failed TLS handshakes are not counted: cannot start the relay of "
-                    "stderr: %s", node, exc, extra={"event": "tls_handshakes_hidden", "node": node})
+        log.warning("failed TLS handshakes are not counted: cannot start the relay of "
+                    "stderr: %s", exc, extra={"event": "tls_handshakes_hidden", "node": node})
         return None
     return watch
 

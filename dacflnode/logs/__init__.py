@@ -36,8 +36,10 @@ from dacflnode.logs.handlers import (
     LOG_FILE_BACKUPS,
     LOG_FILE_BYTES,
     LOG_FORMATS,
+    LineFormatter,
     LogFormat,
     install,
+    log_to_console,
     make_formatter,
 )
 from dacflnode.logs.json_format import JSON_KEYS, VALUE_KEYS, JsonFormatter
@@ -46,7 +48,7 @@ __all__ = [
     "FIELDS", "JSON_KEYS", "LINE_FORMAT", "LOG_FILE_BACKUPS", "LOG_FILE_BYTES", "LOG_FORMATS",
     "MAX_MESSAGE_CHARS", "MAX_OBJECT_CHARS", "MAX_TEMPLATES", "MAX_TRACEBACK_LINES",
     "MAX_VALUE_CHARS", "RATE_LIMIT_COUNT", "RATE_LIMIT_WINDOW_S", "SUPPRESSED",
-    "SUPPRESSED_EVENT", "UNLIMITED", "VALUE_KEYS", "JsonFormatter", "LogFormat", "LogGuard",
-    "escape", "format_exception", "install", "make_formatter", "one_line", "safe_arg",
-    "sanitize",
+    "SUPPRESSED_EVENT", "UNLIMITED", "VALUE_KEYS", "JsonFormatter", "LineFormatter", "LogFormat",
+    "LogGuard", "escape", "format_exception", "install", "log_to_console", "make_formatter",
+    "one_line", "safe_arg", "sanitize",
 ]

@@ -63,7 +63,8 @@ MAX_TEMPLATES = 1024
 #:     a stable name for what happened (``push_refused``, ``state_missing``, ``neighbour_up``,
 #:     …), lower case with underscores;
 #: ``node``
-#:     the node the line is about (where the message starts with ``"<node>: "``, that node);
+#:     the node the line is about: the message does not name it, the text format writes it
+#:     before the message (``"<node>: "``) and the JSON format as its own key;
 #: ``round``
 #:     the round the message is about (an integer);
 #: ``neighbour``

@@ -30,12 +30,52 @@ LOG_FORMATS = ("text", "json")
 LogFormat = Literal["text", "json"]
 
 
+class LineFormatter(logging.Formatter):
+    """:data:`LINE_FORMAT`, the message preceded by ``"<node>: "`` where the record names the
+    node it is about (its ``node`` field, :data:`~dacflnode.logs.guard.FIELDS`): the call site
+    writes the node once, in ``extra``, and a line still says which node it is about when
+    several nodes log to one console (``launch``, ``simulate``, tests)."""
+
+    def __init__(self, fmt: str = LINE_FORMAT) -> None:
+        super().__init__(fmt)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        node = getattr(record, "node", None)
+        if isinstance(node, str) and node:
+            saved = record.message
+            record.message = f"{node}: {saved}"
+            try:
+                return super().formatMessage(record)
+            finally:
+                record.message = saved
+        return super().formatMessage(record)
+
+
+class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`log_to_console` adds (told apart from any other by its class)."""
+
+
+def log_to_console(logger: logging.Logger, level: int = logging.WARNING) -> logging.Handler:
+    """Show ``logger``'s records of ``level`` and above on stderr, each its message preceded by
+    the node it is about: for a command that runs nodes in its own process (``simulate``), where
+    Python's last-resort handler would show the message alone. Called again (a second command
+    in one process), it returns the handler it added the first time. Returns the handler."""
+    for existing in logger.handlers:
+        if isinstance(existing, _ConsoleHandler):
+            return existing
+    handler = _ConsoleHandler()
+    handler.setLevel(level)
+    handler.setFormatter(LineFormatter("%(message)s"))
+    logger.addHandler(handler)
+    return handler
+
+
 def make_formatter(log_format: LogFormat, node: str | None = None) -> logging.Formatter:
     """The formatter of ``log_format`` (one of :data:`LOG_FORMATS`)."""
     if log_format == "json":
         return JsonFormatter(node)
     if log_format == "text":
-        return logging.Formatter(LINE_FORMAT)
+        return LineFormatter()
     raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
 
 

@@ -35,8 +35,8 @@ A key of :data:`JSON_KEYS` whose value is not known is null, never left out. The
 ``node``, ``round``, ``neighbour``, ``event`` and ``reason`` are those the call site gives with
 ``extra=`` (:data:`~dacflnode.logs.guard.FIELDS`), next to its message::
 
-    log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
-                me, t, ", ".join(late),
+    log.warning("round %d: no state from %s by the deadline; mixing without them",
+                t, ", ".join(late),
                 extra={"event": "state_missing", "node": me, "round": t, "neighbour": late})
 
 Fields are checked like arguments (a sender id with a newline is escaped and cut as in the
@@ -93,8 +93,7 @@ class JsonFormatter(logging.Formatter):
             "neighbour": fields.get("neighbour"),
             "event": fields.get("event"),
             "reason": fields.get("reason"),
-            "message": _without_node(one_line(record.getMessage(), MAX_MESSAGE_CHARS),
-                                     fields.get("node", self.node)),
+            "message": one_line(record.getMessage(), MAX_MESSAGE_CHARS),
             "traceback": tb or None,
         }
         for name in VALUE_KEYS:
@@ -103,11 +102,3 @@ class JsonFormatter(logging.Formatter):
                 line[name] = ([field_value(v) for v in value] if isinstance(value, list)
                               else field_value(value))
         return json.dumps(line, ensure_ascii=True, default=str)
-
-
-def _without_node(message: str, node: object) -> str:
-    """``message`` without a leading ``"<node>: "`` where ``node`` is the record's node field
-    (the JSON line names it already)."""
-    if isinstance(node, str) and node and message.startswith(node + ": "):
-        return message[len(node) + 2:]
-    return message

@@ -195,12 +195,12 @@ class CopyUpdates(CopyBook):
                     copies.commit(await loop.run_in_executor(
                         executor, copies.adopt, j, message.copy_next, full.tensors))
                     copies.pulled += 1
-                    log.info("%s: round %d: pulled the full public copy of %s", me, t, j,
+                    log.info("round %d: pulled the full public copy of %s", t, j,
                              extra={"event": "copy_pulled", "node": me, "round": t, "neighbour": j})
                 else:
                     continue
             except ValueError as exc:
-                log.warning("%s: round %d: the update of %s cannot be applied: %s", me, t, j,
+                log.warning("round %d: the update of %s cannot be applied: %s", t, j,
                             exc,
                             extra={"event": "copy_update_refused", "node": me, "round": t,
                                    "neighbour": j})
@@ -208,8 +208,8 @@ class CopyUpdates(CopyBook):
                 out.refused.append((j, message.round, Reason.ABSURD_STATE))
                 continue
             except (WireError, PeerUnavailable) as exc:
-                log.warning("%s: round %d: could not pull the public copy of %s: %s; not mixed "
-                            "this round", me, t, j, exc,
+                log.warning("round %d: could not pull the public copy of %s: %s; not mixed "
+                            "this round", t, j, exc,
                             extra={"event": "copy_pull_failed", "node": me, "round": t,
                                    "neighbour": j})
                 continue
@@ -219,7 +219,7 @@ class CopyUpdates(CopyBook):
                 refused = await loop.run_in_executor(
                     executor, guard, replace(message, tensors=copy, copy_base=0), False)
                 if refused is not None:
-                    log.warning("%s: round %d: the public copy of %s is refused: %s", me, t, j,
+                    log.warning("round %d: the public copy of %s is refused: %s", t, j,
                                 refused.detail,
                                 extra={"event": "copy_refused", "node": me, "round": t,
                                        "neighbour": j})

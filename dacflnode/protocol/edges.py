@@ -143,16 +143,16 @@ class EdgeBook:
                 if settled.uncovered:  # a newer header that no longer says: give up on them
                     self.ledger.forget(settled.uncovered)
                     anchor = self.propose_anchor(round_)
-                    log.warning("%s: %d one-sided uses of %s could not be settled; re-anchor "
-                                "at round %d", self.node, len(settled.uncovered), sender, anchor,
+                    log.warning("%d one-sided uses of %s could not be settled; re-anchor "
+                                "at round %d", len(settled.uncovered), sender, anchor,
                                 extra={"event": "unsettled", "node": self.node,
                                        "neighbour": sender})
                 for (r, _), entry in settled.undo:
                     out.add(entry, -1.0)
                     out.corrections += 1
                     track.corrections += 1
-                    log.info("%s: round %d: %s did not mix this node's round-%d state; "
-                             "undid the one-sided use", self.node, round_, sender, r,
+                    log.info("round %d: %s did not mix this node's round-%d state; "
+                             "undid the one-sided use", round_, sender, r,
                              extra={"event": "one_sided_undone", "node": self.node, "round": round_,
                                     "neighbour": sender})
             for anchor in message.anchors:
@@ -165,7 +165,7 @@ class EdgeBook:
                 if unsettled:  # older than its log: give up on them, re-anchor
                     self.ledger.forget(unsettled)
                     self.propose_anchor(round_)
-                log.info("%s: %s leaves the network (round %d)", self.node, sender,
+                log.info("%s leaves the network (round %d)", sender,
                          message.round,
                          extra={"event": "neighbour_leaving", "node": self.node,
                                 "round": message.round, "neighbour": sender})
@@ -177,7 +177,7 @@ class EdgeBook:
                     continue  # re-anchored in this round: the share is in no one's sum
                 out.add(message.tensors["x"], 1.0)
                 out.shares += 1
-                log.info("%s: took over the share of %s", self.node, sender,
+                log.info("took over the share of %s", sender,
                          extra={"event": "handover_received", "node": self.node,
                                 "neighbour": sender})
         return out
@@ -185,15 +185,15 @@ class EdgeBook:
     def _hear_anchor(self, round_: int, anchor: int, sender: str) -> None:
         if anchor > round_:
             if anchor not in self.anchors:
-                log.info("%s: re-anchor at round %d (heard from %s)", self.node, anchor, sender,
+                log.info("re-anchor at round %d (heard from %s)", anchor, sender,
                          extra={"event": "reanchor_heard", "node": self.node, "round": anchor,
                                 "neighbour": sender})
             self.anchors.add(anchor)
         elif anchor not in self.applied and anchor >= self.joined:
             self.applied.add(anchor)  # heard too late: do not propose again for this one
             later = self.propose_anchor(round_)
-            log.warning("%s: heard of the round-%d re-anchor only in round %d; proposing "
-                        "round %d", self.node, anchor, round_, later,
+            log.warning("heard of the round-%d re-anchor only in round %d; proposing "
+                        "round %d", anchor, round_, later,
                         extra={"event": "reanchor_late", "node": self.node, "round": round_})
 
     def record_round(
@@ -242,12 +242,12 @@ class EdgeBook:
                 self.ledger.forget(self.ledger.of_peer(j))
             anchor = self.propose_anchor(round_)
             for j in gone:
-                log.warning("%s: %s missed %d rounds in a row: declared gone; re-anchor at "
-                            "round %d", self.node, j, self.gone_after, anchor,
+                log.warning("%s missed %d rounds in a row: declared gone; re-anchor at "
+                            "round %d", j, self.gone_after, anchor,
                             extra={"event": "neighbour_gone", "node": self.node, "neighbour": j})
             for j in handovers_missing:
-                log.warning("%s: the handover of %s did not come; re-anchor at round %d",
-                            self.node, j, anchor,
+                log.warning("the handover of %s did not come; re-anchor at round %d",
+                            j, anchor,
                             extra={"event": "handover_missing", "node": self.node, "neighbour": j})
         return gone
 
@@ -333,7 +333,7 @@ class EdgeBook:
     def _activate(self, peer: str, from_round: int) -> None:
         track = self.peers[peer]
         if track.state is not PeerState.ACTIVE or track.active_from != from_round:
-            log.info("%s: edge to %s mixed from round %d", self.node, peer, from_round,
+            log.info("edge to %s mixed from round %d", peer, from_round,
                      extra={"event": "edge_active", "node": self.node, "round": from_round,
                             "neighbour": peer})
         track.state = PeerState.ACTIVE

@@ -151,8 +151,7 @@ class Exchange:
                 except TransportClosed:
                     return  # the node is shutting down
                 except Exception:  # background work: log it, never let it end the round
-                    log.exception("%s: asking %s whether it is there failed unexpectedly", me,
-                                  peer,
+                    log.exception("asking %s whether it is there failed unexpectedly", peer,
                                   extra={"event": "probe_failed", "node": me, "neighbour": peer})
                     continue
                 self._alive.add(peer)
@@ -169,8 +168,8 @@ class Exchange:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.warning("%s: round %d state not delivered to %s by the deadline",
-                            me, message.round, peer,
+                log.warning("round %d state not delivered to %s by the deadline",
+                            message.round, peer,
                             extra={"event": "push_timeout", "node": me,
                                    "round": message.round, "neighbour": peer})
                 return
@@ -204,14 +203,14 @@ class Exchange:
                         self.transport.inbox.bar(peer)
                     return
                 if exc.reason is not Reason.ROUND_AHEAD:
-                    log.warning("%s: %s refused round %d: %s (%s): %s", me, peer,
+                    log.warning("%s refused round %d: %s (%s): %s", peer,
                                 message.round, exc.code, exc.reason, exc.message,
                                 extra={"event": "push_refused", "node": me,
                                        "round": message.round, "neighbour": peer,
                                        "reason": exc.reason})
             except Exception:  # a transport failure nobody foresaw must not end the round
-                log.exception("%s: push of round %d to %s failed unexpectedly; retrying",
-                              me, message.round, peer,
+                log.exception("push of round %d to %s failed unexpectedly; retrying",
+                              message.round, peer,
                               extra={"event": "push_failed", "node": me,
                                      "round": message.round, "neighbour": peer})
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
@@ -235,20 +234,20 @@ class Exchange:
             message = await self.transport.pull(
                 peer, t, timeout=max(0.0, min(deadline - time.monotonic(), DEFAULT_PULL_TIMEOUT)))
             await inbox.put(message)
-            log.info("%s: pulled round %d state of %s", me, t, peer,
+            log.info("pulled round %d state of %s", t, peer,
                      extra={"event": "pulled", "node": me, "round": t, "neighbour": peer})
         except WireError as exc:
             if exc.reason is Reason.DUPLICATE:
                 return  # its push of the state arrived while the pull was on its way
             level = logging.INFO if exc.reason is Reason.NOT_KEPT else logging.WARNING
-            log.log(level, "%s: pull of round %d from %s failed: %s", me, t, peer, exc,
+            log.log(level, "pull of round %d from %s failed: %s", t, peer, exc,
                     extra={"event": "pull_failed", "node": me, "round": t, "neighbour": peer})
         except (PeerUnavailable, TransportClosed) as exc:
-            log.warning("%s: pull of round %d from %s failed: %s", me, t, peer, exc,
+            log.warning("pull of round %d from %s failed: %s", t, peer, exc,
                         extra={"event": "pull_failed", "node": me, "round": t,
                                "neighbour": peer})
         except Exception:  # a transport failure nobody foresaw must not end the round
-            log.exception("%s: pull of round %d from %s failed unexpectedly", me, t, peer,
+            log.exception("pull of round %d from %s failed unexpectedly", t, peer,
                           extra={"event": "pull_failed", "node": me, "round": t,
                                  "neighbour": peer})
         finally:

@@ -88,7 +88,7 @@ class Handshakes:
                 except HandshakeRefused as exc:
                     raise RuntimeError(f"neighbour {peer} refused or was refused: {exc}") from exc
                 pending.discard(peer)
-                log.info("%s: neighbour %s is up", setup.node_id, peer,
+                log.info("neighbour %s is up", peer,
                          extra={"event": "neighbour_up", "node": self.setup.node_id,
                                 "neighbour": peer})
             if not pending:
@@ -103,9 +103,9 @@ class Handshakes:
                     track = peers[peer]
                     if track.state is PeerState.ACTIVE:
                         track.state = PeerState.ABSENT
-                log.warning("%s: %s did not answer within %.0fs; going on without them (they "
-                            "join when they come up)", setup.node_id,
-                            ", ".join(sorted(pending)), setup.hello_timeout,
+                log.warning("%s did not answer within %.0fs; going on without them (they "
+                            "join when they come up)", ", ".join(sorted(pending)),
+                            setup.hello_timeout,
                             extra={"event": "neighbours_silent", "node": self.setup.node_id,
                                    "neighbour": sorted(pending)})
                 return
@@ -177,7 +177,7 @@ class Handshakes:
                     copies.commit(copies.adopt(peer, message.copy_next, full.tensors))
                     tensors = full.tensors
             except (PeerUnavailable, WireError, ValueError) as exc:
-                log.warning("%s: could not pull a model from %s to join: %s", me, peer, exc,
+                log.warning("could not pull a model from %s to join: %s", peer, exc,
                             extra={"event": "join_pull_failed", "node": self.setup.node_id,
                                    "neighbour": peer})
                 continue
@@ -185,15 +185,15 @@ class Handshakes:
                 state.x.shape).clone()
             heard = message.anchors
             stale = any(r > since and me in used for r, used in message.used_log)
-            log.info("%s: joining at round %d from the round-%d model of %s", me, join_round,
+            log.info("joining at round %d from the round-%d model of %s", join_round,
                      message.round, peer,
                      extra={"event": "joining", "node": self.setup.node_id, "round": join_round,
                             "neighbour": peer})
             break
         if model is None:  # its own model keeps the invariant as well (x = ω = ω_prev)
             model = state.omega.clone()
-            log.warning("%s: no neighbour handed a model; joining at round %d with its own",
-                        me, join_round,
+            log.warning("no neighbour handed a model; joining at round %d with its own",
+                        join_round,
                         extra={"event": "joining_alone", "node": self.setup.node_id,
                                "round": join_round})
         alg = setup.algorithm
@@ -203,18 +203,18 @@ class Handshakes:
         if alg.tracked_field != "x" and not (passed or stale or self.gone_for):
             mass = state.x - alg.tracked(state)
         if stale:
-            log.warning("%s: the checkpoint (round %d) is older than what its neighbours mixed "
+            log.warning("the checkpoint (round %d) is older than what its neighbours mixed "
                         "of this node: its mass is unknown; it joins without it and proposes a "
-                        "re-anchor", me, since,
+                        "re-anchor", since,
                         extra={"event": "stale_checkpoint", "node": me, "round": since})
         elif self.gone_for:
-            log.info("%s: %s declared this node gone: it joins without its mass (the "
-                     "re-anchor takes it)", me, ", ".join(sorted(self.gone_for)),
+            log.info("%s declared this node gone: it joins without its mass (the "
+                     "re-anchor takes it)", ", ".join(sorted(self.gone_for)),
                      extra={"event": "rejoin_after_gone", "node": me,
                             "neighbour": sorted(self.gone_for)})
         elif passed:
-            log.info("%s: the network re-anchored at round %s since this node's round %d: "
-                     "it joins with mass 0", me, ", ".join(map(str, passed)), since,
+            log.info("the network re-anchored at round %s since this node's round %d: "
+                     "it joins with mass 0", ", ".join(map(str, passed)), since,
                      extra={"event": "rejoin_after_anchor", "node": me})
         if stale or self.gone_for or not restarted:
             edges.reset(join_round)
@@ -237,7 +237,7 @@ class Handshakes:
                 await self.greet(peer, proposal=join_round)
             except (PeerUnavailable, HandshakeRefused) as exc:
                 self.edges.peers[peer].state = PeerState.ABSENT
-                log.warning("%s: %s did not agree on the join: %s", self.setup.node_id, peer,
+                log.warning("%s did not agree on the join: %s", peer,
                             exc,
                             extra={"event": "join_refused", "node": self.setup.node_id,
                                    "neighbour": peer})
@@ -263,7 +263,7 @@ class Handshakes:
         except (PeerUnavailable, HandshakeRefused, TransportClosed):
             pass
         except Exception:  # background work: log it, never let it end the node
-            log.exception("%s: handshake with %s failed unexpectedly", self.setup.node_id, peer,
+            log.exception("handshake with %s failed unexpectedly", peer,
                           extra={"event": "handshake_failed", "node": self.setup.node_id,
                                  "neighbour": peer})
 

@@ -53,8 +53,8 @@ class Mixer:
         late = [j for j in missing if j not in refused and j not in received]
         if late:
             node = self.setup.node_id
-            log.warning("%s: round %d: no state from %s by the deadline; mixing without them",
-                        node, t, ", ".join(late),
+            log.warning("round %d: no state from %s by the deadline; mixing without them",
+                        t, ", ".join(late),
                         extra={"event": "state_missing", "node": node, "round": t,
                                "neighbour": late})
 

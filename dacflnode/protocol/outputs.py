@@ -97,8 +97,8 @@ class Outputs:
         path = setup.state_dir / FINAL_MODEL
         problem = await asyncio.to_thread(_final_problem, path, state.round)
         if problem is not None:
-            log.warning("%s: the final model %s %s: writing it again from the checkpoint",
-                        setup.node_id, path, problem,
+            log.warning("the final model %s %s: writing it again from the checkpoint",
+                        path, problem,
                         extra={"event": "final_rewritten", "node": setup.node_id})
             await self.final_model(state)
 

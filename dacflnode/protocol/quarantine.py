@@ -52,13 +52,13 @@ class Quarantine:
         node's state, by ``peer``); returns whether this quarantines the edge now."""
         self.refused.add((round_, peer))
         if mine:
-            log.warning("%s: %s refused this node's round-%d state (%s); not retried",
-                        self.node, peer, round_, reason,
+            log.warning("%s refused this node's round-%d state (%s); not retried",
+                        peer, round_, reason,
                         extra={"event": "state_refused_by_neighbour", "node": self.node,
                                "round": round_, "neighbour": peer, "reason": reason})
         else:
-            log.warning("%s: refused the round-%d state of %s (%s); the round goes on without "
-                        "it", self.node, round_, peer, reason,
+            log.warning("refused the round-%d state of %s (%s); the round goes on without "
+                        "it", round_, peer, reason,
                         extra={"event": "state_refused", "node": self.node,
                                "round": round_, "neighbour": peer, "reason": reason})
         if self.edges.offence(peer, round_, self.round_of()):
@@ -83,8 +83,8 @@ class Quarantine:
 
     def _logged(self, peer: str) -> None:
         round_ = self.round_of()
-        log.warning("%s: edge to %s quarantined in round %d after %d refused states; it is not "
-                    "mixed again in this run; re-anchor at round %d", self.node, peer,
+        log.warning("edge to %s quarantined in round %d after %d refused states; it is not "
+                    "mixed again in this run; re-anchor at round %d", peer,
                     round_, self.edges.peers[peer].refused_states,
                     max(self.edges.anchors, default=-1),
                     extra={"event": "quarantined", "node": self.node, "round": round_,

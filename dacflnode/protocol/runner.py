@@ -196,7 +196,7 @@ class NodeRunner:
     def _request(self, flag: asyncio.Event, what: str) -> None:
         """Set ``flag``, logging the first request (``stop`` or ``leave``)."""
         if not flag.is_set():
-            log.info("%s: %s requested in round %d (%s)", self.setup.node_id, what, self.round,
+            log.info("%s requested in round %d (%s)", what, self.round,
                      self.phase,
                      extra={"event": f"{what}_requested", "node": self.setup.node_id,
                             "round": self.round})
@@ -245,13 +245,13 @@ class NodeRunner:
             self.phase = Phase.DONE
             await self.outputs.checkpoint(self.checkpoint)
             await self.outputs.final_model(self.state)
-            log.info("%s: all %d rounds done", self.setup.node_id, self.setup.rounds,
+            log.info("all %d rounds done", self.setup.rounds,
                      extra={"event": "rounds_done", "node": self.setup.node_id,
                             "round": self.setup.rounds})
             return True
         except Stopped:
             self.phase = Phase.STOPPED
-            log.info("%s: stopped at round %d", self.setup.node_id, self.round,
+            log.info("stopped at round %d", self.round,
                      extra={"event": "stopped", "node": self.setup.node_id, "round": self.round})
             return False
         except PersistError as exc:
@@ -269,7 +269,7 @@ class NodeRunner:
             return False
         self.phase = Phase.DONE
         await self.outputs.repair_final_model(self.state)
-        log.info("%s: run complete: %d/%d rounds; final model %s", setup.node_id, self.round,
+        log.info("run complete: %d/%d rounds; final model %s", self.round,
                  setup.rounds, "not written (no state directory)" if setup.state_dir is None
                  else setup.state_dir / FINAL_MODEL,
                  extra={"event": "run_complete", "node": setup.node_id, "round": self.round})
@@ -420,7 +420,7 @@ class NodeRunner:
                                                              work.absorbed)
         missing = [j for j in work.active if j not in received]
         if missing:
-            log.warning("%s: round %d: no closing state from %s", self.setup.node_id, t,
+            log.warning("round %d: no closing state from %s", t,
                         ", ".join(missing),
                         extra={"event": "closing_state_missing", "node": self.setup.node_id,
                                "round": t, "neighbour": missing})
@@ -436,8 +436,8 @@ class NodeRunner:
         bias = float(torch.linalg.vector_norm(self.state.x - tracked))
         self._set_x(tracked.clone())
         self.edges.anchored(t)
-        log.info("%s: re-anchored at round %d (x := %s; |x - %s| was %.3g)", self.setup.node_id,
-                 t, alg.tracked_field, alg.tracked_field, bias,
+        log.info("re-anchored at round %d (x := %s; |x - %s| was %.3g)", t, alg.tracked_field,
+                 alg.tracked_field, bias,
                  extra={"event": "reanchored", "node": self.setup.node_id, "round": t})
 
     def _set_x(self, x: torch.Tensor) -> None:
@@ -481,9 +481,9 @@ class NodeRunner:
         finally:
             self._set_round(end)  # stopped or not: its round is R
         if len(self.edges.ledger):
-            log.warning("%s: %d one-sided uses left unsettled at the end (a neighbour did not "
+            log.warning("%d one-sided uses left unsettled at the end (a neighbour did not "
                         "answer the closing exchanges); dacflnode invariant settles them from "
-                        "its checkpoint", self.setup.node_id, len(self.edges.ledger),
+                        "its checkpoint", len(self.edges.ledger),
                         extra={"event": "unsettled_at_end", "node": self.setup.node_id})
 
     async def _leave_network(self) -> None:
@@ -500,8 +500,8 @@ class NodeRunner:
         anchors: tuple[int, ...] = self.edges.header(t + 1)[1]
         if unsettled:  # the neighbours that did not answer cannot settle: ask for a re-anchor
             anchors = tuple(sorted({*anchors, self.edges.propose_anchor(t)}))
-            log.warning("%s: %d one-sided uses unsettled at leave; re-anchor proposed",
-                        setup.node_id, unsettled,
+            log.warning("%d one-sided uses unsettled at leave; re-anchor proposed",
+                        unsettled,
                         extra={"event": "unsettled_at_leave", "node": setup.node_id})
         if targets:
             mass = self.state.x - alg.tracked(self.state)
@@ -512,15 +512,15 @@ class NodeRunner:
                                     ((t, ()),), Kind.HANDOVER, anchors)
             await self.exchanger.push_all(targets, handover,
                                           time.monotonic() + setup.round_deadline)
-            log.info("%s: left the network at round %d; handed |x - %s| = %.3g to %s "
-                     "(heard from %d of %d)", setup.node_id, t, alg.tracked_field,
+            log.info("left the network at round %d; handed |x - %s| = %.3g to %s "
+                     "(heard from %d of %d)", t, alg.tracked_field,
                      float(torch.linalg.vector_norm(mass)), ", ".join(targets), len(heard),
                      len(targets),
                      extra={"event": "left", "node": setup.node_id, "round": t,
                             "neighbour": targets})
         else:
-            log.warning("%s: left at round %d with no neighbour to hand its share to",
-                        setup.node_id, t,
+            log.warning("left at round %d with no neighbour to hand its share to",
+                        t,
                         extra={"event": "left_alone", "node": setup.node_id, "round": t})
         await self.handshakes.stop()
         self.phase = Phase.LEFT

@@ -146,8 +146,8 @@ class Persister:
                         f"{remedy(err.errno, self.state_dir)}",
                         err.errno, str(path)) from exc
                 wait = self.pause * 2 ** (attempt - 1)
-                log.warning("%s: writing the %s to %s failed: %s; trying again in %.1fs",
-                            self.node_id, what, path, reason, wait,
+                log.warning("writing the %s to %s failed: %s; trying again in %.1fs",
+                            what, path, reason, wait,
                             extra={"event": "write_retry", "node": self.node_id})
                 self.retried += 1
                 self.sleep(wait)

@@ -18,8 +18,8 @@ def test_a_state_folder_open_to_others_is_closed_to_them_with_one_warning(tmp_pa
     with caplog.at_level(logging.WARNING, logger="dacflnode.daemon.service"):
         guard_state_dir(state, "node-0")
     assert stat.S_IMODE(state.stat().st_mode) == 0o750
-    assert [r.getMessage() for r in caplog.records] == [
-        f"node-0: the state folder {state} was open to other users (mode 777): set to 750"]
+    assert [(getattr(r, "node", None), r.getMessage()) for r in caplog.records] == [
+        ("node-0", f"the state folder {state} was open to other users (mode 777): set to 750")]
 
 
 def test_a_private_state_folder_is_left_alone_silently(tmp_path, caplog):
