@@ -7,12 +7,9 @@ synthetic data set, this project's own, trains the ``mlp`` at lr 0.05 (see
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dacflnode.errors import ConfigError
-
-if TYPE_CHECKING:
-    from dacflnode.config.run import RunConfig
 
 __all__ = ["default_lr", "resolved_model"]
 
@@ -25,7 +22,21 @@ def default_lr(dataset: str) -> float:
     return _DEFAULT_LR.get(dataset, 0.001)
 
 
-def resolved_model(run: RunConfig) -> str:
+class ModelSettings(Protocol):
+    """The settings of a :class:`~dacflnode.config.run.RunConfig` that choose its model (a
+    protocol, so that this module, which ``run.py`` imports, imports nothing of it)."""
+
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def channels(self) -> int: ...
+    @property
+    def image_size(self) -> int: ...
+
+
+def resolved_model(run: ModelSettings) -> str:
     """The model ``run`` trains: ``model`` when set, else its data set's default (what the
     handshake fingerprint hashes, so that an unset and an explicit default agree)."""
     if run.model is not None:

@@ -6,14 +6,11 @@ the settings own data needs besides (:func:`check_own_data`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dacflnode.errors import ConfigError
 
-if TYPE_CHECKING:
-    from dacflnode.config.run import RunConfig
-
-__all__ = ["BAD_FILES", "OWN_DATA", "check_own_data", "is_own"]
+__all__ = ["BAD_FILES", "OWN_DATA", "OwnDataSettings", "check_own_data", "is_own"]
 
 #: The data sources a device brings itself (``docs/data.md``), beside the built-in data sets.
 OWN_DATA = ("folder", "table", "python")
@@ -22,12 +19,28 @@ OWN_DATA = ("folder", "table", "python")
 BAD_FILES = ("fail", "skip")
 
 
-def is_own(run: RunConfig) -> bool:
+class OwnDataSettings(Protocol):
+    """The settings of a :class:`~dacflnode.config.run.RunConfig` that own data reads (a
+    protocol, so that this module, which ``run.py`` imports, imports nothing of it)."""
+
+    @property
+    def dataset(self) -> str: ...
+    @property
+    def classes(self) -> tuple[str, ...]: ...
+    @property
+    def label_column(self) -> str | None: ...
+    @property
+    def data_factory(self) -> str | None: ...
+    @property
+    def channels(self) -> int: ...
+
+
+def is_own(run: OwnDataSettings) -> bool:
     """Whether each device of ``run`` brings its own data."""
     return run.dataset in OWN_DATA
 
 
-def check_own_data(run: RunConfig) -> None:
+def check_own_data(run: OwnDataSettings) -> None:
     """The settings own data needs: a class list, and what each source reads."""
     if not run.classes:
         raise ConfigError(

@@ -8,20 +8,41 @@ and the graph and matrix of round 0. A single setting's choices and bounds are d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dacflnode.algorithms.compression_spec import parse_compression
 from dacflnode.config import schema
-from dacflnode.config.own_data import check_own_data
+from dacflnode.config.own_data import OwnDataSettings, check_own_data
 from dacflnode.errors import ConfigError
 
 if TYPE_CHECKING:
-    from dacflnode.config.run import RunConfig
+    from dacflnode.algorithms.topology import TopologySpec
 
 __all__ = ["check_run"]
 
 
-def check_run(run: RunConfig) -> None:
+class CheckedSettings(OwnDataSettings, Protocol):
+    """The settings of a :class:`~dacflnode.config.run.RunConfig` that these checks read (a
+    protocol, so that this module, which ``run.py`` imports, imports nothing of it)."""
+
+    @property
+    def algorithm(self) -> tuple[str, ...]: ...
+    @property
+    def mixing(self) -> str: ...
+    @property
+    def compression(self) -> str: ...
+    @property
+    def own_data(self) -> bool: ...
+    @property
+    def data_root(self) -> str | None: ...
+    @property
+    def download(self) -> bool: ...
+    @property
+    def mixing_matrix(self) -> str | None: ...
+    def topology_spec(self) -> TopologySpec: ...
+
+
+def check_run(run: CheckedSettings) -> None:
     """The declared checks (choices, bounds), then the ones that span several settings; a
     :class:`ConfigError` naming the setting for the first problem."""
     if not run.algorithm:
