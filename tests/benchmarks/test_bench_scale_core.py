@@ -12,8 +12,6 @@ import bench_scale  # type: ignore[import-not-found]
 
 from dacflnode.algorithms.mixing import metropolis_matrix
 
-pytestmark = pytest.mark.slow
-
 NODES, PARAMS, ROUNDS = 6, 1000, 4
 
 

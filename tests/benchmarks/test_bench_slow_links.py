@@ -12,8 +12,6 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import bench_slow_links as bench  # type: ignore[import-not-found]  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 
 def write_node(root: Path, node: int, rounds: list[tuple[float, float, int]]) -> None:
     """``rounds``: (seconds, exchange_s, bytes_sent) of rounds 1, 2, ..."""

@@ -1,4 +1,6 @@
-"""The command line end to end (in-process through click's runner, and one real subprocess)."""
+"""The command line end to end (in-process through click's runner, and one real subprocess): its
+refusals and help texts unmarked, the runs it starts (simulations, a cluster, a child process)
+slow."""
 
 import json
 import re
@@ -10,8 +12,6 @@ import pytest
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli, main
-
-pytestmark = pytest.mark.slow
 
 SMALL = [
     "--dataset",
@@ -32,6 +32,7 @@ def run(args):
     return CliRunner().invoke(cli, args, catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_simulate_json_prints_the_summary(tmp_path):
     result = run(
         ["simulate", *SMALL, "--algorithm", "dacfl,cdsgd", "--json", "--out", str(tmp_path)]
@@ -45,12 +46,14 @@ def test_simulate_json_prints_the_summary(tmp_path):
     assert (tmp_path / "cdsgd" / "node-2" / "final.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_simulate_prints_a_table_without_json():
     result = run(["simulate", *SMALL])
     assert result.exit_code == 0
     assert "dacfl" in result.stdout and "%" in result.stdout
 
 
+@pytest.mark.slow
 def test_yaml_config_is_read_and_flags_override_it(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("dataset: synthetic\nnodes: 5\nrounds: 1\nmodel: mlp\n")
@@ -103,6 +106,7 @@ def test_consensus_demo_json_has_the_documented_shape():
     assert all(len(v) == 20 for v in data["mae"].values())
 
 
+@pytest.mark.slow
 def test_consensus_demo_writes_a_plot(tmp_path):
     out = tmp_path / "fig3.png"
     result = run(["consensus-demo", "--plot", str(out)])
@@ -127,6 +131,7 @@ def test_example_files_named_in_help_texts_exist():
     assert [f for f in sorted(named) if not (root / f).is_file()] == []
 
 
+@pytest.mark.slow
 def test_the_installed_entry_point_runs_as_a_subprocess():
     proc = subprocess.run(
         [sys.executable, "-m", "dacflnode", "consensus-demo", "--json"],
@@ -139,6 +144,7 @@ def test_the_installed_entry_point_runs_as_a_subprocess():
     assert json.loads(proc.stdout)["matrix"] == "sparse"
 
 
+@pytest.mark.slow
 def test_launch_runs_a_real_cluster_and_prints_the_summary(tmp_path):
     result = run(["launch", "--dataset", "synthetic", "--model", "mlp", "--nodes", "3",
                   "--rounds", "2", "--lr", "0.05", "--out", str(tmp_path), "--json", "--quiet"])
@@ -185,6 +191,7 @@ def test_launch_runs_a_ring_only_on_as_many_nodes_as_a_ring_needs(tmp_path, node
     assert _default_topology({"nodes": nodes, "config_file": path}) == topology
 
 
+@pytest.mark.slow
 def test_simulate_with_clipped_mixing_reports_an_invariant_that_holds():
     args = ["simulate", *SMALL, "--rounds", "4", "--topology", "ring", "--algorithm",
             "dacfl,cdsgd", "--json"]

@@ -287,6 +287,7 @@ def test_a_simulator_residual_above_the_tolerance_breaks_the_verdict(simulated, 
     assert run("invariant", "--tolerance", "1e-3", str(tmp_path)).exit_code == 0
 
 
+@pytest.mark.slow  # reads the module's simulated run
 def test_a_simulator_summary_without_the_invariant_says_to_run_it_again(simulated, tmp_path):
     summary = json.loads((simulated / "summary.json").read_text())
     del summary["invariant"]  # as an older dacflnode wrote it
@@ -298,6 +299,7 @@ def test_a_simulator_summary_without_the_invariant_says_to_run_it_again(simulate
     assert "run `dacflnode simulate` again" in data["error"]
 
 
+@pytest.mark.slow  # reads the module's simulated run
 def test_a_run_of_algorithms_without_a_tracker_has_no_invariant_to_hold(simulated, tmp_path):
     summary = json.loads((simulated / "summary.json").read_text())
     summary["algorithms"] = {"cdsgd": summary["algorithms"]["cdsgd"]}

@@ -19,7 +19,7 @@ from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
-from tests.harness.cluster import ENV, TINY, cluster, max_diff, start_node
+from tests.harness.cluster import ENV, PRIMED, TINY, cluster, max_diff, start_node
 
 pytestmark = pytest.mark.slow
 
@@ -82,23 +82,25 @@ async def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_pa
 
 
 def test_sigterm_checkpoints_and_exits_zero_and_a_restart_finishes_the_run(tmp_path):
-    with cluster(tmp_path, 3, rounds=30) as c:
+    # rounds enough that the signal, sent as node-0 ends round 2, finds the run unfinished
+    with cluster(tmp_path, 3, rounds=12) as c:
         c.start()
         c.wait_for_round(0, 2, timeout=120)
         c.send(signal.SIGTERM)
         assert c.wait(timeout=60) == [0, 0, 0], c.logs(range(3))
         done = [len(c.metrics(i)) for i in range(3)]
         assert all((c.state_dir(i) / "checkpoint.safetensors").exists() for i in range(3))
-        assert min(done) < 30
+        assert min(done) < 12
         c.start()  # resume from the checkpoints
         assert c.wait(timeout=120) == [0, 0, 0], c.logs(range(3))
         for i in range(3):
             rounds = [m["round"] for m in c.metrics(i)]
-            assert rounds == list(range(1, 31)), rounds
+            assert rounds == list(range(1, 13)), rounds
 
 
 def test_a_killed_node_restarted_from_its_checkpoint_rejoins_the_cluster(tmp_path):
-    with cluster(tmp_path, 3, rounds=25) as c:
+    # killed at round 3: the rounds after it are run with the restarted node
+    with cluster(tmp_path, 3, rounds=12) as c:
         c.start()
         c.wait_for_round(1, 3, timeout=120)
         c.kill(1)  # a crash: no checkpoint of the round in flight
@@ -106,17 +108,25 @@ def test_a_killed_node_restarted_from_its_checkpoint_rejoins_the_cluster(tmp_pat
         assert c.wait(timeout=120) == [0, 0, 0], c.logs(range(3))
         for i in range(3):
             rounds = [m["round"] for m in c.metrics(i)]
-            assert rounds[-1] == 25 and sorted(set(rounds)) == list(range(1, 26))
+            assert rounds[-1] == 12 and sorted(set(rounds)) == list(range(1, 13))
 
 
 def test_stop_drain_ends_the_node_with_exit_0_and_the_others_finish_without_it(tmp_path):
-    with cluster(tmp_path, 4, rounds=300, eval_every=100) as c:
-        c.start()
-        c.wait_for_round(0, 3, timeout=120)
-        drain = subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--drain", "--peers",
-                                str(c.paths[2])], capture_output=True, text=True, timeout=60,
-                               env=ENV)
-        assert drain.returncode == 0 and "leaves the network" in drain.stdout
+    # the stop command primed (its imports done) and released at round 3: it lands rounds,
+    # not seconds of imports, after that, and the run is far from over
+    with cluster(tmp_path, 4, rounds=40, eval_every=20) as c:
+        stop = subprocess.Popen([sys.executable, "-c", PRIMED, "stop", "--drain", "--peers",
+                                 str(c.paths[2])], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ENV)
+        try:
+            c.start()
+            c.wait_for_round(0, 3, timeout=120)
+            out, err = stop.communicate("stop\n", timeout=60)
+        finally:
+            stop.kill()
+            stop.wait()
+        assert stop.returncode == 0 and "leaves the network" in out, err
         assert c.wait([2], timeout=60) == [0]
         assert "left the network" in (tmp_path / "node-2" / "daemon.log").read_text()
         assert c.wait(timeout=180) == [0, 0, 0, 0], c.logs(range(4))
@@ -126,7 +136,7 @@ def test_stop_drain_ends_the_node_with_exit_0_and_the_others_finish_without_it(t
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["left"] == ["node-2"] and report["nodes"] == ["node-0", "node-1", "node-3"]
-    assert report["rounds"] == {"node-0": 300, "node-1": 300, "node-3": 300}
+    assert report["rounds"] == {"node-0": 40, "node-1": 40, "node-3": 40}
     assert report["unresolved"] == 0 and report["resolved_residual"] <= 1e-4
 
 
@@ -172,7 +182,7 @@ def test_a_killed_node_whose_checkpoint_was_damaged_resumes_from_the_previous_on
     so, resumes from checkpoint.prev.safetensors (a round further back) and the run ends with
     every node done and the invariant holding."""
     state = tmp_path / "node-1"
-    with cluster(tmp_path, 3, rounds=20) as c:
+    with cluster(tmp_path, 3, rounds=12) as c:  # killed at round 3: rounds left to run
         c.start()
         c.wait_for_round(1, 3, timeout=120)
         c.kill(1)
@@ -194,5 +204,5 @@ def test_a_killed_node_whose_checkpoint_was_damaged_resumes_from_the_previous_on
                              *(str(tmp_path / f"node-{i}") for i in range(3))],
                             capture_output=True, text=True, timeout=60, env=ENV)
     report = json.loads(result.stdout)
-    assert report["rounds"] == {"node-0": 20, "node-1": 20, "node-2": 20}
+    assert report["rounds"] == {"node-0": 12, "node-1": 12, "node-2": 12}
     assert result.returncode == 0 and report["holds"], report["verdict"]

@@ -17,8 +17,6 @@ from dacflnode.cli.launch import launch
 from dacflnode.cli.main import cli
 from dacflnode.cli.simulate import simulate
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted((ROOT / "examples" / "faults").glob("*.yaml"))
 # where the plans' commands are written down

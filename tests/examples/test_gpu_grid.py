@@ -17,8 +17,6 @@ import pytest
 from dacflnode.records.metrics_log import MetricsLine, append_line
 from tests.learning.test_datasets import write_idx_dataset
 
-pytestmark = pytest.mark.slow
-
 FOLDER = Path(__file__).resolve().parents[2] / "examples" / "reproduce_paper"
 
 
@@ -294,6 +292,7 @@ def test_results_files_hold_every_job_the_paper_and_the_precision_table(tmp_path
 # ------------------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow  # runs the script: a real 2-round simulation in a child process
 def test_quick_cpu_run_writes_the_results_and_the_archive(tmp_path):
     write_idx_dataset(tmp_path / "data", compress=True, n_train=200, n_test=40)
     out, work = tmp_path / "out", tmp_path / "work"
@@ -301,7 +300,7 @@ def test_quick_cpu_run_writes_the_results_and_the_archive(tmp_path):
            "--parallel", "1", "--only", "static-dense-iid", "--algorithms", "dacfl",
            "--precision", "fp32", "--local-steps", "1", "--eval-samples", "20",
            "--data-root", str(tmp_path / "data"), "--out", str(out), "--work", str(work)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "start static-dense-iid/dacfl/fp32" in run.stdout
     data = json.loads((out / "results.json").read_text())

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "reproduce_paper" / "reproduce.py"
 
 
@@ -35,6 +33,7 @@ def test_only_lists_the_settings_the_script_runs():
     assert "static-dense-iid" in only.help and "varying-sparse-shards" in only.help
 
 
+@pytest.mark.slow  # a child process
 def test_reproduce_help_answers_without_loading_the_simulator():
     probe = (
         "import runpy, sys, contextlib, io\n"

@@ -57,6 +57,7 @@ def test_a_ray_run_where_ray_is_missing_says_how_to_install_it(
         engine("sequential", ray=RayTarget("local", 1))
 
 
+@pytest.mark.slow  # a fresh interpreter in a child process
 def test_choosing_an_engine_does_not_import_ray() -> None:
     code = ("import sys; from dacflnode.sim.engines.registry import make_engine; "
             "print('ray' in sys.modules)")
