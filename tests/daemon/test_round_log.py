@@ -45,7 +45,8 @@ def test_missing_and_late_neighbours_are_named_and_bytes_add_up(captured):
     assert "neighbours used 1 (b), missing 2 (c, d), late 1 (d); sent 1.5 kB, received 2.5 MB" \
         in first and "not evaluated" in first
     assert "round 2/5: accuracy 0.5000, loss 1.2500;" in second and "late 0;" in second
-    assert end.startswith("a: finished 2/5 rounds in ") and "final accuracy 0.5000" in end
+    assert end.startswith("finished 2/5 rounds in ") and "final accuracy 0.5000" in end
+    assert {r.node for r in captured.records} == {"a"}  # the node is named once, as a field
     assert end.endswith("sent 2.0 kB, received 2.5 MB")
     assert captured.records[0].late == ["d"]
 
@@ -95,13 +96,13 @@ def test_round_lines_are_not_rate_limited_but_other_repeats_are(tmp_path):
     assert text.count(" other ") == logs.RATE_LIMIT_COUNT
 
 
-def test_the_json_message_drops_the_node_prefix_only_for_its_own_node():
+def test_the_json_message_is_the_call_sites_own_and_the_node_only_a_key():
     def message(msg: str, *args: object, **fields: object) -> str:
         record = logging.LogRecord("dacflnode.protocol.runner", logging.INFO, __file__, 1, msg,
                                    args, None)
         record.__dict__.update(fields)  # as extra= sets them
         return str(json.loads(logs.JsonFormatter(node="n0").format(record))["message"])
 
-    assert message("%s: neighbour %s is up", "n1", "n2", node="n1") == "neighbour n2 is up"
-    assert message("n0: something") == "something"  # the daemon's own id
-    assert message("n1: something") == "n1: something"  # names another node: kept
+    assert message("neighbour %s is up", "n2", node="n1") == "neighbour n2 is up"
+    assert message("n0: something") == "n0: something"  # nothing is stripped from a message
+    assert message("n1: something", node="n1") == "n1: something"
