@@ -6,9 +6,12 @@ with its state directory at ``DIR/<node-id>/`` — the layout ``simulate`` write
 simulator does.
 
 The daemons are started as a user starts one, through the command line
-(:data:`DAEMON_COMMAND`): the launcher relies on the ``start`` command's options, a layer above
-``node``, across a process boundary and never by an import. It is the one place ``node`` does,
-and ``tests/cluster/test_launcher.py`` checks that ``start`` accepts the command line built here.
+(:func:`daemon_args`): the launcher relies on the ``start`` command's options, in the CLI a
+layer above, across a process boundary and never by an import; ``tests/cluster/test_launcher.py``
+checks that ``start`` accepts the command line built here. Each daemon is a process of its own,
+forked from a server that has imported torch and gRPC once (:mod:`dacflnode.cluster.forked`), so
+that N daemons do not import them N times; where the platform has no fork server, each is a
+fresh ``python -m dacflnode start``.
 
 With a fault plan (``launch --faults FILE``) every daemon gets a copy of the file
 (``DIR/faults.yaml``, passed as ``dacflnode start --faults``), so the whole cluster drops the
@@ -28,16 +31,17 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from dacflnode import __version__
 from dacflnode.algorithms.topology import GRAPH_KINDS
+from dacflnode.cluster import forked
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
@@ -57,8 +61,8 @@ from dacflnode.records.metrics_log import METRICS_FILE, read_metrics, summarize
 
 LaunchProgress = Callable[[str, int, int, float | None], None]
 
-#: How a daemon is started: ``dacflnode start`` run by this interpreter, in a process of its own.
-DAEMON_COMMAND = (sys.executable, "-m", "dacflnode", "start")
+#: ``dacflnode`` as a fresh interpreter runs it: this Python, the package's command line.
+INTERPRETER = (sys.executable, "-m", "dacflnode")
 
 #: What a run leaves in each node's folder: an earlier run is found by them, ``--fresh``
 #: deletes them (nothing else: the folder may hold the user's own files, or a data cache).
@@ -72,10 +76,45 @@ FRESH_HINT = ("run the same command with --fresh to start over (it deletes that 
               "checkpoints, final models and logs)")
 
 
-def daemon_argv(peers: Path, faults: Path | None = None) -> list[str]:
-    """The command line of the daemon of peers file ``peers``, playing fault plan ``faults``."""
+def daemon_args(peers: Path, faults: Path | None = None) -> list[str]:
+    """The ``dacflnode`` arguments of the daemon of peers file ``peers``, playing fault plan
+    ``faults``."""
     plan = ["--faults", str(faults)] if faults is not None else []
-    return [*DAEMON_COMMAND, "--peers", str(peers), *plan]
+    return ["start", "--peers", str(peers), *plan]
+
+
+def daemon_argv(peers: Path, faults: Path | None = None) -> list[str]:
+    """The command line of that daemon in an interpreter of its own."""
+    return [*INTERPRETER, *daemon_args(peers, faults)]
+
+
+class DaemonProcess(Protocol):
+    """A started daemon: a fork (:class:`forked.ForkedCommand`) or an interpreter
+    (:class:`asyncio.subprocess.Process`)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    async def wait(self) -> int: ...
+
+
+async def start_daemon(peers: Path, faults: Path | None, output: Path,
+                       env: Mapping[str, str]) -> DaemonProcess:
+    """The daemon of peers file ``peers``, its stdout and stderr in ``output`` (created anew):
+    forked from the preloaded fork server where the platform has one, so that N daemons
+    import torch and gRPC once, not N times; else ``python -m dacflnode start``."""
+    if forked.available():
+        prepare_file(output, LOG_MODE)
+        return forked.ForkedCommand(daemon_args(peers, faults), env, stdout=output)
+    log = open_text(output, LOG_MODE)
+    try:
+        return await asyncio.create_subprocess_exec(
+            *daemon_argv(peers, faults), stdout=log, stderr=asyncio.subprocess.STDOUT,
+            env=dict(env))
+    finally:
+        log.close()
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -93,7 +132,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 async def _follow(
-    name: str, node_dirs: list[Path], rounds: int, procs: list[asyncio.subprocess.Process],
+    name: str, node_dirs: list[Path], rounds: int, procs: Sequence[DaemonProcess],
     progress: LaunchProgress | None,
 ) -> None:
     while any(p.returncode is None for p in procs):
@@ -105,7 +144,7 @@ async def _follow(
         await asyncio.sleep(0.5)
 
 
-async def _terminate(procs: list[asyncio.subprocess.Process]) -> None:
+async def _terminate(procs: Sequence[DaemonProcess]) -> None:
     """SIGTERM every daemon still running (each checkpoints and exits 0) and wait for them."""
     for p in procs:
         if p.returncode is None:
@@ -113,7 +152,7 @@ async def _terminate(procs: list[asyncio.subprocess.Process]) -> None:
     await asyncio.gather(*(p.wait() for p in procs))
 
 
-async def _wait_all_or_first_failure(procs: list[asyncio.subprocess.Process]) -> list[int]:
+async def _wait_all_or_first_failure(procs: Sequence[DaemonProcess]) -> list[int]:
     """The exit codes of all daemons; when one fails, the others are stopped at once instead of
     waiting for it until their hello timeout or round deadline runs out."""
     waits = {asyncio.ensure_future(p.wait()): p for p in procs}
@@ -188,13 +227,13 @@ async def run_cluster(
     if run.threads is None:  # share the cores instead of oversubscribing them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     started = time.perf_counter()
-    procs = []
-    for path, d in zip(paths, node_dirs, strict=True):
-        log = open_text(d / "daemon.out", LOG_MODE)
-        procs.append(await asyncio.create_subprocess_exec(
-            *daemon_argv(path, faults), stdout=log, stderr=asyncio.subprocess.STDOUT, env=env,
-        ))
-        log.close()
+    procs: list[DaemonProcess] = []
+    try:
+        for path, d in zip(paths, node_dirs, strict=True):
+            procs.append(await start_daemon(path, faults, d / "daemon.out", env))
+    except BaseException:
+        await _terminate(procs)
+        raise
     follower = asyncio.ensure_future(_follow(algorithm, node_dirs, run.rounds, procs, progress))
     with _noting_interrupts() as interrupted:
         try:
