@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +24,8 @@ from dacflnode.errors import ConfigError
 from dacflnode.peers.file import load_peers
 from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.checkpoint import save_checkpoint
-from tests.harness.cluster import TINY, set_node, start_node
+from tests.harness import preloaded
+from tests.harness.cluster import TINY, Process, set_node, start_node
 from tests.harness.polling import until_blocking
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ WARNING = "neighbours are not authenticated"
 
 
 def start_alone(tmp_path: Path, token: str | None = None, tls_dir: Path | None = None
-                ) -> tuple[Path, subprocess.Popen[bytes]]:
+                ) -> tuple[Path, Process]:
     ports = free_ports(4)
     path = generate_cluster("complete", 2, TWO, tmp_path / "peers", ports=ports[:2],
                             control_ports=ports[2:], state_root=tmp_path, hello_timeout=120,
@@ -49,8 +49,7 @@ def start_alone(tmp_path: Path, token: str | None = None, tls_dir: Path | None =
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dacflnode", *args], capture_output=True,
-                          text=True, timeout=60, env=env or ENV)
+    return preloaded.run(*args, env=env or ENV, timeout=60)
 
 
 def wait_for_status(*args: str, timeout: float = 60) -> dict[str, object]:
@@ -66,7 +65,7 @@ def wait_for_status(*args: str, timeout: float = 60) -> dict[str, object]:
     return data
 
 
-def stop(path: Path, proc: subprocess.Popen[bytes]) -> int:
+def stop(path: Path, proc: Process) -> int:
     cli("stop", "--peers", str(path))
     return proc.wait(timeout=60)
 

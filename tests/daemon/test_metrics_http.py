@@ -9,7 +9,6 @@ import asyncio
 import shutil
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from dacflnode.transport.grpc_control import fetch_metrics
 from dacflnode.transport.grpc_transport import GrpcTransport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 from dacflnode.wire.message import RoundMessage
+from tests.harness import preloaded
 from tests.harness.cluster import ENV, TINY, Cluster, cluster
 
 #: urllib without the environment's proxies: every address here is on loopback
@@ -377,8 +377,6 @@ def test_a_taken_metrics_port_stops_the_start_with_a_message_naming_node_metrics
         path = generate_cluster("complete", 2, TINY, tmp_path / "peers", ports=ports[:2],
                                 control_ports=ports[2:], metrics_ports=[port, port + 1],
                                 state_root=tmp_path)[0]
-        run = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
-                             capture_output=True, text=True, timeout=120,
-                             env=ENV)
+        run = preloaded.run("start", "--peers", str(path), env=ENV, timeout=120)
     assert run.returncode == 2, run.stderr
     assert "node.metrics" in run.stderr and f"127.0.0.1:{port}" in run.stderr

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -19,7 +17,8 @@ from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
-from tests.harness.cluster import ENV, PRIMED, TINY, cluster, max_diff, start_node
+from tests.harness import preloaded
+from tests.harness.cluster import ENV, TINY, cluster, max_diff, start_node
 
 pytestmark = pytest.mark.slow
 
@@ -54,9 +53,7 @@ async def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_pa
         c.start()
         c.wait_for_round(0, 1, timeout=120)
         addr, auth = c.control_address(0), c.control_auth(0)
-        cli = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--peers",
-                              str(c.paths[0]), "--json"], capture_output=True, text=True,
-                             timeout=60, env=ENV)
+        cli = preloaded.run("status", "--peers", str(c.paths[0]), "--json", env=ENV, timeout=60)
         assert cli.returncode == 0, cli.stderr
         assert json.loads(cli.stdout)["node_id"] == "node-0"
         status = await fetch_status(addr, auth=auth)
@@ -74,8 +71,7 @@ async def test_live_daemons_answer_status_and_metrics_and_stop_on_request(tmp_pa
         assert data["node_id"] == "node-0" and "last_round" in data
         assert data["neighbours"][0]["missed_rounds"] == 0 and data["reanchored"] == 0
         for path in c.paths:
-            subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--peers", str(path)],
-                           capture_output=True, timeout=60, env=ENV, check=False)
+            preloaded.run("stop", "--peers", str(path), env=ENV, timeout=60)
         assert c.wait(timeout=120) == [0, 0, 0], c.logs(range(3))
     for i in range(3):
         assert (tmp_path / f"node-{i}" / "checkpoint.safetensors").exists()
@@ -112,27 +108,18 @@ def test_a_killed_node_restarted_from_its_checkpoint_rejoins_the_cluster(tmp_pat
 
 
 def test_stop_drain_ends_the_node_with_exit_0_and_the_others_finish_without_it(tmp_path):
-    # the stop command primed (its imports done) and released at round 3: it lands rounds,
-    # not seconds of imports, after that, and the run is far from over
+    # the stop command is a fork of the preloaded server: it lands at round 3, not seconds of
+    # imports after that, and the run is far from over
     with cluster(tmp_path, 4, rounds=40, eval_every=20) as c:
-        stop = subprocess.Popen([sys.executable, "-c", PRIMED, "stop", "--drain", "--peers",
-                                 str(c.paths[2])], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=ENV)
-        try:
-            c.start()
-            c.wait_for_round(0, 3, timeout=120)
-            out, err = stop.communicate("stop\n", timeout=60)
-        finally:
-            stop.kill()
-            stop.wait()
-        assert stop.returncode == 0 and "leaves the network" in out, err
+        c.start()
+        c.wait_for_round(0, 3, timeout=120)
+        stop = preloaded.run("stop", "--drain", "--peers", str(c.paths[2]), env=ENV, timeout=60)
+        assert stop.returncode == 0 and "leaves the network" in stop.stdout, stop.stderr
         assert c.wait([2], timeout=60) == [0]
         assert "left the network" in (tmp_path / "node-2" / "daemon.log").read_text()
         assert c.wait(timeout=180) == [0, 0, 0, 0], c.logs(range(4))
-    result = subprocess.run([sys.executable, "-m", "dacflnode", "invariant", "--json",
-                             *(str(tmp_path / f"node-{i}") for i in range(4))],
-                            capture_output=True, text=True, timeout=60, env=ENV)
+    result = preloaded.run("invariant", "--json", *(str(tmp_path / f"node-{i}") for i in range(4)),
+                           env=ENV, timeout=60)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["left"] == ["node-2"] and report["nodes"] == ["node-0", "node-1", "node-3"]
@@ -161,8 +148,7 @@ def test_a_neighbour_with_other_run_settings_is_refused(tmp_path):
 
 def test_status_without_a_daemon_fails_with_a_clear_message():
     port = free_ports(1)[0]
-    proc = subprocess.run([sys.executable, "-m", "dacflnode", "status", "--target",
-                           f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    proc = preloaded.run("status", "--target", f"127.0.0.1:{port}", env=ENV, timeout=60)
     assert proc.returncode == 1
     assert "no dacflnode daemon answers" in proc.stderr
 
@@ -200,9 +186,8 @@ def test_a_killed_node_whose_checkpoint_was_damaged_resumes_from_the_previous_on
     assert "does not match its checksum" in log and "resuming from the previous checkpoint" in log
     assert (state / "checkpoint.damaged.safetensors").exists()
     assert "received already" not in log  # its pulls and refused pushes ask once per state
-    result = subprocess.run([sys.executable, "-m", "dacflnode", "invariant", "--json",
-                             *(str(tmp_path / f"node-{i}") for i in range(3))],
-                            capture_output=True, text=True, timeout=60, env=ENV)
+    result = preloaded.run("invariant", "--json", *(str(tmp_path / f"node-{i}") for i in range(3)),
+                           env=ENV, timeout=60)
     report = json.loads(result.stdout)
     assert report["rounds"] == {"node-0": 12, "node-1": 12, "node-2": 12}
     assert result.returncode == 0 and report["holds"], report["verdict"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from dacflnode.learning.files import read_verified
 from dacflnode.peers.file import load_peers
 from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.checkpoint import CHECKPOINT, FINAL_MODEL, save_checkpoint
+from tests.harness import preloaded
 from tests.harness.cluster import ENV, NOISE, TINY, assert_one_line_failure
 
 pytestmark = pytest.mark.slow
@@ -46,8 +46,7 @@ def peers(tmp_path: Path, **node: object) -> Path:
 
 def start(path: Path, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
     began = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
-                         capture_output=True, text=True, timeout=timeout, env=ENV)
+    run = preloaded.run("start", "--peers", str(path), env=ENV, timeout=timeout)
     return run, time.monotonic() - began
 
 

@@ -5,8 +5,6 @@ before any daemon starts."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -17,6 +15,7 @@ from dacflnode.peers.generate import generate_cluster
 from dacflnode.protocol.faults import load_fault_plan
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
+from tests.harness import preloaded
 from tests.harness.cluster import ENV, TINY, max_diff
 
 pytestmark = pytest.mark.slow
@@ -71,9 +70,8 @@ def test_start_refuses_a_plan_with_a_node_event_or_an_unknown_node(tmp_path):
                         ("- {drop: node-7, rounds: 1}\n", "no node 'node-7'")):
         plan = tmp_path / "faults.yaml"
         plan.write_text(text)
-        proc = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers",
-                               str(paths[0]), "--faults", str(plan)],
-                              capture_output=True, text=True, timeout=60, env=ENV)
+        proc = preloaded.run("start", "--peers", str(paths[0]), "--faults", str(plan), env=ENV,
+                             timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert words in proc.stderr and str(plan) in proc.stderr
 
@@ -86,9 +84,8 @@ def test_start_refuses_a_cut_of_a_pair_that_is_no_edge_of_its_peers_files_graph(
                              control_ports=ports[4:], state_root=tmp_path)
     plan = tmp_path / "faults.yaml"
     plan.write_text("- {cut: [node-0, node-1], round: 1}\n- {cut: [node-0, node-2], round: 1}\n")
-    proc = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers",
-                           str(paths[0]), "--faults", str(plan)],
-                          capture_output=True, text=True, timeout=60, env=ENV)
+    proc = preloaded.run("start", "--peers", str(paths[0]), "--faults", str(plan), env=ENV,
+                         timeout=60)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: faults[1].cut: "), proc.stderr

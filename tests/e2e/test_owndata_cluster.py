@@ -15,7 +15,8 @@ from dacflnode.config import RunConfig
 from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.harness.cluster import ENV, assert_one_line_failure, max_diff, start_node
+from tests.harness import preloaded
+from tests.harness.cluster import ENV, assert_one_line_failure, max_diff, run_nodes
 from tests.harness.owndata import CLASSES, MIX, write_csv_nodes, write_png_nodes
 
 pytestmark = pytest.mark.slow
@@ -74,9 +75,8 @@ def test_a_daemon_with_another_class_list_is_refused_naming_the_difference(tmp_p
     other = yaml.safe_load(paths[1].read_text())
     other["run"]["classes"] = ["cat", "dog"]
     paths[1].write_text(yaml.safe_dump(other))
-    procs = [start_node(p, stderr=subprocess.PIPE) for p in paths]
-    outputs = [p.communicate(timeout=120)[1].decode() for p in procs]
-    assert [p.returncode for p in procs] == [1, 1], outputs
+    codes, outputs = run_nodes(paths, tmp_path, timeout=120)
+    assert codes == [1, 1], outputs
     # whichever node refuses names the other's class list and its own
     said = ("node-1 refuses node-0: node-0 has classes ['cat', 'dog', 'eel'], this run"
             " ['cat', 'dog']",
@@ -112,8 +112,7 @@ def test_a_daemon_whose_folder_holds_a_corrupt_png_exits_2_with_one_line(tmp_pat
         "neighbours": [{"id": "node-1", "address": "127.0.0.1:1"}],
         "run": {"dataset": "folder", "classes": list(CLASSES), "image_size": 8, "nodes": 2},
     }))
-    proc = subprocess.run([sys.executable, "-m", "dacflnode", "start", "--peers", str(peers)],
-                          capture_output=True, text=True, timeout=120, env=ENV)
+    proc = preloaded.run("start", "--peers", str(peers), env=ENV, timeout=120)
     assert_one_line_failure(proc, peers, str(bad), "bad_files: skip")
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from dataclasses import replace
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from dacflnode import logs
 from dacflnode.cluster.launcher import free_ports
 from dacflnode.peers.generate import generate_cluster
-from tests.harness.cluster import TINY, start_node
+from tests.harness.cluster import TINY, run_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +33,9 @@ def test_a_pair_logs_one_line_per_round_in_text_and_json_none_rate_limited(tmp_p
     paths = generate_cluster("complete", 2, cfg, tmp_path / "peers", ports=ports[:2],
                              control_ports=ports[2:], state_root=tmp_path, round_deadline=30,
                              hello_timeout=60)
-    procs = [start_node(p, *extra, stderr=subprocess.PIPE)
-             for p, extra in zip(paths, ([], ["--log-format", "json"]), strict=True)]
-    try:
-        outputs = [p.communicate(timeout=300)[1].decode() for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    codes, outputs = run_nodes(paths, tmp_path, timeout=300,
+                               args=([], ["--log-format", "json"]))
+    assert codes == [0, 0], outputs
 
     text = (tmp_path / "node-0" / "daemon.log").read_text().splitlines()
     rounds = [m for m in map(TEXT_ROUND.search, text) if m]

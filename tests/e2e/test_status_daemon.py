@@ -16,7 +16,8 @@ import pytest
 from dacflnode.cluster.launcher import free_ports
 from dacflnode.peers.generate import generate_cluster
 from dacflnode.transport.grpc_control import fetch_status
-from tests.harness.cluster import ENV, TINY, control_of
+from tests.harness import preloaded
+from tests.harness.cluster import ENV, TINY, Process, control_of, start_node
 from tests.harness.polling import until_blocking
 
 pytestmark = pytest.mark.slow
@@ -31,9 +32,8 @@ def pair(tmp_path: Path, rounds: int, round_deadline: float = 30,
                             round_deadline=round_deadline, daemon_settings=daemon)
 
 
-def start(path: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+def start(path: Path) -> Process:
+    return start_node(path)
 
 
 def wait_for_log(path: Path, text: str, timeout: float = 90) -> None:
@@ -76,8 +76,7 @@ def test_a_stopped_neighbour_is_unreachable_not_active(tmp_path):
     try:
         for node in ("node-0", "node-1"):
             wait_for_log(tmp_path / node / "metrics.jsonl", '"round": 1')
-        stop = subprocess.run([sys.executable, "-m", "dacflnode", "stop", "--peers",
-                               str(paths[1])], capture_output=True, timeout=60, env=ENV)
+        stop = preloaded.run("stop", "--peers", str(paths[1]), env=ENV, timeout=60)
         assert stop.returncode == 0, stop.stderr
         assert procs[1].wait(timeout=60) == 0
         addr, auth = control_of(paths[0])

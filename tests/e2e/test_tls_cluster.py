@@ -14,7 +14,7 @@ from dacflnode.peers.file import load_peers
 from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from tests.harness.cluster import ENV, TINY, max_diff, start_node
+from tests.harness.cluster import ENV, TINY, max_diff, run_nodes
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +33,8 @@ def test_three_tls_daemons_finish_with_the_simulators_models(tmp_path):
     for node, path in zip(ids, paths, strict=True):
         tls = load_peers(path).node.tls
         assert tls is not None and tls.cert == certs / f"{node}.crt"
-    procs = [start_node(p, stderr=subprocess.PIPE) for p in paths]
-    outputs = [p.communicate(timeout=240)[1].decode() for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], [out[-2000:] for out in outputs]
+    codes, outputs = run_nodes(paths, tmp_path, timeout=240)
+    assert codes == [0, 0, 0], [out[-2000:] for out in outputs]
     run_experiment(cfg, tmp_path / "sim")
     for node in ids:
         state = tmp_path / "cluster" / node

@@ -111,8 +111,7 @@ async def test_failed_handshakes_are_counted_by_reason_and_logged_by_the_node(tm
             address, TlsMaterial(member.ca, exp_cert, exp_key), "node-0"),
     }
     err = tmp_path / "stderr.txt"
-    with err.open("w") as stderr:
-        proc = start_node(path, stderr=stderr)
+    proc = start_node(path, stderr=err)
 
     async def probe() -> tuple[NodeStatus, str]:
         await wait_for(path, lambda s: s.phase == "waiting-for-peers", "serving")

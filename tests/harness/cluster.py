@@ -9,6 +9,7 @@ whose tail a failing check prints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 import yaml
@@ -33,6 +34,7 @@ from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.invariant import compute_invariant, read_snapshot
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.transport.control_types import ControlAuth
+from tests.harness import preloaded
 from tests.harness.polling import until_blocking
 
 #: A run that takes seconds: synthetic data, the tiny CNN, on the CPU.
@@ -57,14 +59,47 @@ main(sys.argv[1:])
 """
 
 
-def start_node(path: Path, *args: str, stderr: IO[bytes] | int | None = subprocess.DEVNULL,
+#: A daemon's process: forked from the preloaded fork server, or a fresh interpreter.
+Process = subprocess.Popen[bytes] | preloaded.ForkedProcess
+
+
+def start_node(path: Path, *args: str, stderr: Path | None = None,
                python: Sequence[str] = (sys.executable,), how: Sequence[str] = ("-m", "dacflnode"),
-               stdin: int | None = None, env: dict[str, str] | None = None,
-               ) -> subprocess.Popen[bytes]:
-    """``dacflnode start --peers path ARGS`` in a process of its own."""
-    return subprocess.Popen([*python, *how, "start", "--peers", str(path), *args],
-                            stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr,
-                            env=ENV if env is None else env)
+               stdin: int | None = None, env: dict[str, str] | None = None) -> Process:
+    """``dacflnode start --peers path ARGS`` in a process of its own, its stderr appended to
+    ``stderr`` (``None``: discarded). Forked from the preloaded fork server
+    (:mod:`tests.harness.preloaded`) when it can be: this interpreter, ``-m dacflnode``, no
+    stdin and the fork server's import-time settings; else a fresh interpreter."""
+    env = ENV if env is None else env
+    argv = ["start", "--peers", str(path), *args]
+    if (tuple(python), tuple(how), stdin) == ((sys.executable,), ("-m", "dacflnode"), None) \
+            and preloaded.can_fork(env):
+        return preloaded.fork(argv, env, stderr=stderr)
+    with contextlib.ExitStack() as files:
+        err = files.enter_context(stderr.open("ab")) if stderr is not None else subprocess.DEVNULL
+        return subprocess.Popen([*python, *how, *argv], stdin=stdin, stdout=subprocess.DEVNULL,
+                                stderr=err, env=env)
+
+
+def run_nodes(paths: Sequence[Path], root: Path, timeout: float,
+              args: Sequence[Sequence[str]] = ()) -> tuple[list[int], list[str]]:
+    """``dacflnode start`` of every peers file in ``paths`` (node ``i`` with ``args[i]``), to
+    their end: their exit codes and stderr texts (kept in ``root/<peers file>.stderr``).
+    Fails, with their stderr, when one still runs at ``timeout``."""
+    errs = [root / f"{p.stem}.stderr" for p in paths]
+    extra = list(args) or [()] * len(paths)
+    procs = [start_node(p, *a, stderr=e) for p, a, e in zip(paths, extra, errs, strict=True)]
+    end = time.monotonic() + timeout
+    try:
+        codes = [p.wait(timeout=max(0.1, end - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a node still runs after {timeout:.0f}s\n"
+                    + "\n".join(e.read_text(errors="replace")[-2000:] for e in errs))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return codes, [e.read_text(errors="replace") for e in errs]
 
 
 def set_node(path: Path, **node: object) -> None:
@@ -154,7 +189,8 @@ class Cluster:
                                       hello_timeout=hello_timeout,
                                       daemon_settings=daemon_settings or {}, **where)
         self.metrics_addresses = [f"127.0.0.1:{p}" for p in where.get("metrics_ports", [])]
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: dict[int, Process] = {}
+        self.primed: set[int] = set()
 
     # ------------------------------------------------------------------ processes
     def python(self, i: int) -> list[str]:
@@ -168,22 +204,31 @@ class Cluster:
         return self
 
     def prime(self, *nodes: int) -> None:
-        """Start the processes of ``nodes`` with the daemon's modules loaded but not the daemon
-        (:meth:`release` starts it), so that a late start is not seconds of imports late."""
+        """Make ready to start ``nodes`` with the daemon's modules loaded (:meth:`release`
+        starts them), so that a late start is not seconds of imports late: a fork of the
+        preloaded server, or else an interpreter that imports them and waits on its stdin."""
+        if not self.namespaces and preloaded.can_fork(ENV):
+            self.primed.update(nodes)  # a fork starts at once
+            return
         self._spawn(nodes, ["-c", PRIMED], stdin=subprocess.PIPE)
 
     def release(self, *nodes: int) -> None:
         for i in nodes:
-            stdin = self.procs[i].stdin
-            assert stdin is not None, f"node-{i} was not primed"
-            stdin.write(b"start\n")
-            stdin.close()
+            if i in self.primed:
+                self.primed.discard(i)
+                self._spawn([i], ["-m", "dacflnode"])
+                continue
+            proc = self.procs[i]
+            assert isinstance(proc, subprocess.Popen) and proc.stdin is not None, \
+                f"node-{i} was not primed"
+            proc.stdin.write(b"start\n")
+            proc.stdin.close()
 
     def _spawn(self, nodes: Sequence[int], how: list[str], stdin: int | None = None) -> None:
         for i in nodes:
-            with (self.root / f"node-{i}.stderr").open("ab") as err:
-                self.procs[i] = start_node(self.paths[i], *self.args, stderr=err,
-                                           python=self.python(i), how=how, stdin=stdin)
+            self.procs[i] = start_node(self.paths[i], *self.args,
+                                       stderr=self.root / f"node-{i}.stderr",
+                                       python=self.python(i), how=how, stdin=stdin)
 
     def freeze(self, i: int, seconds: float) -> None:
         """Stop node ``i``'s process (SIGSTOP) for ``seconds``, then let it go on."""
@@ -241,8 +286,8 @@ class Cluster:
             try:
                 codes.append(self.procs[i].wait(timeout=timeout))
             except subprocess.TimeoutExpired:
-                self.kill(i)
-                codes.append(self.procs[i].returncode)
+                self.procs[i].kill()
+                codes.append(self.procs[i].wait(timeout=COMMAND_TIMEOUT))
         return codes
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ from dacflnode.transport.grpc_control import (
     fetch_status,
     request_stop,
 )
+from tests.harness import preloaded
 from tests.harness.cluster import TINY
 from tests.harness.polling import until, until_blocking
 
@@ -133,8 +134,7 @@ def start(path: Path) -> subprocess.Popen[bytes]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dacflnode", *args], capture_output=True,
-                          text=True, timeout=60, env=ENV)
+    return preloaded.run(*args, env=ENV, timeout=60)
 
 
 async def serving_token(path: Path, proc: subprocess.Popen[bytes], not_token: str | None = None
