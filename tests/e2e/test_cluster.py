@@ -18,7 +18,7 @@ from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from dacflnode.transport.grpc_control import fetch_metrics, fetch_status
 from tests.harness import preloaded
-from tests.harness.cluster import ENV, TINY, cluster, max_diff, start_node
+from tests.harness.cluster import ENV, HELLO_REFUSED, TINY, cluster, max_diff, start_node
 
 pytestmark = pytest.mark.slow
 
@@ -131,10 +131,11 @@ def test_a_neighbour_with_other_run_settings_is_refused(tmp_path):
     ports = free_ports(4)
     cfg = replace(TINY, nodes=2, rounds=2)
     paths = generate_cluster("complete", 2, cfg, tmp_path / "a", ports=ports[:2],
-                             control_ports=ports[2:], state_root=tmp_path, hello_timeout=20)
+                             control_ports=ports[2:], state_root=tmp_path,
+                             hello_timeout=HELLO_REFUSED)
     other = generate_cluster("complete", 2, replace(cfg, lr=0.5), tmp_path / "b",
                              ports=ports[:2], control_ports=ports[2:], state_root=tmp_path / "b",
-                             hello_timeout=20)
+                             hello_timeout=HELLO_REFUSED)
     procs = [start_node(paths[0]), start_node(other[1])]
     try:
         codes = [p.wait(timeout=60) for p in procs]

@@ -16,7 +16,13 @@ from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from tests.harness import preloaded
-from tests.harness.cluster import ENV, assert_one_line_failure, max_diff, run_nodes
+from tests.harness.cluster import (
+    ENV,
+    HELLO_REFUSED,
+    assert_one_line_failure,
+    max_diff,
+    run_nodes,
+)
 from tests.harness.owndata import CLASSES, MIX, write_csv_nodes, write_png_nodes
 
 pytestmark = pytest.mark.slow
@@ -71,7 +77,7 @@ def test_a_daemon_with_another_class_list_is_refused_naming_the_difference(tmp_p
     cfg = replace(FOLDERS, nodes=2, rounds=1, data_root=str(train), topology="complete")
     paths = generate_cluster("complete", 2, cfg, tmp_path / "peers", ports=ports[:2],
                              control_ports=ports[2:], state_root=tmp_path, round_deadline=20,
-                             hello_timeout=20)
+                             hello_timeout=HELLO_REFUSED)
     other = yaml.safe_load(paths[1].read_text())
     other["run"]["classes"] = ["cat", "dog"]
     paths[1].write_text(yaml.safe_dump(other))

@@ -92,12 +92,14 @@ async def test_a_stopped_node_restarted_costs_its_neighbours_no_deadline(tmp_pat
             healthy = statistics.median(seconds[r] for r in plain if 2 <= r < stopped)
             while_down = max(seconds[r] for r in (stopped, stopped + 1))
             # the first round after node-2 is back waits for its first training, which in a
-            # fresh process pays the framework's warm-up; the rounds after it are healthy
+            # fresh process pays the framework's warm-up; the rounds after it wait for no
+            # deadline (a healthy round is hundredths of a second: the bound is far above
+            # what another process's load adds, and far below a deadline)
             after = statistics.median(seconds[r] for r in plain if r > stopped + 2)
             print(f"node-{i}: healthy {healthy:.3f}s, while node-2 was down {while_down:.2f}s "
                   f"(down {back:.1f}s), after {after:.3f}s")
             assert while_down <= deadline, (i, while_down)
-            assert after <= 2 * healthy, (i, after, healthy)
+            assert after <= deadline / 20, (i, after, healthy)
             assert not any("node-2" in m["neighbours_missing"] for m in c.metrics(i)), i
         assert node_warnings(c, 2, "resuming from round") == []
         residual = c.residual([0, 1, 2])

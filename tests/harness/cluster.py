@@ -44,6 +44,10 @@ TINY = RunConfig(dataset="synthetic", model="tiny-cnn", lr=0.05, synthetic_train
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 #: Round deadline of a cluster unless a test sets one: far above any healthy exchange.
 DEADLINE = 30.0
+#: Hello timeout of two nodes that refuse each other: the refused one exits at once, the
+#: refusing one goes on waiting for its hello this long (the other has exited). Long enough for
+#: both to start and greet on a loaded machine.
+HELLO_REFUSED = 8.0
 #: Longest wait for a cluster to finish, or for a node to reach a round.
 WAIT_S = 55.0
 #: Longest wait for one short command (``ip``, ``kill``, a process to die once killed).
@@ -63,22 +67,23 @@ main(sys.argv[1:])
 Process = subprocess.Popen[bytes] | preloaded.ForkedProcess
 
 
-def start_node(path: Path, *args: str, stderr: Path | None = None,
-               python: Sequence[str] = (sys.executable,), how: Sequence[str] = ("-m", "dacflnode"),
-               stdin: int | None = None, env: dict[str, str] | None = None) -> Process:
-    """``dacflnode start --peers path ARGS`` in a process of its own, its stderr appended to
-    ``stderr`` (``None``: discarded). Forked from the preloaded fork server
-    (:mod:`tests.harness.preloaded`) when it can be: this interpreter, ``-m dacflnode``, no
-    stdin and the fork server's import-time settings; else a fresh interpreter."""
+def start_node(path: Path, *args: str, stderr: Path | None = None, namespace: str | None = None,
+               how: Sequence[str] = ("-m", "dacflnode"), stdin: int | None = None,
+               env: dict[str, str] | None = None) -> Process:
+    """``dacflnode start --peers path ARGS`` in a process of its own (in network namespace
+    ``namespace``, if given), its stderr appended to ``stderr`` (``None``: discarded). Forked
+    from the preloaded fork server (:mod:`tests.harness.preloaded`) when it can be: ``-m
+    dacflnode``, no stdin and the fork server's import-time settings; else a fresh interpreter
+    (through ``ip netns exec`` for a namespace) running ``how``."""
     env = ENV if env is None else env
     argv = ["start", "--peers", str(path), *args]
-    if (tuple(python), tuple(how), stdin) == ((sys.executable,), ("-m", "dacflnode"), None) \
-            and preloaded.can_fork(env):
-        return preloaded.fork(argv, env, stderr=stderr)
+    if (tuple(how), stdin) == (("-m", "dacflnode"), None) and preloaded.can_fork(env):
+        return preloaded.fork(argv, env, stderr=stderr, namespace=namespace)
+    prefix = ["ip", "netns", "exec", namespace] if namespace is not None else []
     with contextlib.ExitStack() as files:
         err = files.enter_context(stderr.open("ab")) if stderr is not None else subprocess.DEVNULL
-        return subprocess.Popen([*python, *how, *argv], stdin=stdin, stdout=subprocess.DEVNULL,
-                                stderr=err, env=env)
+        return subprocess.Popen([*prefix, sys.executable, *how, *argv], stdin=stdin,
+                                stdout=subprocess.DEVNULL, stderr=err, env=env)
 
 
 def run_nodes(paths: Sequence[Path], root: Path, timeout: float,
@@ -193,11 +198,6 @@ class Cluster:
         self.primed: set[int] = set()
 
     # ------------------------------------------------------------------ processes
-    def python(self, i: int) -> list[str]:
-        """The Python of node ``i``'s host (in its namespace, if any)."""
-        prefix = ["ip", "netns", "exec", self.namespaces[i]] if self.namespaces else []
-        return [*prefix, sys.executable]
-
     def start(self, *nodes: int) -> Cluster:
         """``dacflnode start`` of ``nodes`` (default: all)."""
         self._spawn(nodes or range(len(self.ids)), ["-m", "dacflnode"])
@@ -207,7 +207,7 @@ class Cluster:
         """Make ready to start ``nodes`` with the daemon's modules loaded (:meth:`release`
         starts them), so that a late start is not seconds of imports late: a fork of the
         preloaded server, or else an interpreter that imports them and waits on its stdin."""
-        if not self.namespaces and preloaded.can_fork(ENV):
+        if preloaded.can_fork(ENV):
             self.primed.update(nodes)  # a fork starts at once
             return
         self._spawn(nodes, ["-c", PRIMED], stdin=subprocess.PIPE)
@@ -226,9 +226,9 @@ class Cluster:
 
     def _spawn(self, nodes: Sequence[int], how: list[str], stdin: int | None = None) -> None:
         for i in nodes:
-            self.procs[i] = start_node(self.paths[i], *self.args,
-                                       stderr=self.root / f"node-{i}.stderr",
-                                       python=self.python(i), how=how, stdin=stdin)
+            self.procs[i] = start_node(
+                self.paths[i], *self.args, stderr=self.root / f"node-{i}.stderr",
+                namespace=self.namespaces[i] if self.namespaces else None, how=how, stdin=stdin)
 
     def freeze(self, i: int, seconds: float) -> None:
         """Stop node ``i``'s process (SIGSTOP) for ``seconds``, then let it go on."""

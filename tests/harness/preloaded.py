@@ -74,8 +74,9 @@ class ForkedProcess:
     ``terminate``, ``kill``): a negative return code is the signal that ended it."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], stdout: Output,
-                 stderr: Output) -> None:
-        self._command = forked.ForkedCommand(argv, env, stdout=stdout, stderr=stderr)
+                 stderr: Output, module: str = "dacflnode") -> None:
+        self._command = forked.ForkedCommand(argv, env, stdout=stdout, stderr=stderr,
+                                             module=module)
         self.args, self.pid = self._command.args, self._command.pid
 
     @property
@@ -102,12 +103,14 @@ class ForkedProcess:
 
 
 def fork(argv: Sequence[str], env: Mapping[str, str], *, stdout: Output = None,
-         stderr: Output = None) -> ForkedProcess:
-    """``dacflnode argv`` forked from the fork server; ``stdout``/``stderr`` are files
-    appended to or inherited descriptors (``None``: discarded). Check :func:`can_fork` first."""
+         stderr: Output = None, namespace: str | None = None) -> ForkedProcess:
+    """``dacflnode argv`` forked from the fork server, in network namespace ``namespace`` if
+    given (:mod:`tests.harness.in_namespace`); ``stdout``/``stderr`` are files appended to or
+    inherited descriptors (``None``: discarded). Check :func:`can_fork` first."""
     _server()
     _started[:] = [p for p in _started if p.poll() is None]
-    proc = ForkedProcess(argv, env, stdout, stderr)
+    proc = (ForkedProcess(argv, env, stdout, stderr) if namespace is None else
+            ForkedProcess([namespace, *argv], env, stdout, stderr, "tests.harness.in_namespace"))
     _started.append(proc)
     return proc
 
