@@ -84,7 +84,7 @@ def test_a_launch_folder_of_several_algorithms_reads_every_algorithms_nodes(tmp_
     write_launch_summary(tmp_path)
     result = run("invariant", "--json", str(tmp_path))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["nodes"] == ["node-0", "node-1"]
+    assert json.loads(result.stdout)["nodes"] == ["node-0", "node-1"]
 
 
 def test_a_node_of_a_launch_folder_without_a_checkpoint_yet_is_named(tmp_path):

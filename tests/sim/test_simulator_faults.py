@@ -164,7 +164,7 @@ def test_simulate_faults_reports_the_invariant_in_its_summary(tmp_path):
             "--synthetic-test", "60", "--faults", str(plan), "--quiet", "--json"]
     out = CliRunner().invoke(cli, args)
     assert out.exit_code == 0, out.output
-    summary = json.loads(out.output)
+    summary = json.loads(out.stdout)  # its warnings (a dropped state) go to stderr
     assert summary["faults"] == str(plan.absolute())
     inv = summary["invariant"]["dacfl"]
     assert len(inv["rounds"]) == 4 and inv["nodes"] == [3, 3, 3, 3]
