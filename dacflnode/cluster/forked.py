@@ -73,9 +73,14 @@ def _open(target: Output) -> int:
 
 
 def _command(module: str, argv: Sequence[str], env: Mapping[str, str], stdout: Output,
-             stderr: Output | Literal["stdout"]) -> None:
-    """The forked process: ``env`` as its environment, its output in the given files, then
-    ``python -m module argv`` (which exits with the command's status)."""
+             stderr: Output | Literal["stdout"], umask: int | None, new_session: bool) -> None:
+    """The forked process: ``env`` as its environment, its output in the given files, its
+    umask and session if given, then ``python -m module argv`` (which exits with the
+    command's status)."""
+    if new_session:
+        os.setsid()
+    if umask is not None:
+        os.umask(umask)
     os.environ.clear()
     os.environ.update(env)
     out = _open(stdout)
@@ -99,18 +104,22 @@ class ForkedCommand:
     environment ``env`` and its output appended to ``stdout`` and ``stderr`` (files; or
     :class:`Inherited` descriptors; ``None``: discarded; :data:`STDOUT`: with stdout).
 
-    ``returncode`` is ``None`` while it runs; ``join`` waits in this thread, ``await wait()``
-    in the event loop; ``send_signal`` does nothing once it has ended."""
+    ``umask`` and ``start_new_session`` are :class:`subprocess.Popen`'s (by default the fork
+    has the umask and session of the fork server, which has this process's of when it
+    started). ``returncode`` is ``None`` while it runs; ``join`` waits in this thread,
+    ``await wait()`` in the event loop; ``send_signal`` does nothing once it has ended."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], *,
                  stdout: Path | Inherited | None = None,
                  stderr: Path | Inherited | Literal["stdout"] | None = STDOUT,
-                 module: str = "dacflnode") -> None:
+                 module: str = "dacflnode", umask: int | None = None,
+                 start_new_session: bool = False) -> None:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([PRELOAD])
         self.args = [module, *argv]
         self._process: Any = context.Process(
-            target=_command, args=(module, list(argv), dict(env), stdout, stderr),
+            target=_command,
+            args=(module, list(argv), dict(env), stdout, stderr, umask, start_new_session),
             name=" ".join(self.args))
         self._process.start()
         pid = self._process.pid

@@ -8,23 +8,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dacflnode.peers.file import load_peers
 from dacflnode.peers.generate import peers_file_mode
+from tests.harness import preloaded
 from tests.harness.cluster import ENV
 
 pytestmark = pytest.mark.slow
 
 
 def dacflnode(*args: str, timeout: float = 300) -> None:
-    command = ["sh", "-c", 'umask 000 && exec "$0" "$@"', sys.executable, "-m", "dacflnode",
-               *args]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=ENV)
+    run = preloaded.run(*args, env=ENV, timeout=timeout, umask=0o000)
     assert run.returncode == 0, run.stderr[-3000:]
 
 

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dacflnode.cluster import forked
 from dacflnode.cluster.preload import FORK_SUPPORT
@@ -74,9 +75,9 @@ class ForkedProcess:
     ``terminate``, ``kill``): a negative return code is the signal that ended it."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], stdout: Output,
-                 stderr: Output, module: str = "dacflnode") -> None:
+                 stderr: Output, module: str = "dacflnode", **popen: Any) -> None:
         self._command = forked.ForkedCommand(argv, env, stdout=stdout, stderr=stderr,
-                                             module=module)
+                                             module=module, **popen)
         self.args, self.pid = self._command.args, self._command.pid
 
     @property
@@ -103,29 +104,36 @@ class ForkedProcess:
 
 
 def fork(argv: Sequence[str], env: Mapping[str, str], *, stdout: Output = None,
-         stderr: Output = None, namespace: str | None = None) -> ForkedProcess:
+         stderr: Output = None, namespace: str | None = None, umask: int | None = None,
+         start_new_session: bool = False) -> ForkedProcess:
     """``dacflnode argv`` forked from the fork server, in network namespace ``namespace`` if
     given (:mod:`tests.harness.in_namespace`); ``stdout``/``stderr`` are files appended to or
-    inherited descriptors (``None``: discarded). Check :func:`can_fork` first."""
+    inherited descriptors (``None``: discarded); ``umask`` and ``start_new_session`` as for
+    :class:`subprocess.Popen`. Check :func:`can_fork` first."""
     _server()
     _started[:] = [p for p in _started if p.poll() is None]
-    proc = (ForkedProcess(argv, env, stdout, stderr) if namespace is None else
-            ForkedProcess([namespace, *argv], env, stdout, stderr, "tests.harness.in_namespace"))
+    popen: dict[str, Any] = {"umask": umask, "start_new_session": start_new_session}
+    proc = (ForkedProcess(argv, env, stdout, stderr, **popen) if namespace is None else
+            ForkedProcess([namespace, *argv], env, stdout, stderr, "tests.harness.in_namespace",
+                          **popen))
     _started.append(proc)
     return proc
 
 
-def run(*args: str, env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """``dacflnode ARGS`` to its end, as ``subprocess.run(..., capture_output=True,
-    text=True)``: forked when :func:`can_fork`, else a fresh interpreter. As there, the output
-    is complete when every process that holds it is done (a daemon's stderr relay too)."""
+def run(*args: str, env: Mapping[str, str], timeout: float,
+        umask: int | None = None) -> subprocess.CompletedProcess[str]:
+    """``dacflnode ARGS`` to its end (under ``umask`` if given), as ``subprocess.run(...,
+    capture_output=True, text=True)``: forked when :func:`can_fork`, else a fresh interpreter.
+    As there, the output is complete when every process that holds it is done (a daemon's
+    stderr relay too)."""
     if not can_fork(env):
         return subprocess.run([sys.executable, "-m", "dacflnode", *args], capture_output=True,
-                              text=True, timeout=timeout, env=dict(env))
+                              text=True, timeout=timeout, env=dict(env),
+                              umask=-1 if umask is None else umask)
     pipes = [os.pipe(), os.pipe()]
     try:
         proc = fork(args, env, stdout=forked.Inherited(pipes[0][1]),
-                    stderr=forked.Inherited(pipes[1][1]))
+                    stderr=forked.Inherited(pipes[1][1]), umask=umask)
     finally:
         for _, write in pipes:
             os.close(write)
