@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from dacflnode.peers.file import load_peers
 from dacflnode.peers.generate import generate_cluster
 from dacflnode.records.checkpoint import save_checkpoint
 from dacflnode.records.metrics_log import read_metrics
+from tests.harness import preloaded
 from tests.harness.cluster import ENV
 from tests.harness.polling import until_blocking
 
@@ -41,23 +40,25 @@ def rounds_of(out: Path, node: str) -> list[int]:
 def test_ctrl_c_says_how_to_resume_and_the_same_command_resumes(tmp_path):
     out = tmp_path / "run"
     # Ctrl-C as both nodes end round 3: 24 rounds leave the run far from over
-    args = [sys.executable, "-m", "dacflnode", *RUN, "--rounds", "24", "--out", str(out)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
-                            start_new_session=True)  # its own group: Ctrl-C reaches all of it
+    args = [*RUN, "--rounds", "24", "--out", str(out)]
+    first = tmp_path / "first.out", tmp_path / "first.err"
+    # its own group: Ctrl-C reaches all of it
+    proc = preloaded.start(*args, env=ENV, stdout=first[0], stderr=first[1],
+                           start_new_session=True)
     try:
 
         def at_round_3() -> bool:
-            assert proc.poll() is None, proc.communicate()
+            assert proc.poll() is None, first[1].read_text()
             return min(len(rounds_of(out, n)) for n in ("node-0", "node-1")) >= 3
 
         until_blocking(at_round_3, 180, interval=0.05, what="the cluster did not reach round 3")
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    stderr = err.decode()
+    stderr = first[1].read_text()
     assert proc.returncode == 130, stderr
     assert "interrupted: every node was stopped at a checkpoint" in stderr
     assert "dacfl: 2 of 2 node(s) checkpointed, at round" in stderr and " of 24" in stderr
@@ -67,16 +68,18 @@ def test_ctrl_c_says_how_to_resume_and_the_same_command_resumes(tmp_path):
     assert all(0 < len(r) < 24 for r in stopped.values()), stopped
 
     # its own group too: if it ever runs out of time, its daemons go with it
-    again = subprocess.Popen([*args, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=ENV, start_new_session=True)
+    second = tmp_path / "second.out", tmp_path / "second.err"
+    again = preloaded.start(*args, "--json", env=ENV, stdout=second[0], stderr=second[1],
+                            start_new_session=True)
     try:
-        out_text, err_text = again.communicate(timeout=600)
+        again.wait(timeout=600)
     finally:
         if again.poll() is None:
             os.killpg(again.pid, signal.SIGKILL)
             again.wait()
-    assert again.returncode == 0, err_text
-    assert json.loads(out_text)["algorithms"]["dacfl"]["rounds"] == list(range(1, 25))
+    assert again.returncode == 0, second[1].read_text()
+    result = json.loads(second[0].read_text())
+    assert result["algorithms"]["dacfl"]["rounds"] == list(range(1, 25))
     for node, before in stopped.items():
         assert rounds_of(out, node) == list(range(1, 25))  # each round once, none lost
         assert "resuming from round" in (out / node / "daemon.log").read_text()

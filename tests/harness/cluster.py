@@ -69,21 +69,23 @@ Process = subprocess.Popen[bytes] | preloaded.ForkedProcess
 
 def start_node(path: Path, *args: str, stderr: Path | None = None, namespace: str | None = None,
                how: Sequence[str] = ("-m", "dacflnode"), stdin: int | None = None,
-               env: dict[str, str] | None = None) -> Process:
+               env: dict[str, str] | None = None, umask: int | None = None) -> Process:
     """``dacflnode start --peers path ARGS`` in a process of its own (in network namespace
-    ``namespace``, if given), its stderr appended to ``stderr`` (``None``: discarded). Forked
+    ``namespace`` and under ``umask``, if given), its stderr appended to ``stderr`` (``None``:
+    discarded). Forked
     from the preloaded fork server (:mod:`tests.harness.preloaded`) when it can be: ``-m
     dacflnode``, no stdin and the fork server's import-time settings; else a fresh interpreter
     (through ``ip netns exec`` for a namespace) running ``how``."""
     env = ENV if env is None else env
     argv = ["start", "--peers", str(path), *args]
     if (tuple(how), stdin) == (("-m", "dacflnode"), None) and preloaded.can_fork(env):
-        return preloaded.fork(argv, env, stderr=stderr, namespace=namespace)
+        return preloaded.fork(argv, env, stderr=stderr, namespace=namespace, umask=umask)
     prefix = ["ip", "netns", "exec", namespace] if namespace is not None else []
     with contextlib.ExitStack() as files:
         err = files.enter_context(stderr.open("ab")) if stderr is not None else subprocess.DEVNULL
         return subprocess.Popen([*prefix, sys.executable, *how, *argv], stdin=stdin,
-                                stdout=subprocess.DEVNULL, stderr=err, env=env)
+                                stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                umask=-1 if umask is None else umask)
 
 
 def run_nodes(paths: Sequence[Path], root: Path, timeout: float,

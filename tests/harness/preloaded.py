@@ -120,6 +120,18 @@ def fork(argv: Sequence[str], env: Mapping[str, str], *, stdout: Output = None,
     return proc
 
 
+def start(*args: str, env: Mapping[str, str], stdout: Path, stderr: Path,
+          start_new_session: bool = False) -> ForkedProcess | subprocess.Popen[bytes]:
+    """``dacflnode ARGS`` started, its output appended to ``stdout`` and ``stderr``: forked
+    when :func:`can_fork`, else a fresh interpreter."""
+    if can_fork(env):
+        return fork(args, env, stdout=stdout, stderr=stderr,
+                    start_new_session=start_new_session)
+    with stdout.open("ab") as out, stderr.open("ab") as err:
+        return subprocess.Popen([sys.executable, "-m", "dacflnode", *args], stdout=out,
+                                stderr=err, env=dict(env), start_new_session=start_new_session)
+
+
 def run(*args: str, env: Mapping[str, str], timeout: float,
         umask: int | None = None) -> subprocess.CompletedProcess[str]:
     """``dacflnode ARGS`` to its end (under ``umask`` if given), as ``subprocess.run(...,

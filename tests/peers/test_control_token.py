@@ -43,7 +43,7 @@ from dacflnode.transport.grpc_control import (
     request_stop,
 )
 from tests.harness import preloaded
-from tests.harness.cluster import TINY
+from tests.harness.cluster import TINY, Process, start_node
 from tests.harness.polling import until, until_blocking
 
 pytestmark = pytest.mark.timeout(240)
@@ -126,18 +126,16 @@ def peers_file(root: Path, tls: bool = False, **node: object) -> Path:
     return path
 
 
-def start(path: Path) -> subprocess.Popen[bytes]:
+def start(path: Path) -> Process:
     """``dacflnode start --peers PATH`` under umask 000."""
-    return subprocess.Popen([sys.executable, "-m", "dacflnode", "start", "--peers", str(path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
-                            preexec_fn=lambda: os.umask(0))
+    return start_node(path, umask=0o000, env=ENV)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return preloaded.run(*args, env=ENV, timeout=60)
 
 
-async def serving_token(path: Path, proc: subprocess.Popen[bytes], not_token: str | None = None
+async def serving_token(path: Path, proc: Process, not_token: str | None = None
                   ) -> str:
     """The token of the node started as ``proc`` once its Control service answers with it
     (``not_token``: the one of an earlier start, to be replaced first)."""
@@ -159,7 +157,7 @@ async def serving_token(path: Path, proc: subprocess.Popen[bytes], not_token: st
 
 
 @pytest.fixture
-def alone(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+def alone(tmp_path: Path) -> Iterator[tuple[Path, Process]]:
     path = peers_file(tmp_path)
     proc = start(path)
     try:
