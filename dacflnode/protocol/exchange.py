@@ -145,7 +145,11 @@ class Exchange:
                 if inbox.has(t, peer) or inbox.forgone(t, peer) or not self.faults.hears(peer, t):
                     continue
                 try:
-                    ident = await asyncio.wait_for(self.transport.hello(peer), PROBE_TIMEOUT)
+                    # in this task, not wait_for's: Python 3.11's wait_for returns the result
+                    # when the Hello ends as the round cancels the probe, and the cancel is lost
+                    # (the probe then ran on and the round waited for it forever)
+                    async with asyncio.timeout(PROBE_TIMEOUT):
+                        ident = await self.transport.hello(peer)
                 except (PeerUnavailable, HandshakeRefused, TimeoutError):
                     continue
                 except TransportClosed:

@@ -310,8 +310,11 @@ class Inbox:
 
         cond = self._condition()
         async with cond:
+            # asyncio.timeout, not wait_for: a cancel of the waiting task arriving as the last
+            # message does must end it (Python 3.11's wait_for would return instead)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(cond.wait_for(ready), timeout)
+                async with asyncio.timeout(timeout):
+                    await cond.wait_for(ready)
             got = self._messages.get(round_, {})
             return {s: got[s] for s in wanted if s in got}
 
