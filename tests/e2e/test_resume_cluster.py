@@ -108,7 +108,11 @@ async def test_a_stopped_node_restarted_costs_its_neighbours_no_deadline(tmp_pat
 
 
 def test_a_killed_node_restarted_rounds_behind_keeps_the_invariant(tmp_path):
-    with cluster(tmp_path, 3, rounds=40, deadline=1.0) as c:
+    # a deadline the restarted node's rounds stay within on a loaded machine: with 1 s it fell
+    # behind again after its join and was still 3 rounds behind when the others ended, which
+    # is the straggler at the end of a run (pending corrections no checkpoint settles), not
+    # the restart this test is about
+    with cluster(tmp_path, 3, rounds=40, deadline=3.0) as c:
         c.start(0, 1, 2)
         c.wait_for_round(2, 5)
         kill_primed(c, 2)  # no checkpoint of the round in flight
