@@ -5,7 +5,8 @@ model, trainer — off the event loop), resume from ``STATE_DIR/checkpoint.safet
 belongs to this run, serve the Neighbor service on ``node.listen``, the Control service on
 ``node.control`` and, when ``node.metrics`` is set, the Prometheus exposition at
 ``http://<node.metrics>/metrics``, handshake with every neighbour, run the rounds, write
-``final.safetensors``. SIGINT (and SIGTERM, unless
+``final.safetensors``. SIGUSR1 logs where every task waits (:mod:`dacflnode.daemon.task_dump`).
+SIGINT (and SIGTERM, unless
 ``run.drain_on_sigterm``) abandons the round being exchanged (or lets the training in flight
 finish and complete it), checkpoints, and exits 0: the node can resume later. A drain
 (``dacflnode stop --drain``, or SIGTERM with ``run.drain_on_sigterm``) instead has the node leave
@@ -46,6 +47,7 @@ from dacflnode.assembly import build
 from dacflnode.assembly.build import build_node as build_node  # the daemon's node, re-exported
 from dacflnode.daemon.prometheus import MetricsServer, NeighbourInfo, NodeMetrics, NodeStatus
 from dacflnode.daemon.round_log import RoundLog
+from dacflnode.daemon.task_dump import dump_tasks
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import make_dir, tighten_dir
 from dacflnode.peers.addresses import format_address, is_loopback, parse_address
@@ -288,6 +290,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal, sig)
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks, self.pf.node.id)
         try:
             tls = self.tls_material()
             metrics_server = await self.start_metrics()

@@ -276,8 +276,23 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 rounds = {self.ids[j]: self.done(j) for j in nodes}
                 pytest.fail(f"node-{i} still runs after {timeout:.0f}s (rounds done: {rounds})"
-                            f"\n{self.logs(nodes)}")
+                            f"\n{self.logs(nodes)}\n{self.task_dumps(nodes)}")
         return codes
+
+    def task_dumps(self, nodes: Sequence[int]) -> str:
+        """Where each of ``nodes`` still running waits: its tasks' stacks, which SIGUSR1 has
+        the daemon log (docs/operations.md, "A node that seems stuck")."""
+        running = [i for i in nodes if self.procs[i].poll() is None]
+        sizes = {i: (self.root / f"node-{i}.stderr").stat().st_size for i in running}
+        for i in running:
+            self.procs[i].send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        parts = []
+        for i in running:
+            with (self.root / f"node-{i}.stderr").open("rb") as err:
+                err.seek(sizes[i])
+                parts.append(f"--- node-{i} tasks ---\n{err.read().decode(errors='replace')}")
+        return "\n".join(parts)
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 60) -> list[int]:
         """Ask every node to stop (``sig``), then kill what is still running; the exit codes
