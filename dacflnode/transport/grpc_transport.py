@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -103,9 +104,20 @@ from dacflnode.wire.fast_path import Chunk, parse_chunk, serialize_chunk
 from dacflnode.wire.message import RoundMessage
 from dacflnode.wire.validation import CompressedSpec, Expectation
 
+log = logging.getLogger(__name__)
+
+#: How long past a push's deadline the push may still wait before it is given up as
+#: unavailable. gRPC ends the call at its deadline, but a write that began waiting for the
+#: call's headers to go out is never woken when the call ends before they did (seen when this
+#: process was stopped as the call started: ``_StreamRequestMixin._write`` waits on
+#: ``_metadata_sent``, which nothing sets then); without this bound the round waited forever.
+PUSH_GRACE_S = 1.0
+
 #: Deadline of one Hello call, in seconds (the setting ``hello_timeout`` is how long a node
 #: waits for its neighbours at start, over many such calls).
 HELLO_CALL_TIMEOUT = 5.0
+
+
 class NeighborCalls:
     """The ``dacfl.v1.Neighbor`` calls on one channel: ``hello`` as generated; ``push`` takes
     serialized chunks (bytes, as :meth:`ChunkStream.serialized` makes them) and ``pull``
@@ -346,18 +358,29 @@ class GrpcTransport(Transport):
         remaining = max(0.0, timeout - (time.perf_counter() - started))
         call = stub.push(timeout=remaining)
         try:
-            with self._failures(peer, what, call):
-                try:
-                    async with contextlib.aclosing(stream.prefetched()) as chunks:
-                        async for chunk in chunks:
-                            await call.write(chunk)
-                    await call.done_writing()
-                except (asyncio.InvalidStateError, grpc.aio.InternalError):
-                    # the call ended before the whole stream (the peer ended it, or its
-                    # deadline passed while this process was stopped: grpc then fails the
-                    # half-close with ExecuteBatchError): its status says why
-                    pass
-                await call
+            # the call's own deadline ends it; this bounds what grpc can leave waiting past it
+            async with asyncio.timeout(remaining + PUSH_GRACE_S):
+                with self._failures(peer, what, call):
+                    try:
+                        async with contextlib.aclosing(stream.prefetched()) as chunks:
+                            async for chunk in chunks:
+                                await call.write(chunk)
+                        await call.done_writing()
+                    except (asyncio.InvalidStateError, grpc.aio.InternalError):
+                        # the call ended before the whole stream (the peer ended it, or its
+                        # deadline passed while this process was stopped: grpc then fails
+                        # the half-close with ExecuteBatchError): its status says why
+                        pass
+                    await call
+        except TimeoutError:
+            self._stats(peer).connected = False
+            log.warning("push of round %d to %s: gRPC still waited %gs past the call's "
+                        "deadline; given up (it is retried while the round lasts)",
+                        message.round, peer, PUSH_GRACE_S,
+                        extra={"event": "push_stuck", "node": self.identity.node_id,
+                               "round": message.round, "neighbour": peer})
+            raise PeerUnavailable(f"{what} {peer} at {self.peers.get(peer)}: still waiting "
+                                  f"{PUSH_GRACE_S:g}s past its deadline") from None
         finally:
             stats.sent(stream.sent, message.round)
         stats.answered(started)

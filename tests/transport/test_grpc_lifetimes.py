@@ -20,7 +20,7 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, PeerUnavailable, TransportClosed
 from dacflnode.transport.grpc_status import unreachable
-from dacflnode.transport.grpc_transport import GrpcTransport, NeighborCalls
+from dacflnode.transport.grpc_transport import PUSH_GRACE_S, GrpcTransport, NeighborCalls
 from dacflnode.wire.errors import REASON_METADATA_KEY
 from dacflnode.wire.message import RoundMessage
 from tests.harness.messages import message
@@ -313,6 +313,51 @@ async def test_a_push_frozen_past_its_deadline_before_a_step_raises_peer_unavail
     alice._stubs["bob"] = cast("NeighborCalls",
                                FreezingStub(alice._stub("bob"), before, 1.0))
     assert await retrying(alice.push("bob", sized(P), timeout=0.3)) == "unavailable"
+    await until(lambda: client_tasks() == [], 5)
+    gc.collect()
+    await asyncio.sleep(0)
+    assert loop_errors == []
+
+
+class LostWakeupStub:
+    """A stub whose push calls' first write waits for something never set: what grpc's
+    ``_StreamRequestMixin._write`` does when the call ended before its headers went out (it
+    waits on ``_metadata_sent``, which nothing sets then; seen after a SIGSTOP)."""
+
+    def __init__(self, stub: NeighborCalls) -> None:
+        self._stub = stub
+        self.calls: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stub, name)
+
+    def push(self, *args: Any, **kwargs: Any) -> Any:
+        call = self._stub.push(*args, **kwargs)
+        never = asyncio.Event()
+
+        async def write(chunk: bytes) -> None:
+            await never.wait()
+
+        setattr(call, "write", write)  # noqa: B010 (mypy: a method is replaced)
+        self.calls.append(call)
+        return call
+
+
+@pytest.mark.slow
+async def test_a_push_whose_write_grpc_never_wakes_is_given_up_soon_after_its_deadline(
+    alice: GrpcTransport, silent: tuple[Silent, str], loop_errors: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stub = LostWakeupStub(alice._stub("bob"))
+    alice._stubs["bob"] = cast("NeighborCalls", stub)
+    started = time.monotonic()
+    assert await asyncio.wait_for(retrying(alice.push("bob", sized(P), timeout=0.3)),
+                                  5) == "unavailable"
+    assert time.monotonic() - started < 0.3 + PUSH_GRACE_S + 1.0
+    assert stub.calls[0].cancelled() or stub.calls[0].done()
+    assert not alice.stats["bob"].connected
+    assert [getattr(r, "neighbour", None) for r in caplog.records
+            if getattr(r, "event", None) == "push_stuck"] == ["bob"]
     await until(lambda: client_tasks() == [], 5)
     gc.collect()
     await asyncio.sleep(0)
