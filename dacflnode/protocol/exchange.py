@@ -110,7 +110,7 @@ class Exchange:
                 # process: pull its state
                 seen = self.peer_rounds.get(peer, -1)
                 if seen > t or (seen == t and t == self.resumed_at):
-                    await self.pull(peer, t, deadline)
+                    await self.pull(peer, t, deadline, past=seen > t)
             prober = None
             if probe:
                 prober = asyncio.create_task(self._probe(t, active, deadline))
@@ -220,11 +220,17 @@ class Exchange:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 1.0)
 
-    async def pull(self, peer: str, t: int, deadline: float) -> None:
-        """Pull ``peer``'s round-``t`` state into the inbox, only called when ``peer`` is past
-        round ``t``: it no longer pushes that round, so the pull cannot race a push of it (if
-        one did land, the inbox keeps the first and refuses the second as a duplicate: no
-        harm). The pulled state passes the inbox's guard like a pushed one."""
+    async def pull(self, peer: str, t: int, deadline: float, past: bool = True) -> None:
+        """Pull ``peer``'s round-``t`` state into the inbox, called when ``peer`` is past round
+        ``t`` (``past``; else, it is in round ``t`` and may have pushed it to this node's
+        previous process): it no longer pushes that round, so the pull cannot race a push of
+        it (if one did land, the inbox keeps the first and refuses the second as a duplicate:
+        no harm). The pulled state passes the inbox's guard like a pushed one.
+
+        A neighbour past round ``t`` that no longer keeps it (it keeps its last two) will
+        never send it: the round stops waiting for it (it is missed, and late, at once). A node
+        two rounds or more behind its neighbours would otherwise wait out every round's
+        deadline and, its neighbours waiting for it too, never catch up."""
         inbox = self.transport.inbox
         me = self.node
         key = (t, peer)
@@ -243,6 +249,8 @@ class Exchange:
         except WireError as exc:
             if exc.reason is Reason.DUPLICATE:
                 return  # its push of the state arrived while the pull was on its way
+            if exc.reason is Reason.NOT_KEPT and past:
+                await inbox.forgo(t, peer)
             level = logging.INFO if exc.reason is Reason.NOT_KEPT else logging.WARNING
             log.log(level, "pull of round %d from %s failed: %s", t, peer, exc,
                     extra={"event": "pull_failed", "node": me, "round": t, "neighbour": peer})

@@ -37,3 +37,49 @@ def test_a_neighbour_is_alive_if_it_showed_it_or_called_unless_its_state_was_dro
     faults = FaultFilter("a", FaultPlan([Drop("e", "a", 3, 3)]))
     assert exchanged.alive(["b", "c", "d", "e", "f"], heard, faults) == {"b", "c"}
     assert exchanged.alive(["b"], {}, FaultFilter("a", None)) == {"b"}
+
+
+def test_a_state_a_neighbour_past_the_round_no_longer_keeps_is_not_waited_for() -> None:
+    # a is three rounds behind b, which keeps only its last two states: a's push of round 3 is
+    # refused as passed, its pull of round 3 as not kept; that state can never come
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"], start_round=3)
+        b = make_runner(network, "b", ["a"], start_round=6)
+        for runner in (a, b):
+            await runner.transport.start()
+        message = await a.book.message(3, 1, Kind.STATE, a.state, (), ())
+        started = time.monotonic()
+        exchanged = await a.exchanger.run(3, ["b"], [], message, started + 30.0, probe=True,
+                                          since=started)
+        assert time.monotonic() - started < 5.0  # not the 30 s deadline
+        assert exchanged.received == {} and exchanged.shown_alive == {"b"}  # late, not gone
+        assert a.transport.inbox.forgone(3, "b")
+
+    asyncio.run(scenario())
+
+
+def test_a_neighbour_in_the_round_a_restarted_node_resumes_is_waited_for_if_it_kept_nothing(
+) -> None:
+    # a restarted in round 3 and b is in round 3 too: b's state is pulled in case it went to
+    # a's previous process; b has not published it yet, and will push it: a waits for it
+    async def scenario() -> None:
+        network = MemoryNetwork()
+        a = make_runner(network, "a", ["b"], start_round=3)
+        b = make_runner(network, "b", ["a"], start_round=3)
+        for runner in (a, b):
+            await runner.transport.start()
+        a.exchanger.resumed_at = 3
+        a.exchanger.peer_rounds["b"] = 3
+        message = await a.book.message(3, 1, Kind.STATE, a.state, (), ())
+        started = time.monotonic()
+        exchange = asyncio.create_task(a.exchanger.run(
+            3, ["b"], [], message, started + 30.0, probe=False, since=started))
+        await asyncio.sleep(0.5)
+        assert not exchange.done() and not a.transport.inbox.forgone(3, "b")
+        theirs = await b.book.message(3, 1, Kind.STATE, b.state, (), ())
+        await b.exchanger.push("a", theirs, time.monotonic() + 5.0)
+        exchanged = await asyncio.wait_for(exchange, 5.0)
+        assert set(exchanged.received) == {"b"}
+
+    asyncio.run(scenario())
