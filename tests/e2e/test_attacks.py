@@ -64,7 +64,11 @@ async def test_a_newline_in_a_hellos_node_id_cannot_forge_a_log_line(target):
 async def test_a_100_kb_node_id_is_truncated_and_repeated_refusals_are_rate_limited(target):
     before = target.log_path.stat().st_size
     result = await attacks.big_hellos(target, 300, 100)
-    assert result["codes"].get("PERMISSION_DENIED", 0) >= 299
+    # every one refused: as no neighbour, or, when the busy machine keeps the calls before a
+    # batch in flight, by gRPC's server-wide call limit (MAX_CONCURRENT_RPCS)
+    codes = result["codes"]
+    assert set(codes) <= {"PERMISSION_DENIED", "RESOURCE_EXHAUSTED"}, codes
+    assert sum(codes.values()) == 301 and codes.get("PERMISSION_DENIED", 0) >= 250, codes
     grown = result["log_bytes_after"] - before
     refusals = [line for line in log_lines(target, before) if "'AAAA" in line]
     # one hello line per refused id within the budget: a 10 s window holds them all
