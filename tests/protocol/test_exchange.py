@@ -8,6 +8,7 @@ import time
 from dacflnode.protocol.exchange import Exchanged
 from dacflnode.protocol.fault_filter import FaultFilter
 from dacflnode.protocol.faults import Drop, FaultPlan
+from dacflnode.protocol.runner import NodeRunner
 from dacflnode.transport.memory import MemoryNetwork
 from dacflnode.wire.message import Kind
 from tests.protocol.test_runner import make_runner, record_pushes
@@ -39,15 +40,21 @@ def test_a_neighbour_is_alive_if_it_showed_it_or_called_unless_its_state_was_dro
     assert exchanged.alive(["b"], {}, FaultFilter("a", None)) == {"b"}
 
 
+async def pair(round_a: int, round_b: int) -> tuple[NodeRunner, NodeRunner]:
+    """Neighbours ``a`` and ``b``, serving, in rounds ``round_a`` and ``round_b``."""
+    network = MemoryNetwork()
+    a = make_runner(network, "a", ["b"], start_round=round_a)
+    b = make_runner(network, "b", ["a"], start_round=round_b)
+    for runner in (a, b):
+        await runner.transport.start()
+    return a, b
+
+
 def test_a_state_a_neighbour_past_the_round_no_longer_keeps_is_not_waited_for() -> None:
     # a is three rounds behind b, which keeps only its last two states: a's push of round 3 is
     # refused as passed, its pull of round 3 as not kept; that state can never come
     async def scenario() -> None:
-        network = MemoryNetwork()
-        a = make_runner(network, "a", ["b"], start_round=3)
-        b = make_runner(network, "b", ["a"], start_round=6)
-        for runner in (a, b):
-            await runner.transport.start()
+        a, _b = await pair(3, 6)  # b serves: it refuses and answers
         message = await a.book.message(3, 1, Kind.STATE, a.state, (), ())
         started = time.monotonic()
         exchanged = await a.exchanger.run(3, ["b"], [], message, started + 30.0, probe=True,
@@ -64,11 +71,7 @@ def test_a_neighbour_in_the_round_a_restarted_node_resumes_is_waited_for_if_it_k
     # a restarted in round 3 and b is in round 3 too: b's state is pulled in case it went to
     # a's previous process; b has not published it yet, and will push it: a waits for it
     async def scenario() -> None:
-        network = MemoryNetwork()
-        a = make_runner(network, "a", ["b"], start_round=3)
-        b = make_runner(network, "b", ["a"], start_round=3)
-        for runner in (a, b):
-            await runner.transport.start()
+        a, b = await pair(3, 3)
         a.exchanger.resumed_at = 3
         a.exchanger.peer_rounds["b"] = 3
         message = await a.book.message(3, 1, Kind.STATE, a.state, (), ())
