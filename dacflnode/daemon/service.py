@@ -5,8 +5,8 @@ model, trainer — off the event loop), resume from ``STATE_DIR/checkpoint.safet
 belongs to this run, serve the Neighbor service on ``node.listen``, the Control service on
 ``node.control`` and, when ``node.metrics`` is set, the Prometheus exposition at
 ``http://<node.metrics>/metrics``, handshake with every neighbour, run the rounds, write
-``final.safetensors``. SIGUSR1 logs where every task waits (:mod:`dacflnode.daemon.task_dump`).
-SIGINT (and SIGTERM, unless
+``final.safetensors``. SIGUSR1 writes where every task waits to stderr
+(:mod:`dacflnode.daemon.task_dump`). SIGINT (and SIGTERM, unless
 ``run.drain_on_sigterm``) abandons the round being exchanged (or lets the training in flight
 finish and complete it), checkpoints, and exits 0: the node can resume later. A drain
 (``dacflnode stop --drain``, or SIGTERM with ``run.drain_on_sigterm``) instead has the node leave
