@@ -281,7 +281,7 @@ class Cluster:
 
     def task_dumps(self, nodes: Sequence[int]) -> str:
         """Where each of ``nodes`` still running waits: its tasks' stacks, which SIGUSR1 has
-        the daemon log (docs/operations.md, "A node that seems stuck")."""
+        the daemon write to its stderr (docs/operations.md, "A node that seems stuck")."""
         running = [i for i in nodes if self.procs[i].poll() is None]
         sizes = {i: (self.root / f"node-{i}.stderr").stat().st_size for i in running}
         for i in running:
