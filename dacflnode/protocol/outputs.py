@@ -68,6 +68,9 @@ class Outputs:
             seconds=round(report.seconds, 4),
             data_size=setup.data.size if setup.data else None,
             class_counts=dict(setup.data.class_counts) if setup.data else None,
+            time=round(setup.clock(), 3),
+            exchanges=report.exchanges,
+            staleness=report.staleness,
         )
         await self._write("metrics line", append_line, setup.state_dir / METRICS_FILE, line)
 

@@ -3,6 +3,7 @@ reports after each round (:class:`RoundReport`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -70,6 +71,8 @@ class NodeSetup:
     #: A compressed run's compression (CHOCO-Gossip over public copies, docs/compression.md);
     #: the algorithm's mixing is then ``choco`` with the same step. ``None``: full states.
     compression: Compression | None = None
+    #: The time of the metrics lines (unix seconds); the simulator's runs on its own clock.
+    clock: Callable[[], float] = time.time
 
 
 @dataclass
@@ -89,3 +92,6 @@ class RoundReport:
     #: round (pushes and pulls, both ways)
     bytes_sent: int = 0
     bytes_received: int = 0
+    #: an asynchronous run's exchanges applied in the block and its staleness (metrics line)
+    exchanges: int | None = None
+    staleness: int | None = None

@@ -60,6 +60,14 @@ class MetricsLine:
     seconds: float
     data_size: int | None
     class_counts: dict[str, int] | None
+    #: unix seconds when the line was written (the simulator's: its virtual clock's), so that
+    #: time to an accuracy can be read across nodes
+    time: float
+    #: an asynchronous run's pairwise exchanges applied in the block, and how many blocks the
+    #: oldest neighbour snapshot mixed in it was behind the node's own (``None`` in a
+    #: synchronous run)
+    exchanges: int | None = None
+    staleness: int | None = None
 
 
 #: The keys of every metrics line, in the order they are written.

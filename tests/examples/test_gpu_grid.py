@@ -213,7 +213,8 @@ def _line(rnd: int, node: str, acc: float | None) -> MetricsLine:
         "samples": 100, "accuracy": acc, "test_loss": 0.4, "consensus_residual": 0.1,
         "neighbours_used": 9, "neighbours_missing": 0, "alone_rounds": 0,
         "refused_states": 0, "bytes_sent": 0, "bytes_received": 0, "exchange_s": 0.0,
-        "train_s": 1.0, "seconds": 1.0, "data_size": 6000, "class_counts": {"0": 6000}}
+        "train_s": 1.0, "seconds": 1.0, "data_size": 6000, "class_counts": {"0": 6000},
+        "time": 1_800_000_000.0 + rnd}
     return MetricsLine(**values)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ def test_a_metrics_line_keeps_its_keys_and_their_order(tmp_path: Path):
     keys = ("round", "node", "algorithm", "lr", "train_loss", "samples", "accuracy", "test_loss",
             "consensus_residual", "neighbours_used", "neighbours_missing", "alone_rounds",
             "refused_states", "bytes_sent", "bytes_received", "exchange_s", "train_s",
-            "seconds", "data_size", "class_counts")
+            "seconds", "data_size", "class_counts", "time", "exchanges", "staleness")
     assert keys == LINE_KEYS
     values: dict[str, Any] = {k: i for i, k in enumerate(keys)}
     append_line(tmp_path / METRICS_FILE, MetricsLine(**values))
@@ -44,6 +45,9 @@ def test_a_finished_run_writes_its_lines_its_checkpoint_and_its_final_model(tmp_
                  .splitlines()]
         assert [tuple(line) for line in lines] == [LINE_KEYS, LINE_KEYS]
         assert [line["round"] for line in lines] == [1, 2]
+        # each line says when it was written, in unix seconds, in the order written
+        assert lines[0]["time"] <= lines[1]["time"] <= time.time()
+        assert lines[0]["time"] > time.time() - 600
         assert all(line["node"] == "a" and line["neighbours_used"] == ["b"] for line in lines)
 
         # the checkpoint on disk is the runner's checkpoint, field by field

@@ -37,7 +37,8 @@ def metrics_line(node: str, r: int, algorithm: str, residual: float) -> MetricsL
         "consensus_residual": residual, "neighbours_used": [], "neighbours_missing": [],
         "alone_rounds": 0, "refused_states": 0, "bytes_sent": 0, "bytes_received": 0,
         "exchange_s": 0.01, "train_s": 0.1,
-        "seconds": 0.1 * r, "data_size": 30, "class_counts": {"a": 30}}
+        "seconds": 0.1 * r, "data_size": 30, "class_counts": {"a": 30},
+        "time": 1_800_000_000.0 + 0.1 * r}
     return MetricsLine(**base)
 
 

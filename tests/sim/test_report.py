@@ -23,6 +23,7 @@ def line(node: str, r: int, algorithm: str = "dacfl", **kw: Any) -> MetricsLine:
         "exchange_s": 0.01, "train_s": 0.1,
         "seconds": 0.1 * r,
         "data_size": 30 + int(node[-1]), "class_counts": {"a": 10, "b": 20 + int(node[-1])},
+        "time": 1_800_000_000.0 + 0.1 * r,
     }
     base.update(kw)
     return MetricsLine(**base)
