@@ -16,6 +16,9 @@ DAEMON_ALGORITHMS = ("dacfl", "cdsgd")
 FODAC_VARIANTS = ("lagged", "fresh")
 #: How a node mixes its neighbours' states.
 MIXINGS = ("exact", "clipped")
+#: When nodes exchange: in synchronized rounds (the paper's) or asynchronously, each node at
+#: its own pace through pairwise exchanges (docs/algorithm.md, "Asynchronous DACFL").
+SCHEDULES = ("sync", "async")
 
 #: Topologies given as a mixing matrix built with a global view (simulator only).
 MATRIX_KINDS = ("dense", "sparse", "uniform", "custom")

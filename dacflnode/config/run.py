@@ -24,6 +24,7 @@ from dacflnode.algorithms.names import (
     FODAC_VARIANTS,
     GRAPH_KINDS,
     MIXINGS,
+    SCHEDULES,
     TOPOLOGIES,
 )
 from dacflnode.config import schema
@@ -69,7 +70,44 @@ class RunConfig:
         " peers file holds one. dpsgd and fedavg need a central god node: simulate only.",
     )
     nodes: int = setting(10, help="Number of nodes.", scope=RUN, group="run", minimum=2)
-    rounds: int = setting(100, help="Communication rounds.", scope=RUN, group="run", minimum=1)
+    rounds: int = setting(
+        100,
+        help="Communication rounds; under schedule async, each node's training blocks.",
+        scope=RUN, group="run", minimum=1)
+    schedule: str = setting(
+        "sync",
+        help="sync: every node mixes its neighbours once per round, in step (the paper's);"
+        " async: each node trains at its own pace and mixes with whichever neighbours answer"
+        " now, through pairwise exchanges that keep the consensus sum exact (docs/algorithm.md,"
+        " Asynchronous DACFL).",
+        scope=RUN,
+        group="run",
+        choices=SCHEDULES,
+    )
+    staleness: int | None = setting(
+        None,
+        help="schedule async: never mix a neighbour's snapshot more than N training blocks"
+        " behind the node's own.",
+        scope=RUN,
+        group="run",
+        minimum=0,
+        metavar="N",
+        default_text="no bound",
+        relevant=lambda run: run.schedule == "async",
+        relevant_text="schedule is async",
+    )
+    max_duration: float | None = setting(
+        None,
+        help="schedule async: stop training after this many seconds of the run (each node"
+        " from its own start) and end settled, whatever blocks are left.",
+        scope=RUN,
+        group="run",
+        above=0.0,
+        metavar="SECONDS",
+        default_text="no limit",
+        relevant=lambda run: run.schedule == "async",
+        relevant_text="schedule is async",
+    )
     dataset: str = setting(
         "fashion-mnist",
         help="Data set: a built-in one, or the device's own data: folder (one subfolder of"
@@ -407,6 +445,18 @@ class RunConfig:
         scope=NODE,
         group="runtime",
         choices=PRECISIONS,
+    )
+    slowdown: float = setting(
+        1.0,
+        help="Make this device train this many times slower than it can (an experiment's"
+        " slow device: a pause after each round's training of (F-1) times its duration; in"
+        " simulate, F times the virtual block time). simulate and launch: --slowdown"
+        " NODE=F, repeatable.",
+        scope=NODE,
+        group="runtime",
+        minimum=1.0,
+        metavar="F",
+        cli=False,
     )
     threads: int | None = setting(
         None,

@@ -39,6 +39,12 @@ class CheckedSettings(OwnDataSettings, Protocol):
     def download(self) -> bool: ...
     @property
     def mixing_matrix(self) -> str | None: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def topology(self) -> str: ...
+    @property
+    def time_varying(self) -> int: ...
     def topology_spec(self) -> TopologySpec: ...
 
 
@@ -72,6 +78,8 @@ def check_run(run: CheckedSettings) -> None:
             "fedavg averages at a server and has no gossip to compress: run it with"
             " compression none, apart from the gossip algorithms",
         )
+    if run.schedule == "async":
+        _check_async(run)
     if run.own_data:
         check_own_data(run)
     elif run.data_root is not None and not Path(run.data_root).is_dir() and not run.download:
@@ -82,3 +90,27 @@ def check_run(run: CheckedSettings) -> None:
         from dacflnode.algorithms.topology import MixingSchedule
 
         MixingSchedule(run.topology_spec())  # builds round 0: graph and matrix checks
+
+
+def _check_async(run: CheckedSettings) -> None:
+    """What the asynchronous schedule runs (docs/algorithm.md, "Asynchronous DACFL"): DACFL
+    on a static graph, mixing exactly, full states. Each refusal says why."""
+    from dacflnode.algorithms.names import GRAPH_KINDS
+
+    others = [a for a in run.algorithm if a != "dacfl"]
+    if others:
+        raise ConfigError("schedule", f"schedule async runs dacfl (its FODAC estimate keeps the"
+                          f" pairwise exchanges' sum exact), not {', '.join(others)}")
+    if run.topology not in GRAPH_KINDS:
+        raise ConfigError("schedule", f"schedule async needs a graph topology (pairwise"
+                          f" Metropolis weights each edge agrees on), not {run.topology}: e.g."
+                          " --topology ring")
+    if run.time_varying:
+        raise ConfigError("schedule", "schedule async mixes whichever neighbours answer, so"
+                          " it has no rounds to vary the graph by: set time_varying 0")
+    if run.mixing != "exact":
+        raise ConfigError("schedule", f"schedule async mixes exactly: mixing {run.mixing} "
+                          "clips per round, and an exchange has no round")
+    if parse_compression(run.compression).compressed:
+        raise ConfigError("schedule", "schedule async sends full states: compression "
+                          f"{run.compression} keeps public copies per round (use none)")
