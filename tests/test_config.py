@@ -189,6 +189,7 @@ CONTEXTS = [
     RunConfig(mixing="clipped"),
     RunConfig(mixing="clipped", clip_radius=2.0),
     RunConfig(compression="int8"),
+    RunConfig(schedule="async", topology="ring"),
 ]
 
 

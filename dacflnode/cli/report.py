@@ -27,8 +27,13 @@ def report_cmd(run_dirs: tuple[Path, ...], out_dir: Path | None, as_json: bool) 
 
     A RUN_DIR is the --out folder of `launch` or `simulate` (one run per algorithm in it), or
     any folder with metrics.jsonl files below it, such as the state directories copied off a
-    cluster's devices. Runs are labelled by their folder's name. A running cluster can be
-    reported on: a round counts once every node has written it.
+    cluster's devices. The table names runs by their folder; the figures give each run a colour
+    of its own and name it by its algorithm and the settings (from summary.json) that differ
+    between the runs, e.g. "DACFL schedule=async, compression=int8", or by its folder where
+    none differ. Where a run is asynchronous (schedule async), every run's accuracy is drawn
+    against the seconds since it started (the mean of each node's latest accuracy) instead of
+    rounds. A running cluster can be reported on: a round counts once every node has written
+    it.
 
     \b
     Examples:

@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-from matplotlib.colors import to_rgb
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
@@ -27,20 +27,26 @@ LEGEND_MAX_NODES = 12
 
 #: The paper's name of each algorithm, as legends and titles show it.
 PAPER_NAMES = {"dacfl": "DACFL", "cdsgd": "CDSGD", "dpsgd": "D-PSGD", "fedavg": "FedAvg"}
-#: One colour per algorithm in every figure, whatever the order of the runs.
-COLOURS = {"dacfl": "#1f77b4", "cdsgd": "#ff7f0e", "dpsgd": "#2ca02c", "fedavg": "#d62728"}
+#: The qualitative colormaps lines take their colours from: tab10, then tab20 past ten lines.
+TAB10 = tuple(to_hex(c) for c in matplotlib.colormaps["tab10"](range(10)))
+TAB20 = tuple(to_hex(c) for c in matplotlib.colormaps["tab20"](range(20)))
+#: The colour of the first run of each algorithm in every figure, whatever the order of the
+#: runs (tab10's first four); a further run of an algorithm takes a tab10 colour of its own.
+COLOURS = {"dacfl": TAB10[0], "cdsgd": TAB10[1], "dpsgd": TAB10[2], "fedavg": TAB10[3]}
 #: The colour of a line whose algorithm is not one of :data:`PAPER_NAMES`.
-OTHER_COLOUR = "#7f7f7f"
-#: Line style and marker of the first, second, ... run of one algorithm in a figure; a run's
-#: precision picks its own (fp32 the first, bf16 the second), so the two never hide each other.
-STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
-PRECISION_STYLE = {"fp32": 0, "bf16": 1}
+OTHER_COLOUR = TAB10[7]
+#: The line style of each algorithm (several runs of one algorithm differ in colour and marker).
+LINESTYLES = {"dacfl": "-", "cdsgd": "--", "dpsgd": "-.", "fedavg": ":"}
+#: The marker of the first, second, ... line of a figure.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 #: At most this many markers per line: every round of a short run, a sample of a long one.
 MARKERS_PER_LINE = 20
 #: Var of Acc (in %²) goes on a log axis when its largest value is this many times its smallest.
 LOG_SPREAD = 100.0
 #: Var of Acc (in %²) below this counts as 0 (one global model; float rounding of a mean).
 ZERO_VAR = 1e-9
+#: The x axis of :func:`accuracy_figure`: the round, or seconds since the run started.
+X_LABELS = {"round": "round", "time": "time (s)"}
 
 PathArg = str | Path | Sequence[str | Path]
 _ALGORITHM_WORD = re.compile(r"\b(" + "|".join(PAPER_NAMES) + r")\b", re.IGNORECASE)
@@ -75,33 +81,29 @@ def colour_of(algorithm: str | None) -> str:
     return COLOURS.get(algorithm or "", OTHER_COLOUR)
 
 
-def _precision_of(label: str, curve: Mapping[str, Any]) -> str | None:
-    given = curve.get("precision")
-    if isinstance(given, str) and given in PRECISION_STYLE:
-        return given
-    words = set(re.split(r"[^a-z0-9]+", label.lower()))
-    found = [p for p in PRECISION_STYLE if p in words]
-    return found[0] if len(found) == 1 else None
-
-
 def _line_styles(curves: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per label: the colour of its algorithm, and a line style and marker of its own among the
-    lines of that algorithm (by precision where the curves say, else by order)."""
+    """Per label: a colour of its own (the first line of an algorithm its algorithm's colour,
+    any further one a free tab10/tab20 colour), its algorithm's line style, and a marker of its
+    own. Each line is drawn above the ones before it, thinner and with smaller markers, so that
+    two lines with the same values both show: the lower one as a border around the upper."""
+    algorithms = [algorithm_of(label, curve) for label, curve in curves.items()]
+    reserved = {*COLOURS.values(), OTHER_COLOUR}  # an algorithm's colour is never another's
+    free = [c for c in dict.fromkeys(TAB10 + TAB20) if c not in reserved]
+    taken: set[str] = set()
+    count = len(curves)
     styles: dict[str, dict[str, Any]] = {}
-    used: dict[str | None, set[int]] = {}
-    for label, curve in curves.items():
-        alg = algorithm_of(label, curve)
-        taken = used.setdefault(alg, set())
-        precision = _precision_of(label, curve)
-        index = PRECISION_STYLE[precision] if precision is not None else 0
-        while index in taken and len(taken) < len(STYLES):
-            index += 1
-        taken.add(index)
-        linestyle, marker = STYLES[index % len(STYLES)]
-        rounds = len(curve.get("rounds", ()))
-        styles[label] = {"color": colour_of(alg), "linestyle": linestyle, "marker": marker,
-                         "markersize": 4, "markevery": max(1, math.ceil(rounds / MARKERS_PER_LINE)),
-                         "linewidth": 1.5, "label": paper_label(label)}
+    for i, ((label, curve), alg) in enumerate(zip(curves.items(), algorithms, strict=True)):
+        colour = colour_of(alg)
+        if colour in taken:
+            colour = free.pop(0) if free else TAB20[i % len(TAB20)]
+        taken.add(colour)
+        points = len(curve.get("time" if "time" in curve else "rounds", ()))
+        depth = (count - 1 - i) / (count - 1) if count > 1 else 0.5
+        styles[label] = {"color": colour, "linestyle": LINESTYLES.get(alg or "", "-"),
+                         "marker": MARKERS[i % len(MARKERS)], "markersize": 4 + 3 * depth,
+                         "markevery": max(1, math.ceil(points / MARKERS_PER_LINE)),
+                         "linewidth": 1.2 + 1.8 * depth, "alpha": 0.9, "zorder": 2 + i,
+                         "label": paper_label(label)}
     return styles
 
 
@@ -123,52 +125,61 @@ def use_log_axis(ax: Axes, values: Sequence[float]) -> None:
 
 
 def plot_accuracy(
-    curves: Mapping[str, Mapping[str, Any]], path: PathArg, title: str = ""
+    curves: Mapping[str, Mapping[str, Any]], path: PathArg, title: str = "", x: str = "round"
 ) -> None:
     """Write :func:`accuracy_figure` to ``path``."""
-    save_figure(accuracy_figure(curves, title), path)
+    save_figure(accuracy_figure(curves, title, x), path)
 
 
-def accuracy_figure(curves: Mapping[str, Mapping[str, Any]], title: str = "") -> Figure:
-    """The Average of Acc and Var of Acc per round.
+def accuracy_figure(curves: Mapping[str, Mapping[str, Any]], title: str = "",
+                    x: str = "round") -> Figure:
+    """The Average of Acc and Var of Acc per round, or over time.
 
     ``curves[label]`` is an algorithm summary with ``rounds``, ``avg_acc`` and ``var_acc``
-    (what :func:`~dacflnode.records.metrics_log.summarize` returns) and optionally ``algorithm``
-    and ``precision``; one line per label, labelled with the paper's algorithm names.
+    (what :func:`~dacflnode.records.metrics_log.summarize` returns) and optionally ``algorithm``;
+    one line per label, labelled with the paper's algorithm names. With ``x="time"`` the x axis
+    is ``curves[label]["time"]`` (seconds since the run started) and each line is a step
+    function: the value holds until the next point.
 
-    Every algorithm has its colour (:data:`COLOURS`); several lines of one algorithm differ in
-    line style and marker. A Var of Acc that is 0 in every round (D-PSGD and FedAvg evaluate one
-    global model) is not drawn but named on the panel; Var of Acc goes on a log axis when its
-    values span :data:`LOG_SPREAD` or more. ``title`` (the setting) heads the figure."""
+    Every line has its colour, marker and thickness (:func:`_line_styles`); an algorithm has
+    its line style. A Var of Acc that is 0 everywhere (D-PSGD and FedAvg evaluate one global
+    model) is not drawn but named on the panel; Var of Acc goes on a log axis when its values
+    span :data:`LOG_SPREAD` or more. ``title`` (the setting) heads the figure."""
+    if x not in X_LABELS:
+        raise ValueError(f"x is one of {', '.join(X_LABELS)}, got {x!r}")
+    key = "rounds" if x == "round" else "time"
+    steps = {"drawstyle": "steps-post"} if x == "time" else {}
     fig, (ax_avg, ax_var) = plt.subplots(1, 2, figsize=(11, 4.4 if title else 4))
     styles = _line_styles(curves)
     zero: list[str] = []
     drawn: list[tuple[list[float], list[float], dict[str, Any]]] = []
     for label, s in curves.items():
-        ax_avg.plot(s["rounds"], [100 * a for a in s["avg_acc"]], **styles[label])
+        ax_avg.plot(s[key], [100 * a for a in s["avg_acc"]], **styles[label], **steps)
         var = [1e4 * v for v in s["var_acc"]]
         if var and all(abs(v) < ZERO_VAR for v in var):
             zero.append(styles[label]["label"])
         else:
-            drawn.append((list(s["rounds"]), var, styles[label]))
+            drawn.append((list(s[key]), var, {**styles[label], **steps}))
     positive = [v for _, var, _ in drawn for v in var if v >= ZERO_VAR]
     log = bool(positive) and max(positive) >= LOG_SPREAD * min(positive)
-    for rounds, var, style in drawn:
-        ax_var.plot(rounds, [v if v >= ZERO_VAR or not log else math.nan for v in var], **style)
+    for xs, var, style in drawn:
+        ax_var.plot(xs, [v if v >= ZERO_VAR or not log else math.nan for v in var], **style)
     if log:
         use_log_axis(ax_var, positive)
     if zero:
-        ax_var.text(0.98, 0.02, f"0 in every round, not drawn: {', '.join(zero)}",
+        where = "in every round" if x == "round" else "throughout"
+        ax_var.text(0.98, 0.02, f"0 {where}, not drawn: {', '.join(zero)}",
                     transform=ax_var.transAxes, ha="right", va="bottom", fontsize=8,
                     color="0.35")
-    ax_avg.set(xlabel="round", ylabel="Average of Acc (%)", title="Average of Acc")
-    ax_var.set(xlabel="round", ylabel="Var of Acc (%²)",
+    ax_avg.set(xlabel=X_LABELS[x], ylabel="Average of Acc (%)", title="Average of Acc")
+    ax_var.set(xlabel=X_LABELS[x], ylabel="Var of Acc (%²)",
                title="Var of Acc" + (" (log scale)" if log else ""))
     if title:
         fig.suptitle(title)
     for ax in (ax_avg, ax_var):
         ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if x == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if ax.get_lines():
             ax.legend(fontsize=8)
     return fig
@@ -185,9 +196,11 @@ def _finite(lines: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float], 
 
 
 def _residual_scale(ax: Axes, values: list[float]) -> None:
-    """Log scale for a residual that decays over orders of magnitude; symlog where some are 0."""
+    """Log scale for a residual that decays over a decade or more (symlog where some are 0),
+    its ticks labelled as plain numbers; a linear axis for a narrower range, where a log axis
+    would label one or two ticks at most."""
     positive = [v for v in values if v > 0]
-    if not positive:
+    if not positive or max(positive) < 10 * min(positive):
         return
     if len(positive) == len(values):
         use_log_axis(ax, positive)
@@ -195,50 +208,52 @@ def _residual_scale(ax: Axes, values: list[float]) -> None:
         ax.set_yscale("symlog", linthresh=min(positive))
 
 
-def node_shades(algorithm: str | None, count: int) -> list[tuple[float, float, float]]:
-    """``count`` shades of the algorithm's colour, from the full colour towards white, for the
-    nodes of one run."""
-    r, g, b = to_rgb(colour_of(algorithm))
-    fractions = [0.65 * k / (count - 1) for k in range(count)] if count > 1 else [0.0]
-    return [(r + (1 - r) * f, g + (1 - g) * f, b + (1 - b) * f) for f in fractions]
+def node_colours(count: int) -> list[dict[str, Any]]:
+    """A colour (tab10, tab20 past ten nodes) and line style of its own for each of ``count``
+    nodes; past twenty nodes the colours come round again with another line style."""
+    palette = TAB10 if count <= len(TAB10) else TAB20
+    dashes = ("-", "--", ":", "-.")
+    return [{"color": palette[k % len(palette)],
+             "linestyle": dashes[(k // len(palette)) % len(dashes)]} for k in range(count)]
 
 
-def nodes_figure(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], title: str = "",
-                 algorithms: Mapping[str, str] | None = None) -> Figure:
+def nodes_figure(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
+                 title: str = "") -> Figure:
     """Each node of each run per round: the consensus residual ‖x_i − ω_i‖ and the round time
     (``seconds``). ``runs[label][node]`` is that node's ``metrics.jsonl`` lines; one panel of
-    each per run, the nodes in shades of the run's algorithm's colour (``algorithms[label]``,
-    else the lines' own).
+    each per run, each node in a colour of its own (:func:`node_colours`; the n-th node of
+    every panel in the same one).
 
     A panel with nothing to draw is left out: a run whose residual is 0 everywhere (an
     algorithm that tracks no average) is named in the figure's title instead. The residual
     panels come first, then the round times, two to a row."""
-    Panel = tuple[str, str, str | None, Mapping[str, Sequence[Mapping[str, Any]]]]
+    Panel = tuple[str, str, Mapping[str, Sequence[Mapping[str, Any]]]]
     residual_panels: list[Panel] = []
     time_panels: list[Panel] = []
     untracked: list[str] = []
     for label, nodes in runs.items():
-        alg = (algorithms or {}).get(label) or _lines_algorithm(nodes)
         shown = paper_label(label)
         residuals = [v for lines in nodes.values() for v in _finite(lines, "consensus_residual")[1]]
         if any(residuals):
-            residual_panels.append((shown, "consensus_residual", alg, nodes))
+            residual_panels.append((shown, "consensus_residual", nodes))
         elif residuals:
             untracked.append(shown)
         if any(_finite(lines, "seconds")[1] for lines in nodes.values()):
-            time_panels.append((shown, "seconds", alg, nodes))
+            time_panels.append((shown, "seconds", nodes))
     panels = residual_panels + time_panels
     columns = 2 if len(panels) > 1 else 1
     rows = max(1, math.ceil(len(panels) / columns))
     fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.2 * rows), squeeze=False)
     flat = [ax for row in axes for ax in row]
-    for ax, (shown, key, alg, nodes) in zip(flat, panels, strict=False):
+    for ax, (shown, key, nodes) in zip(flat, panels, strict=False):
         values: list[float] = []
-        for shade, (node, lines) in zip(node_shades(alg, len(nodes)), nodes.items(),
-                                        strict=True):
+        styles = node_colours(len(nodes))
+        for k, (style, (node, lines)) in enumerate(zip(styles, nodes.items(), strict=True)):
             xs, ys = _finite(lines, key)
-            ax.plot(xs, ys, label=node, linewidth=1, color=shade, marker="o", markersize=3,
-                    markevery=max(1, math.ceil(len(xs) / MARKERS_PER_LINE)))
+            depth = (len(styles) - 1 - k) / (len(styles) - 1) if len(styles) > 1 else 0.0
+            ax.plot(xs, ys, label=node, linewidth=1 + depth, marker="o", markersize=3 + depth,
+                    markevery=max(1, math.ceil(len(xs) / MARKERS_PER_LINE)), zorder=2 + k,
+                    **style)  # each node above, and thinner than, the ones before: all show
             values.extend(ys)
         if key == "consensus_residual":
             _residual_scale(ax, values)
@@ -257,15 +272,6 @@ def nodes_figure(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], 
     if heading:
         fig.suptitle("\n".join(heading), fontsize=10)
     return fig
-
-
-def _lines_algorithm(nodes: Mapping[str, Sequence[Mapping[str, Any]]]) -> str | None:
-    for lines in nodes.values():
-        for line in lines[:1]:
-            alg = str(line.get("algorithm", "")).lower()
-            if alg in PAPER_NAMES:
-                return alg
-    return None
 
 
 def plot_consensus_demo(mae: Mapping[str, Sequence[float]], path: str | Path, title: str) -> None:

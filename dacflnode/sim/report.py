@@ -17,6 +17,11 @@ Every number comes from :func:`~dacflnode.records.metrics_log.summarize`, the fu
 ``simulate`` and ``launch`` write ``summary.json`` with, so a report and a summary agree: a round
 counts when every node of the run has written it. The mean round time is the mean of the
 ``seconds`` of those lines.
+
+The figures tell runs apart by the settings that differ between them (:func:`run_settings`,
+:func:`figure_labels`). Where one run is asynchronous (``schedule: async``) the accuracy is
+drawn against the seconds since each run started (:func:`accuracy_over_time`), which
+:func:`time_to_accuracy` reads too.
 """
 
 from __future__ import annotations
@@ -237,8 +242,9 @@ _SPLITS = {"iid": "i.i.d.", "shards": "non-i.i.d. shards", "dirichlet": "Dirichl
 
 
 def setting_parts(config: dict[str, Any], nodes: int) -> dict[str, str]:
-    """The setting of a run as a reader names it: data, nodes, topology, split and precision
-    (from its configuration; the number of nodes from the run itself where there is none)."""
+    """The setting of a run as a reader names it: data, nodes, topology, split, an
+    asynchronous schedule and precision (from its configuration; the number of nodes from the
+    run itself where there is none)."""
     parts: dict[str, str] = {}
     if config.get("dataset"):
         parts["data"] = str(config["dataset"])
@@ -256,58 +262,234 @@ def setting_parts(config: dict[str, Any], nodes: int) -> dict[str, str]:
         elif partition == "dirichlet" and config.get("dirichlet_alpha") is not None:
             split += f" α={config['dirichlet_alpha']}"
         parts["split"] = split
+    if config.get("schedule") == "async":
+        staleness = config.get("staleness")
+        parts["schedule"] = "asynchronous" + (f", staleness ≤ {staleness}"
+                                              if staleness is not None else "")
     if config.get("precision"):
         parts["precision"] = str(config["precision"])
     return parts
 
 
+#: Settings that say where a run's files were, not what ran: never named in a legend.
+BOOKKEEPING = frozenset({"algorithm", "data_root", "test_root", "download", "bad_files",
+                         "threads", "out", "out_dir", "state_dir", "version"})
+#: The settings a legend names first, where they differ between the runs compared.
+PREFERRED = ("schedule", "compression", "slowdown", "staleness", "topology", "nodes", "mixing")
+#: At most this many settings per legend entry (all of :data:`PREFERRED` that differ, then
+#: others up to this many).
+LEGEND_KEYS = 4
+
+
+def _relevant(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with today's default of each setting it does not have (one written before
+    the setting existed), less the settings that cannot change its run (the Dirichlet alpha of
+    an i.i.d. split; see :class:`~dacflnode.config.schema.Setting`), and ``staleness`` outside
+    an asynchronous run; ``{}`` for ``{}``."""
+    from types import SimpleNamespace
+
+    from dacflnode.config import RunConfig, schema
+
+    if not config:
+        return {}
+    out = {**RunConfig().to_json(), **config}
+    values = SimpleNamespace(**out)
+    for declared in schema.fields_of(RunConfig):
+        test = declared.setting.relevant
+        try:
+            if test is not None and not test(values):
+                out.pop(declared.name, None)
+        except Exception:  # a setting of another version: keep what was written
+            continue
+    if out.get("schedule", "sync") != "async":
+        out.pop("staleness", None)
+    return out
+
+
+def is_async(run: Run) -> bool:
+    """Whether ``run`` ran asynchronously: its settings say ``schedule: async``, or (with no
+    settings) its lines count pairwise exchanges."""
+    schedule = run.config().get("schedule")
+    if schedule is not None:
+        return str(schedule) == "async"
+    return any(line.get("exchanges") is not None for lines in run.lines.values()
+               for line in lines)
+
+
+def run_settings(run: Run) -> dict[str, Any]:
+    """The settings ``run`` ran with, as its legend compares them: its configuration (less
+    :data:`BOOKKEEPING` and what is not relevant to it), with its ``nodes``, ``schedule``
+    (``sync`` where not written) and ``slowdown`` (``None`` where not written or 1) always
+    there."""
+    config = _relevant(run.config())
+    settings = {k: v for k, v in config.items() if k not in BOOKKEEPING}
+    settings.setdefault("nodes", len(run.node_dirs))
+    settings["schedule"] = "async" if is_async(run) else "sync"
+    settings["slowdown"] = _slowdown(settings.get("slowdown"))
+    return settings
+
+
+def _slowdown(value: Any) -> Any:
+    """A slowdown as a legend compares it: ``None`` for none (not written, ``{}``, a factor
+    of 1), the mapping node id → factor less the nodes at 1, or the one factor of every node."""
+    if isinstance(value, dict):
+        slowed = {k: v for k, v in value.items() if v not in (None, 1, 1.0)}
+        return slowed or None
+    return None if value in (None, 1, 1.0) else value
+
+
+def _show(key: str, value: Any) -> str:
+    if value is None or value == {} or value == []:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        sep = "×" if key == "slowdown" else ":"
+        return "+".join(f"{k}{sep}{_show(key, v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return "+".join(_show(key, v) for v in value)
+    return str(value)
+
+
+def differing_settings(runs: Sequence[Run]) -> list[str]:
+    """The settings (of :func:`run_settings`) every run has and not all with one value:
+    :data:`PREFERRED` first, then the rest in the first run's order, :data:`LEGEND_KEYS` at
+    most (all the preferred ones)."""
+    if len(runs) < 2:
+        return []
+    settings = [run_settings(r) for r in runs]
+    shared = [k for k in settings[0] if all(k in s for s in settings[1:])]
+    differ = [k for k in shared
+              if len({json.dumps(s[k], sort_keys=True, default=str) for s in settings}) > 1]
+    first = [k for k in PREFERRED if k in differ]
+    rest = [k for k in differ if k not in PREFERRED]
+    return first + rest[:max(0, LEGEND_KEYS - len(first))]
+
+
 def figure_labels(runs: Sequence[Run]) -> tuple[str, dict[str, str]]:
     """The figures' title (the setting every run shares) and each run's legend text: the
-    paper's name of its algorithm, followed, where several runs have one algorithm, by what
-    tells them apart (their precision, else their folder's label)."""
+    paper's name of its algorithm, followed by the settings that differ between the runs
+    (``DACFL schedule=async, compression=int8``); by its folder's label where that leaves two
+    alike (nothing differs, or the runs have no settings).
+
+    Runs without settings (a cluster started by hand, state directories) are titled by their
+    folder's name and algorithm too, where all runs share them."""
     from dacflnode.sim.plots import paper_label
 
     parts = {r.label: setting_parts(r.config(), len(r.node_dirs)) for r in runs}
-    keys = ("data", "nodes", "topology", "split", "precision")
+    keys = ("data", "nodes", "topology", "split", "schedule", "precision")
     shared = [k for k in keys
               if runs and all(k in parts[r.label] for r in runs)
               and len({parts[r.label][k] for r in runs}) == 1]
-    title = " · ".join(parts[runs[0].label][k] for k in shared if k != "precision") if runs else ""
-    by_alg: dict[str, list[Run]] = defaultdict(list)
-    for r in runs:
-        by_alg[r.algorithm].append(r)
+    named = [parts[runs[0].label][k] for k in shared if k != "precision"] if runs else []
+    if runs and not any(r.config() for r in runs):
+        folders = {_base(r.source) for r in runs}
+        algorithms = {r.algorithm for r in runs}
+        named[:0] = ([next(iter(folders))] if len(folders) == 1 else []) + (
+            [paper_label(r.algorithm) for r in runs[:1]] if len(algorithms) == 1 else [])
+    differ = differing_settings(runs)
     labels: dict[str, str] = {}
-    for alg, group in by_alg.items():
-        name = paper_label(alg)
-        precisions = {parts[r.label].get("precision") for r in group}
-        for r in group:
-            label = name
-            if len(group) > 1 and len(precisions) > 1:
-                label += f" {parts[r.label].get('precision', '')}".rstrip()
-            labels[r.label] = label
-        if len({labels[r.label] for r in group}) < len(group):
-            for r in group:
-                labels[r.label] = f"{labels[r.label]} ({r.label})"
-    return title, labels
+    for r in runs:
+        settings = run_settings(r)
+        shown = ", ".join(f"{k}={_show(k, settings[k])}" for k in differ)
+        labels[r.label] = f"{paper_label(r.algorithm)} {shown}".rstrip()
+    texts = Counter(labels.values())
+    for r in runs:
+        if texts[labels[r.label]] > 1:
+            labels[r.label] = f"{labels[r.label]} ({r.label})"
+    return " · ".join(named), labels
+
+
+def _event_times(run: Run) -> tuple[float | None, list[tuple[float, int, float]]]:
+    """The run's start (unix seconds) and its accuracies as (time, node index, accuracy)."""
+    starts: list[float] = []
+    events: list[tuple[float, int, float]] = []
+    for index, lines in enumerate(run.lines.values()):
+        timed = [line for line in lines if _number(line.get("time"))]
+        if timed:
+            first = timed[0]
+            took = first.get("seconds")
+            took = took if isinstance(took, int | float) and _number(took) and took > 0 else 0.0
+            starts.append(float(first["time"]) - took)
+        events.extend((float(line["time"]), index, float(line["accuracy"])) for line in timed
+                      if _number(line.get("accuracy")))
+    return (min(starts) if starts else None), sorted(events)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def has_times(run: Run) -> bool:
+    """Whether every accuracy ``run`` recorded has its ``time`` (files written before lines
+    carried one have none) and there is at least one."""
+    accs = [line for lines in run.lines.values() for line in lines
+            if line.get("accuracy") is not None]
+    return bool(accs) and all(_number(line.get("time")) for line in accs)
+
+
+def accuracy_over_time(run: Run) -> dict[str, list[float]]:
+    """Average and Var of Acc over wall-clock time, a step function: at each time a node wrote
+    an accuracy, the mean (population variance) over the nodes of each one's latest accuracy,
+    from the time every node has written one. ``time`` is seconds since the run started: the
+    earliest a node's first line says its round began (``time - seconds``)."""
+    start, events = _event_times(run)
+    latest: dict[int, float] = {}
+    out: dict[str, list[float]] = {"time": [], "avg_acc": [], "var_acc": []}
+    count = len(run.lines)
+    for at, node, accuracy in events:
+        latest[node] = accuracy
+        if len(latest) < count or start is None:
+            continue
+        accs = list(latest.values())
+        mean = sum(accs) / count
+        point = (round(at - start, 6), mean, sum((a - mean) ** 2 for a in accs) / count)
+        if out["time"] and out["time"][-1] == point[0]:  # nodes that wrote at the same time
+            for key in out:
+                out[key].pop()
+        for key, value in zip(out, point, strict=True):
+            out[key].append(value)
+    return out
+
+
+def time_to_accuracy(run: Run, target: float) -> float | None:
+    """Seconds from ``run``'s start until its Average of Acc over time
+    (:func:`accuracy_over_time`) first reaches ``target`` (a fraction: 0.8 for 80 %); ``None``
+    where it never does or the lines carry no time."""
+    curve = accuracy_over_time(run)
+    return next((t for t, a in zip(curve["time"], curve["avg_acc"], strict=True) if a >= target),
+                None)
+
+
+def accuracy_axis(runs: Sequence[Run]) -> str:
+    """``time`` where a run is asynchronous and every run's accuracies carry their time (so
+    synchronous and asynchronous arms share one time axis), else ``round``."""
+    timed = any(is_async(r) for r in runs) and all(
+        has_times(r) or not any(line.get("accuracy") is not None
+                                for lines in r.lines.values() for line in lines) for r in runs)
+    return "time" if timed else "round"
 
 
 def figures(runs: Sequence[Run]) -> dict[str, Figure]:
-    """The figures of :data:`FIGURES`: ``accuracy`` (Average and Var of Acc per round, one line
-    per run) and ``nodes`` (each run's residual and round time per node), titled with the runs'
-    setting and labelled with the paper's algorithm names."""
+    """The figures of :data:`FIGURES`: ``accuracy`` (Average and Var of Acc per round, or over
+    time where a run is asynchronous: :func:`accuracy_axis`; one line per run) and ``nodes``
+    (each run's residual and round time per node), titled with the runs' setting and
+    labelled with the paper's algorithm names and what tells the runs apart."""
     from dacflnode.sim.plots import PAPER_NAMES, accuracy_figure, nodes_figure
 
     order = list(PAPER_NAMES)  # legends and panels in the paper's order: DACFL first
     runs = sorted(runs, key=lambda r: order.index(r.algorithm) if r.algorithm in order
                   else len(order))
     title, labels = figure_labels(runs)
+    x = accuracy_axis(runs)
     curves = {}
     for r in runs:
-        curves[labels[r.label]] = {**r.summary(), "algorithm": r.algorithm,
-                                   "precision": r.config().get("precision")}
-    return {"accuracy": accuracy_figure(curves, title),
-            "nodes": nodes_figure({labels[r.label]: r.lines for r in runs}, title,
-                                  {labels[r.label]: r.algorithm for r in runs})}
+        curve = r.summary() if x == "round" else accuracy_over_time(r)
+        curves[labels[r.label]] = {**curve, "algorithm": r.algorithm}
+    return {"accuracy": accuracy_figure(curves, title, x),
+            "nodes": nodes_figure({labels[r.label]: r.lines for r in runs}, title)}
 
 
 def write_figures(runs: Sequence[Run], out_dir: Path) -> list[Path]:

@@ -84,9 +84,8 @@ def test_a_two_algorithm_report_names_the_papers_algorithms_in_one_colour_each_e
         assert legend_texts(ax) == ["DACFL", "CDSGD"]  # not run/dacfl; the paper's order
         assert {label: colour(line) for label, line in lines_by_label(ax).items()} == {
             "DACFL": COLOURS["dacfl"], "CDSGD": COLOURS["cdsgd"]}
-    for ax in drawn["nodes"].axes:  # the nodes in shades of their algorithm's colour
-        alg = "dacfl" if ax.get_title().startswith("DACFL") else "cdsgd"
-        assert colour(ax.get_lines()[0]) == COLOURS[alg]
+    assert lines_by_label(ax_avg)["DACFL"].get_linestyle() != (
+        lines_by_label(ax_avg)["CDSGD"].get_linestyle())  # and a line style each
 
 
 def test_the_colour_of_an_algorithm_does_not_depend_on_the_order_of_the_runs():
@@ -115,12 +114,36 @@ def test_runs_differing_only_in_precision_share_the_title_and_say_their_precisio
     bf16 = write_simulate_run(tmp_path / "bf16", ("dacfl",), precision="bf16")
     drawn = figures(find_runs([fp32, bf16]))
     lines = lines_by_label(drawn["accuracy"].axes[0])
-    assert sorted(lines) == ["DACFL bf16", "DACFL fp32"]
-    assert colour(lines["DACFL bf16"]) == colour(lines["DACFL fp32"]) == COLOURS["dacfl"]
-    assert lines["DACFL fp32"].get_linestyle() != lines["DACFL bf16"].get_linestyle()
-    assert lines["DACFL fp32"].get_marker() != lines["DACFL bf16"].get_marker()
+    assert sorted(lines) == ["DACFL precision=bf16", "DACFL precision=fp32"]
+    assert colour(lines["DACFL precision=fp32"]) != colour(lines["DACFL precision=bf16"])
+    assert lines["DACFL precision=fp32"].get_marker() != lines["DACFL precision=bf16"].get_marker()
     assert drawn["accuracy"].get_suptitle() == "synthetic · 3 nodes · ring, rebuilt every 5 " \
         "rounds · i.i.d."
+
+
+def test_runs_of_one_algorithm_with_identical_values_each_have_a_colour_and_both_show(tmp_path):
+    plain = write_simulate_run(tmp_path / "plain", ("dacfl",), compression="none")
+    int8 = write_simulate_run(tmp_path / "comp-int8", ("dacfl",), compression="int8")
+    drawn = figures(find_runs([plain, int8]))
+    for ax in drawn["accuracy"].axes:
+        lines = lines_by_label(ax)
+        assert sorted(lines) == ["DACFL compression=int8", "DACFL compression=none"]
+        first, second = ax.get_lines()  # the same values: the second is drawn over the first
+        assert np.array_equal(first.get_ydata(), second.get_ydata())
+        assert colour(first) == COLOURS["dacfl"]
+        assert colour(second) not in COLOURS.values()  # not taken for another algorithm
+        assert first.get_marker() != second.get_marker()
+        assert second.get_zorder() > first.get_zorder()
+        assert second.get_linewidth() < first.get_linewidth()  # the lower one shows as a rim
+        assert second.get_markersize() < first.get_markersize()
+        assert first.get_markevery() == second.get_markevery() == 1  # a marker per round
+
+
+def test_every_run_has_a_colour_of_its_own_from_a_qualitative_colormap():
+    fig = accuracy_figure({f"dacfl {k}": curve("dacfl", [1e-4] * 3) for k in range(12)})
+    colours = [colour(line) for line in fig.axes[0].get_lines()]
+    tab = {to_hex(c) for name in ("tab10", "tab20") for c in plt.get_cmap(name)(range(20))}
+    assert len(set(colours)) == 12 and set(colours) <= tab
 
 
 def test_global_model_algorithms_draw_no_var_of_acc_line_and_are_named_instead():
@@ -176,3 +199,42 @@ def test_nodes_figure_of_runs_without_data_draws_what_there_is():
     lines = [asdict(metrics_line("node-0", r, "dacfl", float("nan"))) for r in (1, 2)]
     fig = nodes_figure({"dacfl": {"node-0": lines}})
     assert [ax.get_title() for ax in fig.axes] == ["DACFL: round time"]
+
+
+def node_lines(residuals: dict[str, list[float]]) -> dict[str, list[dict[str, Any]]]:
+    return {node: [asdict(metrics_line(node, r, "dacfl", v)) for r, v in enumerate(values, 1)]
+            for node, values in residuals.items()}
+
+
+def tick_labels(ax: Axes) -> list[str]:
+    ax.figure.canvas.draw()
+    return [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+
+
+def test_each_node_has_a_distinct_colour_the_same_in_every_panel(tmp_path):
+    runs = find_runs([write_simulate_run(tmp_path / "run", ("dacfl", "cdsgd"))])
+    fig = figures(runs)["nodes"]
+    per_panel = [[colour(line) for line in ax.get_lines()] for ax in fig.axes]
+    tab10 = [to_hex(c) for c in plt.get_cmap("tab10")(range(3))]
+    assert per_panel == [tab10] * len(fig.axes)
+    many = nodes_figure({"dacfl": node_lines({f"node-{i}": [1.0, 0.5] for i in range(15)})})
+    assert len({colour(line) for line in many.axes[0].get_lines()}) == 15
+
+
+@pytest.mark.parametrize("values", [[2.5, 1.9, 1.4, 1.0], [0.9, 0.6, 0.4, 0.25]])
+def test_a_residual_within_a_decade_is_on_a_linear_axis_with_several_labels(values):
+    fig = nodes_figure({"dacfl": node_lines({"node-0": values, "node-1": values[::-1]})})
+    ax = fig.axes[0]
+    assert ax.get_title() == "DACFL: consensus residual"
+    assert ax.get_yscale() == "linear"
+    assert len(tick_labels(ax)) >= 3
+
+
+def test_a_residual_over_decades_is_on_a_log_axis_with_plain_labelled_ticks():
+    fig = nodes_figure({"dacfl": node_lines({"node-0": [1.0, 0.3, 0.1, 0.03],
+                                             "node-1": [0.8, 0.2, 0.05, 0.01]})})
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    labels = tick_labels(ax)
+    assert {"0.01", "0.1", "1"} <= set(labels) and {"0.02", "0.05"} & set(labels)
+    assert not any("$" in text or "^" in text for text in labels)

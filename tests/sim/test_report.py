@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from dacflnode.records.metrics_log import METRICS_FILE, MetricsLine, append_line, summarize
-from dacflnode.sim.report import ReportError, build_report, find_runs, write_figures
+from dacflnode.sim.report import (
+    ReportError,
+    build_report,
+    figure_labels,
+    find_runs,
+    write_figures,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -174,3 +180,74 @@ def test_lines_written_before_they_carried_the_data_report_none(tmp_path):
     (folder / METRICS_FILE).write_text(json.dumps(old) + "\n")
     (run,) = find_runs([tmp_path / "old"])
     assert run.row()["per_node"][0]["data_size"] is None
+
+
+def write_run(folder: Path, config: dict[str, Any] | None, nodes: int = 2, rounds: int = 2,
+              algorithm: str = "dacfl") -> Path:
+    """A run folder: its nodes' metrics and, with ``config``, the summary.json `simulate`
+    writes."""
+    for i in range(nodes):
+        write_node(folder / f"node-{i}", f"node-{i}", rounds, algorithm)
+    if config is not None:
+        (folder / "summary.json").write_text(json.dumps({"config": {"nodes": nodes, **config}}))
+    return folder
+
+
+def labels_of(*folders: Path) -> dict[str, str]:
+    return figure_labels(find_runs(folders))[1]
+
+
+def test_runs_are_labelled_by_the_settings_that_differ_preferred_ones_first(tmp_path):
+    base = {"dataset": "synthetic", "topology": "ring", "lr": 0.05, "seed": 0}
+    a = write_run(tmp_path / "a", {**base, "compression": "int8", "lr": 0.1})
+    b = write_run(tmp_path / "b", {**base, "schedule": "async", "staleness": 2})
+    assert labels_of(a, b) == {"a": "DACFL schedule=sync, compression=int8, lr=0.1",
+                               "b": "DACFL schedule=async, compression=none, lr=0.05"}
+
+
+def test_a_missing_schedule_is_sync_and_a_missing_slowdown_none(tmp_path):
+    sync = write_run(tmp_path / "sync", {"topology": "ring"})
+    slow = write_run(tmp_path / "slow", {"topology": "ring", "schedule": "async",
+                                         "slowdown": {"node-0": 4.0}})
+    assert labels_of(sync, slow) == {"sync": "DACFL schedule=sync, slowdown=none",
+                                     "slow": "DACFL schedule=async, slowdown=node-0×4"}
+    unslowed = write_run(tmp_path / "unslowed", {"topology": "ring", "slowdown": 1.0})
+    assert labels_of(sync, unslowed) == {"sync": "DACFL (sync)", "unslowed": "DACFL (unslowed)"}
+
+
+def test_bookkeeping_and_settings_that_cannot_change_a_run_are_not_named(tmp_path):
+    a = write_run(tmp_path / "a", {"partition": "iid", "dirichlet_alpha": 0.1,
+                                   "data_root": "/x", "threads": 2})
+    b = write_run(tmp_path / "b", {"partition": "iid", "dirichlet_alpha": 0.9,
+                                   "data_root": "/y", "threads": 4})
+    assert labels_of(a, b) == {"a": "DACFL (a)", "b": "DACFL (b)"}  # nothing differs: folders
+
+
+def test_runs_without_settings_are_told_apart_by_node_count_else_their_folder(tmp_path):
+    small = write_run(tmp_path / "small", None, nodes=2)
+    large = write_run(tmp_path / "large", None, nodes=3)
+    twin = write_run(tmp_path / "twin", None, nodes=3)
+    assert labels_of(small, large) == {"small": "DACFL nodes=2", "large": "DACFL nodes=3"}
+    assert labels_of(large, twin) == {"large": "DACFL (large)", "twin": "DACFL (twin)"}
+
+
+def test_runs_of_several_algorithms_are_named_by_algorithm_only_where_nothing_else_differs(
+        tmp_path):
+    for alg in ("dacfl", "cdsgd"):
+        for i in range(2):
+            write_node(tmp_path / "sim" / alg / f"node-{i}", f"node-{i}", 2, alg)
+    (tmp_path / "sim" / "summary.json").write_text(json.dumps({"config": {"nodes": 2}}))
+    assert labels_of(tmp_path / "sim") == {"sim/cdsgd": "CDSGD", "sim/dacfl": "DACFL"}
+
+
+def test_a_cluster_built_by_hand_is_titled_by_its_folder_algorithm_and_nodes(tmp_path):
+    title, labels = figure_labels(find_runs([write_run(tmp_path / "pi-cluster", None, 3)]))
+    assert (title, labels) == ("pi-cluster · DACFL · 3 nodes", {"pi-cluster": "DACFL"})
+
+
+def test_an_asynchronous_setting_shared_by_all_runs_is_in_the_title(tmp_path):
+    a = write_run(tmp_path / "a", {"schedule": "async", "staleness": 2, "compression": "int8"})
+    b = write_run(tmp_path / "b", {"schedule": "async", "staleness": 2, "compression": "none"})
+    title, labels = figure_labels(find_runs([a, b]))
+    assert title == "2 nodes · asynchronous, staleness ≤ 2"
+    assert labels == {"a": "DACFL compression=int8", "b": "DACFL compression=none"}
