@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
@@ -222,6 +222,11 @@ class Inbox:
     #: does not keep it (refused ``NOT_FOUND``, :attr:`~Reason.NOT_KEPT`): the node runner's
     #: in a compressed run (docs/compression.md); ``None``: no copy is kept.
     copy_of: Callable[[int], RoundMessage | None] | None = None
+    #: Answers a neighbour's asynchronous exchange: ``on_exchange(request)`` applies the
+    #: transfer (once per exchange id) and returns the reply, or raises a
+    #: :class:`~dacflnode.wire.errors.WireError` refusing it; ``None`` (a node of the
+    #: synchronous schedule) refuses every exchange (:mod:`dacflnode.transport.exchanging`).
+    on_exchange: Callable[[RoundMessage], Awaitable[RoundMessage]] | None = None
     _messages: dict[int, dict[str, RoundMessage]] = field(default_factory=dict)
     _changed: asyncio.Condition | None = None
     _forgone: dict[int, set[str]] = field(default_factory=dict)
@@ -426,6 +431,16 @@ class Transport(ABC):
         expect = pull_expectation(peer, round_, tensors, self.compressed, copy_id)
         request = pb.PullRequest(requester=self.identity.node_id, round=round_, copy_id=copy_id)
         return await self._pull(peer, request, expect, timeout)
+
+    @abstractmethod
+    async def exchange(self, peer: str, request: RoundMessage, timeout: float) -> RoundMessage:
+        """One asynchronous exchange with ``peer`` (:mod:`dacflnode.transport.exchanging`):
+        send ``request`` (``EXCHANGE`` or ``EXCHANGE_DONE``) and return ``peer``'s checked
+        ``EXCHANGED`` answer. Raises :class:`PeerUnavailable` (it may or may not have been
+        applied there: ask again with the same exchange id),
+        :class:`~dacflnode.wire.errors.WireError` (refused, not applied) or
+        :class:`TransportClosed`."""
+        raise NotImplementedError
 
     @abstractmethod
     async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,

@@ -17,10 +17,12 @@ from typing import Any, NoReturn
 import grpc
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
+from dacflnode.transport.exchanging import ExchangeDesk
 from dacflnode.transport.receiver import (
     Receiver,
 )
 from dacflnode.transport.slots import Call, CallSlots, PoolKey, peer_host
+from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import REASON_METADATA_KEY, Reason, WireError
 from dacflnode.wire.fast_path import Chunk, chunk_size, parse_chunk, serialize_chunk
 from dacflnode.wire.message import CHUNK_BYTES
@@ -76,6 +78,7 @@ class NeighborServicer:
                  first_message_timeout: float | None = None,
                  slots: CallSlots | None = None) -> None:
         self.receiver = receiver
+        self.desk = ExchangeDesk(receiver)
         self.authenticated = authenticated
         #: called with the neighbour's id after each Hello this node answered
         self.on_hello = on_hello
@@ -245,6 +248,46 @@ class NeighborServicer:
             self.slots.close(call)
 
 
+    async def Exchange(
+        self, request_iterator: AsyncIterator[Chunk],
+        context: grpc.aio.ServicerContext[Chunk, bytes],
+    ) -> AsyncIterator[bytes]:
+        """One asynchronous exchange (:mod:`dacflnode.transport.exchanging`): the request
+        stream as a push's, the answer streamed back."""
+        call, peer_ids = await self._open("exchange", context)
+        try:
+            first = await self._first("exchange", call, request_iterator, context)
+            if isinstance(first, pb.StateChunk) and first.HasField("header"):
+                await self._claim("exchange", call, first.header.sender,
+                                  int(first.header.round), context)
+            else:
+                await self._claim("exchange", call, "", -1, context)
+
+            async def stream() -> AsyncIterator[Chunk]:
+                if first is not None:
+                    yield first
+                async for chunk in request_iterator:
+                    yield chunk
+
+            try:
+                reply = await self.desk.serve(stream(), context.peer(), peer_ids=peer_ids,
+                                              call=call)
+            except WireError as err:
+                if err.reason not in _CUT_NOW and err is not call.cut_error:
+                    await self._drain(request_iterator)
+                await _abort(context, err)
+            for chunk in encode(reply):
+                yield serialize_chunk(chunk)
+                call.touch()
+        except asyncio.CancelledError:
+            cut = call.taken()
+            if cut is None:
+                raise
+            await _abort(context, cut)
+        finally:
+            self.slots.close(call)
+
+
 #: Refusals after which a push stream is ended at once instead of read to its end: it stalled,
 #: or it holds a slot or buffer another stream needs.
 _CUT_NOW = frozenset({Reason.IDLE, Reason.TOO_SLOW, Reason.PREEMPTED, Reason.TOO_MANY_CALLS})
@@ -271,6 +314,11 @@ def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) ->
         "PullState": grpc.stream_stream_rpc_method_handler(
             servicer.PullState,
             request_deserializer=pb.PullRequest.FromString,
+            response_serializer=serialize_chunk,
+        ),
+        "Exchange": grpc.stream_stream_rpc_method_handler(
+            servicer.Exchange,
+            request_deserializer=parse_chunk,
             response_serializer=serialize_chunk,
         ),
     }

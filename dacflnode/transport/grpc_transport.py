@@ -77,6 +77,7 @@ from dacflnode.transport.base import (
     TransportClosed,
     cancelled_by_caller,
 )
+from dacflnode.transport.exchanging import check_reply, reply_expectation
 from dacflnode.transport.grpc_service import (
     SERVICE_NAME,
     NeighborServicer,
@@ -99,6 +100,7 @@ from dacflnode.transport.receiver import (
 )
 from dacflnode.transport.slots import CallSlots
 from dacflnode.wire.decoder import Decoder
+from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import WireError
 from dacflnode.wire.fast_path import Chunk, parse_chunk, serialize_chunk
 from dacflnode.wire.message import RoundMessage
@@ -134,6 +136,12 @@ class NeighborCalls:
             channel.unary_stream(
                 f"/{SERVICE_NAME}/PullState",
                 request_serializer=pb.PullRequest.SerializeToString,
+                response_deserializer=parse_chunk,
+            ))
+        self.exchange: grpc.aio.StreamStreamMultiCallable[bytes, Chunk] = (
+            channel.stream_stream(
+                f"/{SERVICE_NAME}/Exchange",
+                request_serializer=serialize_chunk,
                 response_deserializer=parse_chunk,
             ))
 
@@ -402,6 +410,42 @@ class GrpcTransport(Transport):
             if unreachable(err):
                 raise self._unavailable(peer, what, err) from err
             raise wire_error(err) from err
+
+    async def exchange(self, peer: str, request: RoundMessage, timeout: float) -> RoundMessage:
+        stub = self._stub(peer)
+        started = time.perf_counter()
+        what = f"exchange {request.exchange_id} with"
+        decoder = Decoder(reply_expectation(peer, self.tensors, request))
+        assembler = Assembler(decoder, self.receiver.worker)
+        if self._state == "stopped":
+            raise self._closed()
+        requests = [serialize_chunk(chunk) for chunk in encode(request)]
+        call = stub.exchange(iter(requests), timeout=timeout)
+        try:
+            # as a push: the call's deadline ends it, this bounds what grpc may leave waiting
+            async with asyncio.timeout(timeout + PUSH_GRACE_S):
+                with self._failures(peer, what, call):
+                    async for chunk in call:
+                        await assembler.take(chunk)
+                    reply = await assembler.finish()
+        except TimeoutError:
+            assembler.release()
+            self._stats(peer).connected = False
+            raise PeerUnavailable(f"{what} {peer} at {self.peers.get(peer)}: still waiting "
+                                  f"{PUSH_GRACE_S:g}s past its deadline") from None
+        except WireError:
+            assembler.release()
+            call.cancel()
+            raise
+        except BaseException:
+            assembler.release()
+            raise
+        check_reply(request, reply)
+        stats = self._stats(peer)
+        stats.sent(request.payload_bytes, request.round)
+        stats.received(decoder.received, request.round)
+        stats.answered(started)
+        return reply
 
     async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,
                     timeout: float) -> RoundMessage:

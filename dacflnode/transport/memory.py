@@ -40,6 +40,7 @@ from dacflnode.transport.base import (
     Transport,
     TransportClosed,
 )
+from dacflnode.transport.exchanging import ExchangeDesk, check_reply, reply_expectation
 from dacflnode.transport.handshake import (
     HANDSHAKE_REFUSALS,
     PeerIdentity,
@@ -49,6 +50,7 @@ from dacflnode.transport.handshake import (
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.receiver import Receiver, check_message
 from dacflnode.wire.decoder import Decoder
+from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import WireError
 from dacflnode.wire.message import RoundMessage
 from dacflnode.wire.validation import CompressedSpec, Expectation
@@ -123,6 +125,7 @@ class MemoryTransport(Transport):
         self.running = False
         self.closed = False
         self._outgoing = HeaderCache(self.receiver)
+        self.desk = ExchangeDesk(self.receiver)
         network.add(self)
 
     @property
@@ -203,6 +206,37 @@ class MemoryTransport(Transport):
             await target.receiver.push(chunks(), peer=self.address, peer_ids=self._me)
         finally:
             stats.sent(stream.sent, message.round)
+
+    async def exchange(self, peer: str, request: RoundMessage, timeout: float) -> RoundMessage:
+        target = self._reach(peer)
+        stats = self.stats[peer]
+        started = time.perf_counter()
+        expect = reply_expectation(peer, self.tensors, request)
+        try:
+            async with asyncio.timeout(timeout):
+                if not self.network.copy:
+                    reply = await target.desk.serve_message(request, self.address,
+                                                            peer_ids=self._me)
+                    check_message(expect, reply)
+                else:
+                    async def chunks() -> AsyncIterator[pb.StateChunk]:
+                        for chunk in encode(request):
+                            yield chunk
+
+                    answer = await target.desk.serve(chunks(), self.address, peer_ids=self._me)
+                    decoder = Decoder(expect)
+                    for chunk in encode(answer):
+                        decoder.take(chunk)
+                    reply = decoder.finish()
+        except TimeoutError as exc:
+            stats.connected = False
+            raise PeerUnavailable(f"exchange {request.exchange_id} with {peer} timed out after "
+                                  f"{timeout:.3g}s") from exc
+        check_reply(request, reply)
+        stats.sent(request.payload_bytes, request.round)
+        stats.received(reply.payload_bytes, request.round)
+        stats.answered(started)
+        return reply
 
     async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,
                     timeout: float) -> RoundMessage:

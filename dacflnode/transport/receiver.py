@@ -242,6 +242,25 @@ class Receiver:
         if claimed not in self.inbox.senders:
             raise _stranger(stranger, f"{claimed!r} is not a neighbour")
 
+    def admit(self, claimed: str, peer_ids: frozenset[str] | None, stranger: Reason) -> None:
+        """Refuse a caller who is not the neighbour ``claimed`` (for the exchange desk)."""
+        self._admit(claimed, peer_ids, stranger)
+
+    def chunks(self, stream: AsyncIterator[Chunk], call: Call) -> AsyncGenerator[Chunk, None]:
+        """The chunks of ``stream`` under the push streams' deadlines (for the exchange
+        desk)."""
+        return self._chunks(stream, call)
+
+    def exchanged(self, request: RoundMessage, reply: RoundMessage) -> None:
+        """Count an exchange this node answered: the request's bytes in, the reply's out."""
+        self.inbox.heard_from(request.sender)
+        stats = self.stats.setdefault(request.sender, PeerStats())
+        stats.connected = True
+        stats.last_round_received = max(stats.last_round_received, request.round)
+        blocks = self.inbox.current_round()
+        stats.received(request.payload_bytes, blocks)
+        stats.sent(reply.payload_bytes, blocks)
+
     def refused(self, call: str, who: str, peer: str, round_: int, exc: WireError) -> None:
         """Count and log a refusal made outside the receiver's own checks (a call slot)."""
         self._refused(call, who, peer, round_, exc)

@@ -248,7 +248,8 @@ class Decoder:
         h = self._header
         return RoundMessage(h.sender, int(h.round), int(h.degree), tensors, _used_log(h),
                             Kind(int(h.kind)), tuple(int(a) for a in h.anchors),
-                            int(h.copy_base), int(h.copy_next))
+                            int(h.copy_base), int(h.copy_next), int(h.exchange_id),
+                            float(h.weight))
 
 
 def _copy_spread(layout: Sequence[tuple[int, int, int]],

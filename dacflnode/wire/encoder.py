@@ -60,6 +60,8 @@ def make_header(message: RoundMessage) -> pb.StateHeader:
         anchors=list(message.anchors),
         copy_base=message.copy_base,
         copy_next=message.copy_next,
+        exchange_id=message.exchange_id,
+        weight=message.weight,
     )
 
 

@@ -49,6 +49,15 @@ class Kind(enum.IntEnum):
     LEAVING = pb.LEAVING  # the sender's last state before it leaves: read, do not mix
     HANDOVER = pb.HANDOVER  # after LEAVING: ``x`` is the sender's mass to add to ``x``
     FINAL = pb.FINAL  # after the last round: read, do not mix
+    EXCHANGE = pb.EXCHANGE  # an asynchronous exchange's request: the asking node's snapshot
+    EXCHANGED = pb.EXCHANGED  # its reply: the transfer the answering node added
+    EXCHANGE_DONE = pb.EXCHANGE_DONE  # no tensors: the sender trains no more, asks no more
+
+
+#: The kinds a round's push or pull carries.
+ROUND_KINDS = frozenset({Kind.STATE, Kind.LEAVING, Kind.HANDOVER, Kind.FINAL})
+#: The kinds an Exchange call carries (request, reply, and the notice of a node done).
+EXCHANGE_KINDS = frozenset({Kind.EXCHANGE, Kind.EXCHANGED, Kind.EXCHANGE_DONE})
 
 
 #: ``(round, neighbours mixed in that round)`` for the sender's last few rounds, oldest first.
@@ -77,6 +86,10 @@ class RoundMessage:
     anchors: tuple[int, ...] = ()
     copy_base: int = 0
     copy_next: int = 0
+    #: an asynchronous exchange's id (the asking node's; a retry carries the same one) and the
+    #: weight of its transfer (in the reply)
+    exchange_id: int = 0
+    weight: float = 0.0
 
     @property
     def payload_bytes(self) -> int:

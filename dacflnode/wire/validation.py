@@ -20,6 +20,7 @@ from dacflnode.wire.message import (
     FLOAT_DTYPES,
     MAX_ANCHORS,
     MAX_USED_LOG,
+    ROUND_KINDS,
     Kind,
     UsedLog,
     dtype_name_of,
@@ -44,6 +45,8 @@ class Expectation:
     max_degree: int = 1 << 16
     compressed: CompressedSpec | None = None
     copy_next: int | None = None
+    #: the kinds of state accepted (a round's push and pull: :data:`ROUND_KINDS`)
+    kinds: Collection[Kind] = ROUND_KINDS
 
     def specs(self, names: Collection[str]) -> Mapping[str, tuple[torch.dtype, tuple[int, ...]]]:
         """The expected ``name -> (dtype, shape)`` set that ``names`` must match: the float32
@@ -129,6 +132,9 @@ def check_log(
     if state_kind not in Kind.__members__.values():
         raise WireError("INVALID_ARGUMENT", f"unknown state kind {state_kind}",
                         Reason.BAD_HEADER)
+    if state_kind not in expect.kinds:
+        raise WireError("INVALID_ARGUMENT", f"a state of kind {Kind(state_kind).name} does not "
+                        "belong in this call", Reason.BAD_HEADER)
     if len(used_log) > MAX_USED_LOG or len(anchors) > MAX_ANCHORS:
         raise WireError("INVALID_ARGUMENT", f"used_log of {len(used_log)} rounds or "
                         f"{len(anchors)} anchors: too many", Reason.BAD_HEADER)

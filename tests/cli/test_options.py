@@ -86,7 +86,8 @@ def test_daemon_options_carry_the_declared_defaults(name):
 def test_help_shows_the_declared_defaults():
     result = CliRunner().invoke(cli, ["simulate", "--help"], terminal_width=200)
     text = " ".join(result.output.split())
-    assert "Communication rounds; under schedule async, each node's training blocks. [default: 100]" in text
+    assert ("Communication rounds; under schedule async, each node's training blocks."
+            " [default: 100]") in text
     assert "--shards-per-node" in text
     assert "[default: 0.001; 0.005 for cifar10; 0.05 for synthetic]" in text
 

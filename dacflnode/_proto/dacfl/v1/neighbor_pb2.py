@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64\x61\x63\x66l/v1/neighbor.proto\x12\x08\x64\x61\x63\x66l.v1\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\"\x98\x01\n\x0cHelloRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x17\n\x0frun_fingerprint\x18\x04 \x01(\t\x12\x12\n\njoin_round\x18\x05 \x01(\x04\x12\x15\n\rdata_contract\x18\x06 \x01(\t\"\xa5\x01\n\nHelloReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x17\n\x0frun_fingerprint\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x04\x12\x12\n\njoin_round\x18\x06 \x01(\x04\x12\x15\n\rdata_contract\x18\x07 \x01(\t\")\n\tUsedRound\x12\r\n\x05round\x18\x01 \x01(\x04\x12\r\n\x05peers\x18\x02 \x03(\t\"\x87\x02\n\x0bStateHeader\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65gree\x18\x03 \x01(\r\x12%\n\x07tensors\x18\x04 \x03(\x0b\x32\x14.dacfl.v1.TensorSpec\x12\x15\n\rpayload_bytes\x18\x05 \x01(\x04\x12%\n\x08used_log\x18\x08 \x03(\x0b\x32\x13.dacfl.v1.UsedRound\x12!\n\x04kind\x18\t \x01(\x0e\x32\x13.dacfl.v1.StateKind\x12\x0f\n\x07\x61nchors\x18\n \x03(\x04\x12\x11\n\tcopy_base\x18\x0b \x01(\x04\x12\x11\n\tcopy_next\x18\x0c \x01(\x04J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08\"`\n\nStateChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.dacfl.v1.StateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\x07trailer\x18\x03 \x01(\x0cH\x00\x42\x06\n\x04part\"2\n\tPushReply\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x16\n\x0ereceived_bytes\x18\x02 \x01(\x04\"@\n\x0bPullRequest\x12\x11\n\trequester\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07\x63opy_id\x18\x03 \x01(\x04*<\n\tStateKind\x12\t\n\x05STATE\x10\x00\x12\x0b\n\x07LEAVING\x10\x01\x12\x0c\n\x08HANDOVER\x10\x02\x12\t\n\x05\x46INAL\x10\x03\x32\xb7\x01\n\x08Neighbor\x12\x35\n\x05Hello\x12\x16.dacfl.v1.HelloRequest\x1a\x14.dacfl.v1.HelloReply\x12\x38\n\tPushState\x12\x14.dacfl.v1.StateChunk\x1a\x13.dacfl.v1.PushReply(\x01\x12:\n\tPullState\x12\x15.dacfl.v1.PullRequest\x1a\x14.dacfl.v1.StateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64\x61\x63\x66l/v1/neighbor.proto\x12\x08\x64\x61\x63\x66l.v1\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\"\x98\x01\n\x0cHelloRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x17\n\x0frun_fingerprint\x18\x04 \x01(\t\x12\x12\n\njoin_round\x18\x05 \x01(\x04\x12\x15\n\rdata_contract\x18\x06 \x01(\t\"\xa5\x01\n\nHelloReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x17\n\x0frun_fingerprint\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x04\x12\x12\n\njoin_round\x18\x06 \x01(\x04\x12\x15\n\rdata_contract\x18\x07 \x01(\t\")\n\tUsedRound\x12\r\n\x05round\x18\x01 \x01(\x04\x12\r\n\x05peers\x18\x02 \x03(\t\"\xac\x02\n\x0bStateHeader\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65gree\x18\x03 \x01(\r\x12%\n\x07tensors\x18\x04 \x03(\x0b\x32\x14.dacfl.v1.TensorSpec\x12\x15\n\rpayload_bytes\x18\x05 \x01(\x04\x12%\n\x08used_log\x18\x08 \x03(\x0b\x32\x13.dacfl.v1.UsedRound\x12!\n\x04kind\x18\t \x01(\x0e\x32\x13.dacfl.v1.StateKind\x12\x0f\n\x07\x61nchors\x18\n \x03(\x04\x12\x11\n\tcopy_base\x18\x0b \x01(\x04\x12\x11\n\tcopy_next\x18\x0c \x01(\x04\x12\x13\n\x0b\x65xchange_id\x18\r \x01(\x04\x12\x0e\n\x06weight\x18\x0e \x01(\x01J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08\"`\n\nStateChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.dacfl.v1.StateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\x07trailer\x18\x03 \x01(\x0cH\x00\x42\x06\n\x04part\"2\n\tPushReply\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x16\n\x0ereceived_bytes\x18\x02 \x01(\x04\"@\n\x0bPullRequest\x12\x11\n\trequester\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07\x63opy_id\x18\x03 \x01(\x04*l\n\tStateKind\x12\t\n\x05STATE\x10\x00\x12\x0b\n\x07LEAVING\x10\x01\x12\x0c\n\x08HANDOVER\x10\x02\x12\t\n\x05\x46INAL\x10\x03\x12\x0c\n\x08\x45XCHANGE\x10\x04\x12\r\n\tEXCHANGED\x10\x05\x12\x11\n\rEXCHANGE_DONE\x10\x06\x32\xf3\x01\n\x08Neighbor\x12\x35\n\x05Hello\x12\x16.dacfl.v1.HelloRequest\x1a\x14.dacfl.v1.HelloReply\x12\x38\n\tPushState\x12\x14.dacfl.v1.StateChunk\x1a\x13.dacfl.v1.PushReply(\x01\x12:\n\tPullState\x12\x15.dacfl.v1.PullRequest\x1a\x14.dacfl.v1.StateChunk0\x01\x12:\n\x08\x45xchange\x12\x14.dacfl.v1.StateChunk\x1a\x14.dacfl.v1.StateChunk(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dacfl.v1.neighbor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATEKIND']._serialized_start=943
-  _globals['_STATEKIND']._serialized_end=1003
+  _globals['_STATEKIND']._serialized_start=980
+  _globals['_STATEKIND']._serialized_end=1088
   _globals['_TENSORSPEC']._serialized_start=37
   _globals['_TENSORSPEC']._serialized_end=93
   _globals['_HELLOREQUEST']._serialized_start=96
@@ -42,13 +42,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_USEDROUND']._serialized_start=418
   _globals['_USEDROUND']._serialized_end=459
   _globals['_STATEHEADER']._serialized_start=462
-  _globals['_STATEHEADER']._serialized_end=725
-  _globals['_STATECHUNK']._serialized_start=727
-  _globals['_STATECHUNK']._serialized_end=823
-  _globals['_PUSHREPLY']._serialized_start=825
-  _globals['_PUSHREPLY']._serialized_end=875
-  _globals['_PULLREQUEST']._serialized_start=877
-  _globals['_PULLREQUEST']._serialized_end=941
-  _globals['_NEIGHBOR']._serialized_start=1006
-  _globals['_NEIGHBOR']._serialized_end=1189
+  _globals['_STATEHEADER']._serialized_end=762
+  _globals['_STATECHUNK']._serialized_start=764
+  _globals['_STATECHUNK']._serialized_end=860
+  _globals['_PUSHREPLY']._serialized_start=862
+  _globals['_PUSHREPLY']._serialized_end=912
+  _globals['_PULLREQUEST']._serialized_start=914
+  _globals['_PULLREQUEST']._serialized_end=978
+  _globals['_NEIGHBOR']._serialized_start=1091
+  _globals['_NEIGHBOR']._serialized_end=1334
 # @@protoc_insertion_point(module_scope)

@@ -43,6 +43,16 @@ class _StateKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StateKind.V
     """after LEAVING: x holds the share of the sender's FODAC mass to add to x"""
     FINAL: _StateKind.ValueType  # 3
     """after the last round: read its used_log, do not mix"""
+    EXCHANGE: _StateKind.ValueType  # 4
+    """Asynchronous DACFL (schedule async, docs/algorithm.md): the pairwise exchange.
+    Exchange request: the asking node's snapshot (omega, x); round = its blocks
+    """
+    EXCHANGED: _StateKind.ValueType  # 5
+    """Exchange reply: the transfer c the answering node added (the asking one"""
+    EXCHANGE_DONE: _StateKind.ValueType  # 6
+    """subtracts it); round = the answering node's blocks, weight = w
+    Exchange request, no tensors: the sender has trained its last block and
+    """
 
 class StateKind(_StateKind, metaclass=_StateKindEnumTypeWrapper):
     """What a state is for (docs/faults.md)."""
@@ -55,6 +65,16 @@ HANDOVER: StateKind.ValueType  # 2
 """after LEAVING: x holds the share of the sender's FODAC mass to add to x"""
 FINAL: StateKind.ValueType  # 3
 """after the last round: read its used_log, do not mix"""
+EXCHANGE: StateKind.ValueType  # 4
+"""Asynchronous DACFL (schedule async, docs/algorithm.md): the pairwise exchange.
+Exchange request: the asking node's snapshot (omega, x); round = its blocks
+"""
+EXCHANGED: StateKind.ValueType  # 5
+"""Exchange reply: the transfer c the answering node added (the asking one"""
+EXCHANGE_DONE: StateKind.ValueType  # 6
+"""subtracts it); round = the answering node's blocks, weight = w
+Exchange request, no tensors: the sender has trained its last block and
+"""
 Global___StateKind: _TypeAlias = StateKind  # noqa: Y015
 
 @_typing.final
@@ -216,6 +236,8 @@ class StateHeader(_message.Message):
     ANCHORS_FIELD_NUMBER: _builtins.int
     COPY_BASE_FIELD_NUMBER: _builtins.int
     COPY_NEXT_FIELD_NUMBER: _builtins.int
+    EXCHANGE_ID_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
     sender: _builtins.str
     round: _builtins.int
     degree: _builtins.int
@@ -229,6 +251,11 @@ class StateHeader(_message.Message):
     pulled copy's id in copy_next.
     """
     copy_next: _builtins.int
+    exchange_id: _builtins.int
+    """Asynchronous exchanges: the id the asking node gave the exchange (a retry carries the same
+    id and gets the same answer, applied once), and the weight w of the transfer (a reply).
+    """
+    weight: _builtins.float
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorSpec]: ...
     @_builtins.property
@@ -252,10 +279,12 @@ class StateHeader(_message.Message):
         anchors: _abc.Iterable[_builtins.int] | None = ...,
         copy_base: _builtins.int = ...,
         copy_next: _builtins.int = ...,
+        exchange_id: _builtins.int = ...,
+        weight: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchors", b"anchors", "copy_base", b"copy_base", "copy_next", b"copy_next", "degree", b"degree", "kind", b"kind", "payload_bytes", b"payload_bytes", "round", b"round", "sender", b"sender", "tensors", b"tensors", "used_log", b"used_log"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchors", b"anchors", "copy_base", b"copy_base", "copy_next", b"copy_next", "degree", b"degree", "exchange_id", b"exchange_id", "kind", b"kind", "payload_bytes", b"payload_bytes", "round", b"round", "sender", b"sender", "tensors", b"tensors", "used_log", b"used_log", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,6 +49,11 @@ class NeighborStub:
                 request_serializer=dacfl_dot_v1_dot_neighbor__pb2.PullRequest.SerializeToString,
                 response_deserializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.FromString,
                 _registered_method=True)
+        self.Exchange = channel.stream_stream(
+                '/dacfl.v1.Neighbor/Exchange',
+                request_serializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.SerializeToString,
+                response_deserializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.FromString,
+                _registered_method=True)
 
 
 class NeighborServicer:
@@ -76,6 +81,15 @@ class NeighborServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Exchange(self, request_iterator, context):
+        """Asynchronous DACFL: one pairwise exchange. The request stream is an EXCHANGE state (or an
+        EXCHANGE_DONE header with no tensors, and its trailer); the reply stream an EXCHANGED state
+        (empty, with no tensors, answering EXCHANGE_DONE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NeighborServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +106,11 @@ def add_NeighborServicer_to_server(servicer, server):
             'PullState': grpc.unary_stream_rpc_method_handler(
                     servicer.PullState,
                     request_deserializer=dacfl_dot_v1_dot_neighbor__pb2.PullRequest.FromString,
+                    response_serializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.SerializeToString,
+            ),
+            'Exchange': grpc.stream_stream_rpc_method_handler(
+                    servicer.Exchange,
+                    request_deserializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.FromString,
                     response_serializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.SerializeToString,
             ),
     }
@@ -175,6 +194,33 @@ class Neighbor:
             target,
             '/dacfl.v1.Neighbor/PullState',
             dacfl_dot_v1_dot_neighbor__pb2.PullRequest.SerializeToString,
+            dacfl_dot_v1_dot_neighbor__pb2.StateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dacfl.v1.Neighbor/Exchange',
+            dacfl_dot_v1_dot_neighbor__pb2.StateChunk.SerializeToString,
             dacfl_dot_v1_dot_neighbor__pb2.StateChunk.FromString,
             options,
             channel_credentials,

@@ -49,6 +49,11 @@ class NeighborStub:
     """Pull the state this node sent (or would send) for a round, or a public copy by id
     (server stream).
     """
+    Exchange: _grpc.StreamStreamMultiCallable[_neighbor_pb2.StateChunk, _neighbor_pb2.StateChunk]
+    """Asynchronous DACFL: one pairwise exchange. The request stream is an EXCHANGE state (or an
+    EXCHANGE_DONE header with no tensors, and its trailer); the reply stream an EXCHANGED state
+    (empty, with no tensors, answering EXCHANGE_DONE).
+    """
 
 @_typing.type_check_only
 class NeighborAsyncStub(NeighborStub):
@@ -60,6 +65,11 @@ class NeighborAsyncStub(NeighborStub):
     PullState: _aio.UnaryStreamMultiCallable[_neighbor_pb2.PullRequest, _neighbor_pb2.StateChunk]  # type: ignore[assignment]
     """Pull the state this node sent (or would send) for a round, or a public copy by id
     (server stream).
+    """
+    Exchange: _aio.StreamStreamMultiCallable[_neighbor_pb2.StateChunk, _neighbor_pb2.StateChunk]  # type: ignore[assignment]
+    """Asynchronous DACFL: one pairwise exchange. The request stream is an EXCHANGE state (or an
+    EXCHANGE_DONE header with no tensors, and its trailer); the reply stream an EXCHANGED state
+    (empty, with no tensors, answering EXCHANGE_DONE).
     """
 
 class NeighborServicer(metaclass=_abc_1.ABCMeta):
@@ -87,6 +97,17 @@ class NeighborServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_neighbor_pb2.StateChunk], _abc.AsyncIterator[_neighbor_pb2.StateChunk]]:
         """Pull the state this node sent (or would send) for a round, or a public copy by id
         (server stream).
+        """
+
+    @_abc_1.abstractmethod
+    def Exchange(
+        self,
+        request_iterator: _MaybeAsyncIterator[_neighbor_pb2.StateChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_neighbor_pb2.StateChunk], _abc.AsyncIterator[_neighbor_pb2.StateChunk]]:
+        """Asynchronous DACFL: one pairwise exchange. The request stream is an EXCHANGE state (or an
+        EXCHANGE_DONE header with no tensors, and its trailer); the reply stream an EXCHANGED state
+        (empty, with no tensors, answering EXCHANGE_DONE).
         """
 
 def add_NeighborServicer_to_server(servicer: NeighborServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
