@@ -42,6 +42,16 @@ def metropolis_weight(degree_i: int, degree_j: int) -> float:
     return 1.0 / (1 + max(degree_i, degree_j))
 
 
+def exchange_weight(degree_i: int, degree_j: int) -> float:
+    """The weight of one exchange on edge ``ij``: half its Metropolis weight. Both ends ask,
+    so an edge whose ends go at the same pace is mixed with its whole weight once per block,
+    as in a synchronous round; and all a node's exchanges from one snapshot (it asks every
+    neighbour at once, and every neighbour asks it) move it by at most ``d · w_ij < 1`` of
+    the differences, so the mixing cannot overshoot. With the whole weight from both ends, a
+    ring's mixing step has an eigenvalue of ``1 − 2 · (2/3) · 2 < −1``: it diverges."""
+    return 0.5 * metropolis_weight(degree_i, degree_j)
+
+
 def vectors_of(state: NodeState) -> dict[str, Tensor]:
     """The exchanged vectors of ``state`` (its snapshot as an exchange sends it)."""
     return {"omega": state.omega, "x": state.x}
@@ -52,7 +62,7 @@ def transfer(weight: float, asking: Mapping[str, Tensor],
     """``c = w (v_asking − v_answering)`` per exchanged vector: what the answering end adds and
     the asking end subtracts. The difference is taken in the vectors' dtype, then scaled once
     (``fl(a − b) = −fl(b − a)`` exactly, so the two ends' changes are exact opposites)."""
-    if not 0.0 < weight <= 0.5:
+    if not 0.0 < weight <= 0.5:  # (an exchange's is at most 0.25: exchange_weight)
         raise ValueError(f"an exchange's weight must be in (0, 0.5], got {weight}")
     missing = [name for name in EXCHANGED if name not in asking or name not in answering]
     if missing:

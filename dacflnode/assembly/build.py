@@ -46,7 +46,7 @@ from dacflnode.protocol.copies import Compression, SharedDecodes, compression_fo
 from dacflnode.protocol.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.protocol.runner import NodeRunner
 from dacflnode.protocol.setup import NodeSetup
-from dacflnode.protocol.training import NodeTrainer, ThreadedTrainer
+from dacflnode.protocol.training import NodeTrainer, ThreadedTrainer, slowed
 from dacflnode.records.checkpoint import Checkpoint, load_checkpoint
 from dacflnode.transport.base import Identity, Inbox, Transport
 from dacflnode.wire.state_guard import ABSURD_RATIO
@@ -121,6 +121,7 @@ def node_setup(
         absurd_ratio=ABSURD_RATIO if guard else None, gone_after=waits.gone_after,
         anchor_delay=anchor_delay(waits.anchor_delay, len(waits.members)),
         faults=faults, join=join, data=data, compression=parts.compression,
+        schedule=run.schedule, staleness=run.staleness, max_duration=run.max_duration,
     )
 
 
@@ -185,7 +186,8 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
         state = NodeState.initial(parts.initial)
     setup = node_setup(
         run, parts, pf.daemon, node, pf.neighbour_ids(),
-        trainer=ThreadedTrainer(trainer, data.test_x, data.test_y), data=data.info,
+        trainer=slowed(ThreadedTrainer(trainer, data.test_x, data.test_y), run.slowdown),
+        data=data.info,
         active_neighbours=pf.active_neighbour_ids if run.time_varying > 0 else None,
         state_dir=pf.node.state_dir, run_info=run_info, faults=faults)
     return BuiltNode(setup, state, identity, str(device), parts, checkpoint)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dacflnode.algorithms.compression_spec import parse_compression
 from dacflnode.algorithms.names import (
     ALGORITHMS,
     DAEMON_ALGORITHMS,
@@ -28,17 +27,15 @@ from dacflnode.algorithms.names import (
     TOPOLOGIES,
 )
 from dacflnode.config import schema
-from dacflnode.config.dataset_defaults import default_lr, resolved_model
+from dacflnode.config.dataset_defaults import resolved_model
 from dacflnode.config.own_data import BAD_FILES, OWN_DATA, is_own
 from dacflnode.config.run_checks import check_run
+from dacflnode.config.run_derived import DerivedValues
 from dacflnode.config.schema import Scope, setting
-from dacflnode.errors import ConfigError
 from dacflnode.learning.names import DATASETS, PARTITIONS, PRECISIONS
 
 if TYPE_CHECKING:  # the numerical stack loads when a run is built, not with the settings
-    from dacflnode.algorithms.rounds import Mixing
-    from dacflnode.algorithms.topology import TopologySpec
-    from dacflnode.learning.train import TrainConfig
+    pass
 
 ENGINES = ("auto", "batched", "sequential")
 
@@ -48,7 +45,7 @@ NODE = Scope.NODE
 
 @schema.declared
 @dataclass
-class RunConfig:
+class RunConfig(DerivedValues):
     """One experiment (simulator) or one run of a cluster (daemon).
 
     Defaults follow the paper's Table 1 (10 nodes, 100 rounds, batch 20, one local epoch,
@@ -477,6 +474,37 @@ class RunConfig:
         choices=ENGINES,
         simulator_only=True,
     )
+    block_time: float = setting(
+        1.0,
+        help="simulate --schedule async: virtual seconds one block of training takes on a"
+        " node of slowdown 1 (a node of slowdown F takes F times as long); no real time"
+        " passes.",
+        scope=NODE,
+        group="runtime",
+        above=0.0,
+        metavar="SECONDS",
+        simulator_only=True,
+    )
+    link_latency: float = setting(
+        0.0,
+        help="simulate --schedule async: virtual seconds each way of every exchange.",
+        scope=NODE,
+        group="runtime",
+        minimum=0.0,
+        metavar="SECONDS",
+        simulator_only=True,
+    )
+    link_mbps: float | None = setting(
+        None,
+        help="simulate --schedule async: every link's bandwidth in Mbit/s (an exchange's"
+        " bytes take their time each way).",
+        scope=NODE,
+        group="runtime",
+        above=0.0,
+        metavar="MBPS",
+        default_text="unlimited",
+        simulator_only=True,
+    )
     synthetic_train: int = setting(
         2000,
         help="Training samples of --dataset synthetic.",
@@ -495,85 +523,6 @@ class RunConfig:
         relevant=lambda run: run.dataset == "synthetic",
         relevant_text="dataset is synthetic",
     )
-
-    # ------------------------------------------------------------------ derived values
-    @property
-    def learning_rate(self) -> float:
-        if self.lr is not None:
-            return self.lr
-        return default_lr(self.dataset)
-
-    def consensus_gamma(self) -> float | None:
-        """CHOCO's step of a compressed run (``consensus_step``, else the compressor's
-        default); ``None`` without compression."""
-        if not parse_compression(self.compression).compressed:
-            return None
-        if self.consensus_step is not None:
-            return self.consensus_step
-        from dacflnode.algorithms.compression import make_compressor
-
-        compressor = make_compressor(self.compression)
-        assert compressor is not None
-        return compressor.default_gamma
-
-    def mixing_rule(self, initial: Any) -> Mixing:
-        """How every node of this run mixes; ``initial``: the common initial model (a flat
-        tensor), whose norm ``clip_fraction`` is a fraction of. A compressed run mixes with
-        CHOCO-Gossip (docs/compression.md)."""
-        from dacflnode.algorithms.rounds import Mixing
-
-        gamma = self.consensus_gamma()
-        if gamma is not None:
-            return Mixing("choco", gamma=gamma)
-        if self.mixing == "exact":
-            return Mixing()
-        if self.clip_radius is not None:
-            return Mixing("clipped", self.clip_radius)
-        norm = float(initial.double().norm())
-        if not norm > 0:
-            raise ConfigError("clip_fraction", "the initial model's norm is 0: set clip_radius")
-        return Mixing("clipped", self.clip_fraction * norm)
-
-    def train_config(self) -> TrainConfig:
-        """The local-training settings of this run (one SGD per round per node)."""
-        from dacflnode.learning.train import TrainConfig
-
-        return TrainConfig(
-            lr=self.learning_rate,
-            lr_decay=self.lr_decay,
-            momentum=self.momentum,
-            weight_decay=self.weight_decay,
-            batch_size=self.batch_size,
-            local_epochs=self.local_epochs,
-            local_steps=self.local_steps,
-            precision=self.precision,
-        )
-
-    def topology_spec(self) -> TopologySpec:
-        from dacflnode.algorithms.topology import TopologySpec, load_matrix_file
-
-        topology = (
-            "custom"
-            if self.mixing_matrix and self.topology in ("dense", "custom")
-            else self.topology
-        )
-        matrix = (
-            load_matrix_file(self.mixing_matrix)
-            if topology == "custom" and self.mixing_matrix
-            else None
-        )
-        return TopologySpec(
-            topology=topology,
-            nodes=self.nodes,
-            seed=self.seed,
-            time_varying=self.time_varying,
-            degree=self.degree,
-            edge_prob=self.edge_prob,
-            zero_fraction=self.zero_fraction,
-            drop_prob=self.drop_prob,
-            edge_list=self.edge_list,
-            matrix=matrix,
-        )
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> RunConfig:

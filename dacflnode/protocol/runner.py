@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 import torch
 
 from dacflnode.algorithms.rounds import NodeState
+from dacflnode.protocol.async_schedule import AsyncNode
 from dacflnode.protocol.copies import PublicCopies
 from dacflnode.protocol.copybook import make_copy_book
 from dacflnode.protocol.edges import Absorbed, EdgeBook
@@ -149,6 +150,11 @@ class NodeRunner:
                                   self.edges, self.handshakes.peer_rounds,
                                   resumed_at=state.round if resume is not None else -1)
         self.mixer = Mixer(setup, self.edges, self.book)
+        #: the asynchronous schedule's part (``schedule: async``), which answers exchanges
+        #: from the start
+        self.async_node = AsyncNode(self) if setup.schedule == "async" else None
+        if self.async_node is not None:
+            inbox.on_exchange = self.async_node.answer
 
     # ------------------------------------------------------------------ what others read
     @property
@@ -233,13 +239,16 @@ class NodeRunner:
         try:
             try:
                 await self._until_stopped(self.wait_for_neighbours())
-                await self._until_stopped(self._join_if_behind())
-                while self.round < self.setup.rounds:
-                    if self._leave.is_set():
-                        await self._leave_network()
-                        return False
-                    await self.run_round(self.round)
-                await self._settle_the_end()
+                if self.async_node is not None:
+                    await self._until_stopped(self.async_node.run())
+                else:
+                    await self._until_stopped(self._join_if_behind())
+                    while self.round < self.setup.rounds:
+                        if self._leave.is_set():
+                            await self._leave_network()
+                            return False
+                        await self.run_round(self.round)
+                    await self._settle_the_end()
             finally:
                 await self.handshakes.stop()
             self.phase = Phase.DONE

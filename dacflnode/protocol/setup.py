@@ -71,6 +71,13 @@ class NodeSetup:
     #: A compressed run's compression (CHOCO-Gossip over public copies, docs/compression.md);
     #: the algorithm's mixing is then ``choco`` with the same step. ``None``: full states.
     compression: Compression | None = None
+    #: ``sync``: the paper's rounds; ``async``: each node at its own pace, pairwise exchanges
+    #: (:mod:`dacflnode.protocol.async_schedule`), mixing no snapshot more than ``staleness``
+    #: blocks away from its own (``None``: any), training no longer than ``max_duration``
+    #: seconds (``None``: every block).
+    schedule: str = "sync"
+    staleness: int | None = None
+    max_duration: float | None = None
     #: The time of the metrics lines (unix seconds); the simulator's runs on its own clock.
     clock: Callable[[], float] = time.time
 

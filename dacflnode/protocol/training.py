@@ -10,6 +10,8 @@ Whatever trains, it must not block the event loop: the neighbours are served mea
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Protocol
 
@@ -74,3 +76,39 @@ class ThreadedTrainer:
 
     def lr_at(self, round_: int) -> float:
         return self.trainer.cfg.lr_at(round_)
+
+
+class PacedTrainer:
+    """A :class:`NodeTrainer` that takes longer than its training does: after each round's
+    training it waits ``pause(seconds the training took)`` more, serving its neighbours
+    meanwhile. ``slowdown: F`` of a device that is slow on purpose (an experiment's slow
+    node) pauses ``(F − 1)`` times the training's duration; the simulator's asynchronous runs
+    give every node its modelled block time on a virtual clock this way."""
+
+    def __init__(self, inner: NodeTrainer, pause: Callable[[float], float]) -> None:
+        self.inner = inner
+        self.pause = pause
+
+    async def train(self, start: torch.Tensor, round_: int) -> TrainResult:
+        began = time.perf_counter()
+        result = await self.inner.train(start, round_)
+        wait = self.pause(time.perf_counter() - began)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return result
+
+    async def evaluate(self, model: torch.Tensor, round_: int) -> tuple[float, float]:
+        return await self.inner.evaluate(model, round_)
+
+    def local_buffers(self) -> dict[str, torch.Tensor]:
+        return self.inner.local_buffers()
+
+    def lr_at(self, round_: int) -> float:
+        return self.inner.lr_at(round_)
+
+
+def slowed(inner: NodeTrainer, factor: float) -> NodeTrainer:
+    """``inner``, ``factor`` times slower (``factor`` 1: ``inner`` itself)."""
+    if factor <= 1.0:
+        return inner
+    return PacedTrainer(inner, lambda took: (factor - 1.0) * took)

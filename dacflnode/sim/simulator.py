@@ -37,8 +37,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -62,12 +62,17 @@ from dacflnode.protocol.faults import Crash, FaultPlan
 from dacflnode.protocol.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.protocol.runner import NodeRunner
 from dacflnode.protocol.setup import NodeSetup, RoundReport
+from dacflnode.protocol.training import NodeTrainer, PacedTrainer
 from dacflnode.records.checkpoint import Checkpoint
 from dacflnode.records.invariant import relative_residual
 from dacflnode.records.metrics_log import METRICS_FILE, DataInfo
 from dacflnode.sim.engines.base import Engine, InlineExecutor, NodeData, RayTarget
 from dacflnode.sim.engines.registry import make_engine
 from dacflnode.sim.global_view import MatrixRows, NetworkAverage
+from dacflnode.sim.round_records import ProgressFn as ProgressFn
+from dacflnode.sim.round_records import RoundRecord as RoundRecord
+from dacflnode.sim.round_records import RoundRecords, SimulationResult
+from dacflnode.sim.virtual_clock import run_virtual, virtual_now
 from dacflnode.transport.base import Identity, Transport
 from dacflnode.transport.memory import MemoryNetwork, MemoryTransport
 
@@ -85,47 +90,6 @@ def graph_edges(cfg: RunConfig) -> list[tuple[str, str]] | None:
     assert base is not None  # a graph kind always has a base graph
     ids = node_ids(cfg.nodes)
     return [(ids[i], ids[j]) for i, j in base]
-
-
-@dataclass
-class RoundRecord:
-    """One round of every node, for progress displays."""
-
-    round: int  # rounds completed (1-based)
-    train_loss: list[float]
-    residual: list[float]
-    samples: int
-    accuracy: list[float] | None = None
-    #: the nodes that reported the round (every node, in a run without node faults)
-    nodes: list[str] = field(default_factory=list)
-    #: ``|Σ x − Σ tracked| / |Σ tracked|`` over those nodes, in a run with faults (``None``:
-    #: no faults, or not a FODAC algorithm)
-    invariant: float | None = None
-
-    @property
-    def avg_acc(self) -> float | None:
-        return None if self.accuracy is None else float(np.mean(self.accuracy))
-
-    @property
-    def var_acc(self) -> float | None:
-        return None if self.accuracy is None else float(np.var(self.accuracy))
-
-    @property
-    def mean_train_loss(self) -> float:
-        return float(np.mean(self.train_loss))
-
-
-ProgressFn = Callable[[str, int, int, RoundRecord], None]
-
-
-@dataclass
-class SimulationResult:
-    algorithm: str
-    engine: str
-    wall_s: float
-    records: list[RoundRecord] = field(default_factory=list)
-    #: the invariant residual over the nodes that finished the run (``None``: not FODAC)
-    invariant: float | None = None
 
 
 class Simulation:
@@ -148,11 +112,19 @@ class Simulation:
         gone_after: int = DAEMON_DEFAULTS.gone_after,
         ray: RayTarget | None = None,
         own: Sequence[NodeDataSet] | None = None,
+        slowdown: Mapping[str, float] | None = None,
     ) -> None:
         self.cfg = cfg
+        #: each node's slowdown factor (``--slowdown NODE=F``; a node not named: its
+        #: ``slowdown`` setting)
+        self.slowdown = dict(slowdown or {})
         #: consecutive missed rounds before a neighbour is declared gone (as a daemon's)
         self.gone_after = gone_after
         self.ids = node_ids(cfg.nodes)
+        unknown = sorted(set(self.slowdown) - set(self.ids))
+        if unknown:
+            raise ConfigError("slowdown", f"no node {', '.join(unknown)} in this run "
+                              f"(nodes {self.ids[0]} to {self.ids[-1]})")
         self.out_dir = out_dir
         self.faults = faults.check(self.ids, cfg.rounds, graph_edges(cfg)) if faults else None
         tests: list[NodeData] | None = None
@@ -220,7 +192,16 @@ class Simulation:
     def _check_faults(self, cfg: RunConfig) -> str:
         """The engine to use: node events (crash, leave, join) stop and start single nodes, which
         the batched engine's all-nodes-at-once training cannot follow, nor can a global view
-        (a mixing matrix, the god node) leave a node out."""
+        (a mixing matrix, the god node) leave a node out; nor can it follow asynchronous nodes,
+        each at its own block."""
+        if cfg.schedule == "async":
+            if self.faults is not None:
+                raise ConfigError("faults", "a fault plan plays rounds; schedule async has "
+                                  "none (its faults are real: kill, stop, partition a cluster)")
+            if cfg.engine == "batched":
+                raise ConfigError("engine", "the batched engine trains all nodes at once, "
+                                  "which asynchronous nodes never do; use sequential (or auto)")
+            return "sequential"
         if self.faults is None or not self.faults.node_events:
             return cfg.engine
         event = type(self.faults.node_events[0]).__name__.lower()
@@ -281,16 +262,28 @@ class Simulation:
 
     # ------------------------------------------------------------------ run
     def run(self, progress: ProgressFn | None = None) -> SimulationResult:
-        """Every round of every node; returns per-round records (the files are in ``out_dir``)."""
+        """Every round of every node; returns per-round records (the files are in ``out_dir``).
+        An asynchronous run plays on a virtual clock (:mod:`dacflnode.sim.virtual_clock`):
+        its nodes' blocks take ``block_time`` × their slowdown and its exchanges the modelled
+        links' time, none of it real; ``wall_s`` and the metrics lines' ``time`` are then
+        virtual seconds from the run's start."""
+        if self.cfg.schedule == "async":
+            return run_virtual(self.run_async(progress))
         return asyncio.run(self.run_async(progress))
+
+    def slowdown_of(self, node: str) -> float:
+        return self.slowdown.get(node, self.cfg.slowdown)
 
     async def run_async(self, progress: ProgressFn | None = None) -> SimulationResult:
         mixing, neighbours, active = self._topology()
         result = SimulationResult(self.alg.name, self.engine.name, 0.0)
         nodes = _Nodes(self, mixing, neighbours, active,
-                       _Records(self, result, progress))
+                       RoundRecords(self.ids, self.alg, self.cfg.rounds, self.faults is not None,
+                                    result, progress))
         self.runners = []
-        started = time.perf_counter()
+        clock = asyncio.get_running_loop().time if self.cfg.schedule == "async" else (
+            time.perf_counter)
+        started = clock()
         try:
             async with asyncio.TaskGroup() as tasks:
                 for node in self.ids:
@@ -301,7 +294,7 @@ class Simulation:
         finally:
             await nodes.stop_all()
             self.engine.close()
-        result.wall_s = time.perf_counter() - started
+        result.wall_s = clock() - started
         nodes.records.finish()
         self.runners = [nodes.runners[node] for node in self.ids if node in nodes.runners]
         result.invariant = self.invariant(r.state for r in self.finishers)
@@ -328,72 +321,6 @@ class Simulation:
         return relative_residual(sum_x, sum_t)
 
 
-class _Records:
-    """Builds the per-round :class:`RoundRecord` s from the runners' reports.
-
-    The record of round ``r`` is complete when every node has reported it, except nodes that
-    are not running (down, gone, left, not yet joined, finished) and nodes already past ``r``
-    without reporting it; records are handed out in round order.
-    """
-
-    def __init__(self, sim: Simulation, result: SimulationResult,
-                 progress: ProgressFn | None) -> None:
-        self.sim = sim
-        self.result = result
-        self.progress = progress
-        #: whether a node may still report a round (set by the nodes' keeper)
-        self.may_report: Callable[[str, int], bool] = lambda node, round_: False
-        self._reports: dict[int, dict[str, RoundReport]] = {}
-        self._sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._done = 0
-        #: per-round sums only when faults are played or the mixing is not exact (a healthy
-        #: run of exact mixing keeps Σ x = Σ tracked)
-        self._tracks = sim.alg.tracked_field != "x" and (
-            sim.faults is not None or sim.alg.mixing.rule != "exact")
-
-    def add(self, node: str, report: RoundReport, state: NodeState) -> None:
-        if report.round <= self._done:
-            return  # a restarted node repeating a round already recorded without it
-        self._reports.setdefault(report.round, {})[node] = report
-        if self._tracks:
-            x, t = state.x.double(), self.sim.alg.tracked(state).double()
-            sums = self._sums.get(report.round)
-            self._sums[report.round] = (x, t) if sums is None else (sums[0] + x, sums[1] + t)
-        self.flush()
-
-    def _complete(self, round_: int) -> bool:
-        got = self._reports.get(round_, {})
-        return not any(node not in got and self.may_report(node, round_)
-                       for node in self.sim.ids)
-
-    def flush(self, everything: bool = False) -> None:
-        for round_ in sorted(self._reports):
-            if not everything and not self._complete(round_):
-                return
-            self._emit(round_)
-
-    def finish(self) -> None:
-        self.flush(everything=True)
-
-    def _emit(self, round_: int) -> None:
-        done = self._reports.pop(round_)
-        sums = self._sums.pop(round_, None)
-        rows = [done[j] for j in self.sim.ids if j in done]
-        accs = [r.accuracy for r in rows]
-        record = RoundRecord(
-            round=round_, train_loss=[r.train_loss for r in rows],
-            residual=[r.residual for r in rows], samples=sum(r.samples for r in rows),
-            accuracy=None if any(a is None for a in accs) else
-            [float(a) for a in accs if a is not None],
-            nodes=[j for j in self.sim.ids if j in done],
-            invariant=None if sums is None else relative_residual(*sums),
-        )
-        self._done = round_
-        self.result.records.append(record)
-        if self.progress is not None:
-            self.progress(self.sim.alg.name, round_, self.sim.cfg.rounds, record)
-
-
 class _Nodes:
     """The nodes of one run: their transports and runners, and the fault plan's node events.
 
@@ -406,7 +333,7 @@ class _Nodes:
 
     def __init__(
         self, sim: Simulation, mixing: MixingPolicy, neighbours: dict[str, list[str]],
-        active: Callable[[str], Callable[[int], list[str]]] | None, records: _Records,
+        active: Callable[[str], Callable[[int], list[str]]] | None, records: RoundRecords,
     ) -> None:
         self.sim = sim
         self.plan = sim.faults
@@ -414,7 +341,7 @@ class _Nodes:
         self.neighbours = neighbours
         self.active = active
         self.records = records
-        self.network = MemoryNetwork(copy=False)
+        self.network = MemoryNetwork(copy=False, link_delay=_link_delay(sim.cfg))
         #: a launched daemon's defaults, but no round deadline (every node is this process's
         #: own: none can be late), and the run's ids as its members
         self.waits = replace(DAEMON_DEFAULTS, round_deadline=math.inf,
@@ -460,13 +387,20 @@ class _Nodes:
         sim, plan = self.sim, self.plan
         if node not in self._state_dirs:
             self._state_dirs[node] = sim._state_dir(node)
-        return build.node_setup(
+        trainer: NodeTrainer = sim.engine.trainers[node]
+        if sim.cfg.schedule == "async":  # a block takes its modelled time, on the virtual clock
+            block = sim.cfg.block_time * sim.slowdown_of(node)
+            trainer = PacedTrainer(trainer, lambda _took: block)
+        setup = build.node_setup(
             sim.cfg, sim.parts, self.waits, node, self.neighbours[node],
-            trainer=sim.engine.trainers[node], data=sim.data_info[sim.ids.index(node)],
+            trainer=trainer, data=sim.data_info[sim.ids.index(node)],
             active_neighbours=None if self.active is None else self.active(node),
             mixing=self.mixing, view=sim._view(node), executor=InlineExecutor(),
             state_dir=self._state_dirs[node], checkpoints=False,
             guard=plan is not None and bool(plan.poisons), faults=plan, join=join)
+        if sim.cfg.schedule == "async":
+            setup.clock = virtual_now
+        return setup
 
     def _runner(self, node: str, state: NodeState, resume: Checkpoint | None,
                 join: bool) -> NodeRunner:
@@ -544,6 +478,15 @@ class _Nodes:
     async def stop_all(self) -> None:
         for transport in self.transports.values():
             await transport.stop()
+
+
+def _link_delay(cfg: RunConfig) -> Callable[[int], float] | None:
+    """The modelled time of a message of so many payload bytes over one link (asynchronous
+    runs: ``link_latency`` plus the bytes at ``link_mbps``); ``None``: none."""
+    if cfg.schedule != "async" or (cfg.link_latency == 0 and cfg.link_mbps is None):
+        return None
+    latency, mbps = cfg.link_latency, cfg.link_mbps
+    return lambda nbytes: latency + (0.0 if mbps is None else 8 * nbytes / (mbps * 1e6))
 
 
 def _same(a: NodeData, b: NodeData) -> bool:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.base import (
@@ -63,8 +63,12 @@ class MemoryNetwork:
     decodes every message as the network would, ``False`` hands the sender's tensors over.
     """
 
-    def __init__(self, copy: bool = True) -> None:
+    def __init__(self, copy: bool = True,
+                 link_delay: Callable[[int], float] | None = None) -> None:
         self.copy = copy
+        #: seconds a message of so many payload bytes takes over a link, each way (the
+        #: simulator's modelled links, slept on its virtual clock); ``None``: no time
+        self.link_delay = link_delay
         self.nodes: dict[str, MemoryTransport] = {}
         self._cut: set[frozenset[str]] = set()
 
@@ -214,6 +218,8 @@ class MemoryTransport(Transport):
         expect = reply_expectation(peer, self.tensors, request)
         try:
             async with asyncio.timeout(timeout):
+                await self._travel(request)
+                target = self._reach(peer)  # (it may have gone meanwhile)
                 if not self.network.copy:
                     reply = await target.desk.serve_message(request, self.address,
                                                             peer_ids=self._me)
@@ -228,6 +234,7 @@ class MemoryTransport(Transport):
                     for chunk in encode(answer):
                         decoder.take(chunk)
                     reply = decoder.finish()
+                await self._travel(reply)
         except TimeoutError as exc:
             stats.connected = False
             raise PeerUnavailable(f"exchange {request.exchange_id} with {peer} timed out after "
@@ -237,6 +244,12 @@ class MemoryTransport(Transport):
         stats.received(reply.payload_bytes, request.round)
         stats.answered(started)
         return reply
+
+    async def _travel(self, message: RoundMessage) -> None:
+        """The time ``message`` takes over a link of the network (none unless modelled)."""
+        delay = self.network.link_delay
+        if delay is not None:
+            await asyncio.sleep(delay(message.payload_bytes))
 
     async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,
                     timeout: float) -> RoundMessage:

@@ -39,6 +39,8 @@ class Reason(enum.StrEnum):
     NON_FINITE = "non-finite"  # the state holds NaN or infinite values
     ABSURD_STATE = "absurd-state"  # the state's norm or distance is implausible (a poison)
     STALE_STATE = "stale-state"  # the sender sent this very state for another round (a replay)
+    STALE = "stale"  # an asynchronous exchange of snapshots more blocks apart than `staleness`
+    FINISHED = "finished"  # the node has ended its run: it answers no more exchanges
     QUARANTINED = "quarantined"  # the receiver quarantined the edge after repeated offences
     DUPLICATE = "duplicate"  # this sender's state for this round was received already
     IN_PROGRESS = "in-progress"  # a stream of this sender's state for this round is still arriving

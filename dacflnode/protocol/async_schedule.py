@@ -1,0 +1,366 @@
+"""Asynchronous DACFL (``schedule: async``): each node trains blocks at its own pace and mixes
+with whichever neighbours answer, through pairwise exchanges (docs/algorithm.md,
+"Asynchronous DACFL"; the math is :mod:`dacflnode.algorithms.pairwise`).
+
+A node's loop (:meth:`AsyncNode.run`): for each of its ``rounds`` blocks, take ``ω`` as the
+block's start, train (off the event loop), fold the block into ``x`` exactly once, record the
+block (evaluation, metrics line, checkpoint), and ask every neighbour with no exchange in
+flight for one. It never waits for an answer before its next block: the asks run beside the
+training, and the node answers its neighbours' exchanges (:meth:`AsyncNode.answer`, the
+transport's ``on_exchange``) whenever they come, training or not.
+
+Every change of the node's state (a block's start and fold, a snapshot asked with, a transfer
+answered or applied) is one step under one lock, run where the node's mixing runs, and written
+in that order to the node's journal (``exchanges.jsonl``), from which ``simulate --replay``
+re-runs the same computation. No lock is held across a call to a neighbour.
+
+Exactly once: an exchange has an id; the answering node applies it when it answers and keeps
+its answer to each neighbour's latest exchange, so a retry of that id (the answer was lost)
+gets the same answer, not a second transfer. The asking node keeps an unanswered exchange,
+snapshot and all, and asks again with it until it is answered or refused; it asks a neighbour
+nothing new meanwhile. A refusal (a snapshot too stale, a node that has finished) was not
+applied: nothing to undo.
+
+The end: a node that has trained its blocks (or spent ``max_duration``) asks nothing more once
+its unanswered exchanges are answered, tells each neighbour so (``EXCHANGE_DONE``), keeps
+answering, and ends when every neighbour has told it the same. Then no exchange is in flight
+anywhere around it: every transfer is applied at both ends, and ``Σ x = Σ τ`` holds over the
+nodes. A last fold without training (:func:`~dacflnode.algorithms.pairwise.settle`) makes
+``τ = ω``, so either FODAC tracked field holds the invariant in the checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from dacflnode.algorithms import pairwise
+from dacflnode.algorithms.rounds import NodeState
+from dacflnode.filemodes import LOG_MODE, open_text
+from dacflnode.protocol.outputs import Outputs
+from dacflnode.protocol.phase import Phase
+from dacflnode.protocol.setup import NodeSetup, RoundReport
+from dacflnode.protocol.snapshot import refused_total
+from dacflnode.records.checkpoint import Checkpoint
+from dacflnode.records.membership import PeerTrack
+from dacflnode.transport.base import PeerUnavailable, Transport, TransportClosed
+from dacflnode.wire.errors import Reason, WireError
+from dacflnode.wire.message import Kind, RoundMessage
+
+log = logging.getLogger(__name__)
+
+#: The journal of a node's state changes under ``schedule: async``.
+JOURNAL_FILE = "exchanges.jsonl"
+#: Seconds one exchange call may take when the node has no finite round deadline.
+EXCHANGE_TIMEOUT = 60.0
+#: Seconds between two tries of an unanswered exchange or notice.
+RETRY_S = 0.5
+
+
+class Host(Protocol):
+    """What the schedule reads and changes of its node (the
+    :class:`~dacflnode.protocol.runner.NodeRunner`)."""
+
+    setup: NodeSetup
+    state: NodeState
+    phase: Phase
+    transport: Transport
+    outputs: Outputs
+    last: RoundReport | None
+    last_accuracy: float
+    last_loss: float
+    alone_rounds: int
+    on_round: Callable[[RoundReport], None] | None
+
+    @property
+    def round(self) -> int: ...
+    @property
+    def peers(self) -> dict[str, PeerTrack]: ...
+    def residual(self) -> float: ...
+    def checkpoint(self, left: bool = False) -> Checkpoint: ...
+
+
+@dataclass
+class Asked:
+    """An exchange this node asked for and has not seen answered."""
+
+    id: int
+    request: RoundMessage
+
+
+@dataclass
+class BlockCounts:
+    """What the node's exchanges did since its last metrics line."""
+
+    exchanges: int = 0
+    staleness: int = 0
+    peers: set[str] = field(default_factory=set)
+
+    def add(self, peer: str, gap: int) -> None:
+        self.exchanges += 1
+        self.staleness = max(self.staleness, gap)
+        self.peers.add(peer)
+
+
+class AsyncNode:
+    """The asynchronous schedule of one :class:`~dacflnode.protocol.runner.NodeRunner`."""
+
+    def __init__(self, runner: Host) -> None:
+        self.runner = runner
+        self.setup = runner.setup
+        self.me = runner.setup.node_id
+        self.neighbours = sorted(runner.setup.neighbours)
+        self._lock = asyncio.Lock()
+        self._next_id = 1
+        #: the unanswered exchange of each neighbour this node asked
+        self.asked: dict[str, Asked] = {}
+        #: each neighbour's latest exchange this node answered, and the answer
+        self.answered: dict[str, RoundMessage] = {}
+        #: neighbours that told this node they are done; ``self.finished``: this node ended
+        self.done_peers: set[str] = set()
+        self._done_changed = asyncio.Event()
+        self.finished = False
+        self.counts = BlockCounts()
+        #: exchanges applied, by neighbour (status, Prometheus)
+        self.per_edge: Counter[str] = Counter()
+        #: the neighbours whose snapshots were too many blocks away (by their block count)
+        self.stale: dict[str, int] = {}
+        #: seconds the node waited with nothing to train (its neighbours finishing)
+        self.waited_s = 0.0
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.journal: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ state changes
+    async def _step(self, entry: dict[str, Any], change: Callable[[], Any]) -> Any:
+        """Run ``change`` (which reads and replaces the runner's state) as one step, where the
+        node's mixing runs, and journal ``entry``: the steps apply in the journal's order."""
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            result = await loop.run_in_executor(self.setup.executor, change)
+            self._journal(entry)
+            return result
+
+    def _journal(self, entry: dict[str, Any]) -> None:
+        self.journal.append(entry)
+        folder = self.setup.state_dir
+        if folder is not None:
+            with open_text(folder / JOURNAL_FILE, LOG_MODE, append=True) as out:
+                out.write(json.dumps(entry) + "\n")
+
+    @property
+    def degree(self) -> int:
+        return max(1, len(self.neighbours))
+
+    def _too_stale(self, theirs: int, mine: int) -> bool:
+        bound = self.setup.staleness
+        return bound is not None and abs(theirs - mine) > bound
+
+    # ------------------------------------------------------------------ answering
+    async def answer(self, request: RoundMessage) -> RoundMessage:
+        """Answer a neighbour's exchange or notice (the transport's ``on_exchange``)."""
+        peer = request.sender
+        if request.kind is Kind.EXCHANGE_DONE:
+            self.done_peers.add(peer)
+            self._done_changed.set()
+            return RoundMessage(self.me, self.runner.round, self.degree, {},
+                                kind=Kind.EXCHANGED, exchange_id=request.exchange_id)
+        kept = self.answered.get(peer)
+        if kept is not None and kept.exchange_id == request.exchange_id:
+            return kept  # a retry: the same answer, applied once
+        if self.finished:
+            raise WireError("FAILED_PRECONDITION", f"{self.me} has ended its run",
+                            Reason.FINISHED)
+        mine = self.runner.round
+        if self._too_stale(request.round, mine):
+            self.stale[peer] = request.round
+            raise WireError("FAILED_PRECONDITION", f"snapshots {abs(request.round - mine)} "
+                            f"blocks apart (staleness {self.setup.staleness})", Reason.STALE)
+        weight = pairwise.exchange_weight(request.degree, self.degree)
+        runner = self.runner
+        snapshot = dict(request.tensors)
+
+        def change() -> RoundMessage:
+            state = runner.state
+            c = pairwise.transfer(weight, snapshot, pairwise.vectors_of(state))
+            runner.state = pairwise.answered(state, c)
+            return RoundMessage(self.me, state.round, self.degree, c, kind=Kind.EXCHANGED,
+                                exchange_id=request.exchange_id, weight=weight)
+
+        reply: RoundMessage = await self._step(
+            {"event": "answer", "id": request.exchange_id, "peer": peer,
+             "blocks": mine, "peer_blocks": request.round, "weight": weight}, change)
+        self.answered[peer] = reply
+        self.stale.pop(peer, None)
+        self.counts.add(peer, abs(request.round - mine))
+        self.per_edge[peer] += 1
+        return reply
+
+    # ------------------------------------------------------------------ asking
+    def _timeout(self) -> float:
+        deadline = self.setup.round_deadline
+        return deadline if math.isfinite(deadline) else EXCHANGE_TIMEOUT
+
+    async def _ask_once(self, peer: str) -> bool:
+        """One try of this node's exchange with ``peer`` (a new one, or the unanswered one
+        again); whether it is settled (answered or refused)."""
+        runner = self.runner
+        pending = self.asked.get(peer)
+        if pending is None:
+            exchange_id = self._next_id
+            self._next_id += 1
+
+            def snap() -> RoundMessage:
+                state = runner.state
+                return RoundMessage(self.me, state.round, self.degree,
+                                    pairwise.vectors_of(state), kind=Kind.EXCHANGE,
+                                    exchange_id=exchange_id)
+
+            request: RoundMessage = await self._step(
+                {"event": "ask", "id": exchange_id, "peer": peer, "blocks": runner.round},
+                snap)
+            pending = self.asked[peer] = Asked(exchange_id, request)
+        try:
+            reply = await runner.transport.exchange(peer, pending.request, self._timeout())
+        except PeerUnavailable:
+            return False
+        except WireError as exc:
+            self.asked.pop(peer, None)  # refused: not applied anywhere
+            if exc.reason is Reason.STALE:
+                self.stale[peer] = -1
+            log.info("exchange %d with %s refused: %s (%s)", pending.id, peer, exc.message,
+                     exc.reason, extra={"event": "exchange_refused", "node": self.me,
+                                        "neighbour": peer, "reason": exc.reason})
+            return True
+        c = dict(reply.tensors)
+
+        def apply() -> None:
+            runner.state = pairwise.asked(runner.state, c)
+
+        await self._step({"event": "apply", "id": pending.id, "peer": peer,
+                          "blocks": runner.round, "peer_blocks": reply.round,
+                          "weight": reply.weight}, apply)
+        self.asked.pop(peer, None)
+        self.stale.pop(peer, None)
+        self.counts.add(peer, abs(reply.round - pending.request.round))
+        self.per_edge[peer] += 1
+        return True
+
+    async def _ask(self, peer: str, until_settled: bool) -> None:
+        while not await self._ask_once(peer):
+            if not until_settled:
+                return
+            await asyncio.sleep(RETRY_S)
+
+    def _ask_all(self) -> None:
+        """Ask every neighbour with nothing in flight for an exchange (in the background)."""
+        for peer in self.neighbours:
+            task = self._tasks.get(peer)
+            if task is not None and not task.done():
+                continue
+            if peer in self.done_peers and peer not in self.asked:
+                continue  # it asks nothing more; it still answers, but the run is ending
+            self._tasks[peer] = asyncio.create_task(self._ask(peer, until_settled=False),
+                                                    name=f"{self.me}-ask-{peer}")
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> None:
+        """Train the remaining blocks, then end settled (see the module docstring)."""
+        runner, setup = self.runner, self.setup
+        began = time.monotonic()
+        try:
+            self._ask_all()
+            while runner.round < setup.rounds:
+                if (setup.max_duration is not None
+                        and time.monotonic() - began >= setup.max_duration):
+                    log.info("max_duration %gs reached after %d blocks", setup.max_duration,
+                             runner.round, extra={"event": "max_duration", "node": self.me,
+                                                  "round": runner.round})
+                    break
+                await self._block()
+                self._ask_all()
+            await self._end()
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def _block(self) -> None:
+        runner, setup = self.runner, self.setup
+        started = time.perf_counter()
+        b = runner.round
+        runner.phase = Phase.TRAINING
+        start: torch.Tensor = await self._step({"event": "train", "block": b},
+                                               lambda: runner.state.omega)
+        trained = await setup.trainer.train(start, b)
+        train_s = time.perf_counter() - started
+
+        def fold() -> None:
+            runner.state = pairwise.fold(runner.state, start, trained.flat)
+
+        await self._step({"event": "fold", "block": b + 1}, fold)
+        done = runner.round
+        accuracy = test_loss = None
+        if done % setup.eval_every == 0 or done == setup.rounds:
+            runner.phase = Phase.EVALUATING
+            accuracy, test_loss = await setup.view.evaluate(done, runner.state.x, setup.trainer)
+            runner.last_accuracy, runner.last_loss = accuracy, test_loss
+        sent, received = runner.transport.traffic(done)
+        counts, self.counts = self.counts, BlockCounts()
+        report = RoundReport(
+            round=done, used=tuple(sorted(counts.peers)), missing=(),
+            train_loss=trained.loss, samples=trained.samples, accuracy=accuracy,
+            test_loss=test_loss, residual=runner.residual(), exchange_s=0.0, train_s=train_s,
+            seconds=time.perf_counter() - started, bytes_sent=sent, bytes_received=received,
+            exchanges=counts.exchanges, staleness=counts.staleness)
+        runner.last = report
+        await runner.outputs.metrics_line(report, runner.alone_rounds,
+                                          refused_total(runner.peers.values()))
+        await runner.outputs.checkpoint(runner.checkpoint)
+        if runner.on_round is not None:
+            runner.on_round(report)
+
+    async def _end(self) -> None:
+        """Settle what was asked, tell every neighbour this node is done, answer until every
+        neighbour is done too, then fold the last exchanges (no training)."""
+        runner = self.runner
+        runner.phase = Phase.CLOSING
+        waited = time.monotonic()
+        for task in self._tasks.values():
+            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*(self._ask(peer, until_settled=True)
+                               for peer in list(self.asked)))
+        await asyncio.gather(*(self._notify(peer) for peer in self.neighbours))
+        while not self.done_peers >= set(self.neighbours):
+            self._done_changed.clear()
+            await self._done_changed.wait()
+        self.finished = True
+        self.waited_s += time.monotonic() - waited
+        await self._step({"event": "settle"}, lambda: setattr(
+            runner, "state", pairwise.settle(runner.state)))
+
+    async def _notify(self, peer: str) -> None:
+        """Tell ``peer`` this node is done (until it acknowledges, or has ended itself)."""
+        notice = RoundMessage(self.me, self.runner.round, self.degree, {},
+                              kind=Kind.EXCHANGE_DONE, exchange_id=0)
+        while True:
+            try:
+                await self.runner.transport.exchange(peer, notice, self._timeout())
+                return
+            except WireError as exc:
+                if exc.reason is Reason.FINISHED:
+                    return
+                log.warning("done notice to %s refused: %s", peer, exc.message,
+                            extra={"event": "done_notice_refused", "node": self.me,
+                                   "neighbour": peer})
+                return
+            except (PeerUnavailable, TransportClosed):
+                await asyncio.sleep(RETRY_S)

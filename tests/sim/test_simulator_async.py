@@ -1,0 +1,131 @@
+"""The simulator's asynchronous runs: the daemon's node code on a virtual clock, the sum exact,
+deterministic per seed, with slow nodes and links modelled instead of waited for."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dacflnode.config import RunConfig
+from dacflnode.errors import ConfigError
+from dacflnode.learning.datasets import load_dataset
+from dacflnode.learning.partition import partition
+from dacflnode.protocol.faults import parse_fault_plan
+from dacflnode.records.metrics_log import METRICS_FILE, read_metrics
+from dacflnode.sim.simulator import Simulation
+
+CFG = RunConfig(dataset="synthetic", nodes=4, rounds=4, topology="ring", schedule="async",
+                engine="sequential", synthetic_train=400, synthetic_test=100, threads=1)
+
+
+def simulate(cfg: RunConfig = CFG, out: Path | None = None, **kw) -> Simulation:
+    cfg.validate()
+    data = load_dataset("synthetic", None, synthetic_train=cfg.synthetic_train,
+                        synthetic_test=cfg.synthetic_test, seed=cfg.seed)
+    parts = partition(data.train_y, cfg.nodes, cfg.partition, seed=cfg.seed)
+    sim = Simulation(cfg, "dacfl", data, parts, out_dir=out, **kw)
+    sim.result = sim.run()  # type: ignore[attr-defined]
+    return sim
+
+
+def test_an_async_run_ends_settled_with_the_sum_exact_and_every_block_trained(tmp_path):
+    sim = simulate(out=tmp_path)
+    assert [r.round for r in sim.runners] == [4] * 4
+    assert all(r.phase == "done" for r in sim.runners)
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+    for r in sim.runners:  # no exchange left unanswered, τ = ω after the last fold
+        assert r.async_node is not None and not r.async_node.asked
+        assert torch.equal(r.state.omega, r.state.omega_prev)
+    lines = read_metrics(tmp_path / "node-1" / METRICS_FILE)
+    assert [line["round"] for line in lines] == [1, 2, 3, 4]
+    # block b of a node of slowdown 1 ends at b × block_time on the virtual clock
+    assert [line["time"] for line in lines] == [1.0, 2.0, 3.0, 4.0]
+    assert all(line["exchanges"] >= 1 and line["staleness"] is not None for line in lines)
+
+
+def test_an_async_run_is_the_same_for_the_same_seed():
+    a, b = simulate(), simulate()
+    assert a.result.wall_s == b.result.wall_s
+    for ra, rb in zip(a.runners, b.runners, strict=True):
+        assert torch.equal(ra.state.x, rb.state.x)
+        assert ra.async_node.journal == rb.async_node.journal  # type: ignore[union-attr]
+
+
+def test_a_slow_node_sets_only_its_own_pace_and_is_still_mixed_often(tmp_path):
+    sim = simulate(out=tmp_path, slowdown={"node-0": 4.0})
+    assert sim.result.wall_s == pytest.approx(4 * CFG.rounds * CFG.block_time)
+    fast = read_metrics(tmp_path / "node-2" / METRICS_FILE)
+    slow = read_metrics(tmp_path / "node-0" / METRICS_FILE)
+    assert fast[-1]["time"] == pytest.approx(CFG.rounds * CFG.block_time)
+    assert slow[-1]["time"] == pytest.approx(4 * CFG.rounds * CFG.block_time)
+    # its neighbours come to it: more exchanges with it than its own blocks would ask for
+    node0 = sim.runners[0].async_node
+    assert node0 is not None and sum(node0.per_edge.values()) > 2 * CFG.rounds
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+
+
+def test_a_staleness_bound_refuses_snapshots_too_far_apart_and_keeps_the_sum(tmp_path):
+    cfg = dataclasses.replace(CFG, staleness=1, rounds=6)
+    sim = simulate(cfg, out=tmp_path, slowdown={"node-0": 4.0})
+    lines = [line for node in ("node-1", "node-3")
+             for line in read_metrics(tmp_path / node / METRICS_FILE)]
+    assert max(line["staleness"] for line in lines) <= 1
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+
+
+def test_modelled_links_add_their_time_and_no_real_time_passes():
+    slow_links = dataclasses.replace(CFG, link_latency=5.0)
+    began = time.perf_counter()
+    sim = simulate(slow_links)
+    assert time.perf_counter() - began < 60  # 4 × 5 s of latency per block are not slept
+    assert sim.result.wall_s > CFG.rounds * CFG.block_time + 10.0
+
+
+def test_an_async_run_refuses_a_fault_plan_and_the_batched_engine():
+    with pytest.raises(ConfigError, match="schedule async"):
+        simulate(faults=parse_fault_plan(
+            {"faults": [{"drop": ["node-0", "node-1"], "rounds": [2, 2]}]}))
+    with pytest.raises(ConfigError, match="batched"):
+        simulate(dataclasses.replace(CFG, engine="batched"))
+
+
+def test_an_async_run_refuses_an_unknown_slow_node():
+    with pytest.raises(ConfigError, match="node-9"):
+        simulate(slowdown={"node-9": 2.0})
+
+
+def test_a_lost_answer_is_asked_again_and_applied_once_at_each_end(monkeypatch):
+    """Every third answer is lost on its way back (the answering node applied it): the asking
+    node asks again with the same id, gets the same answer, and each exchange is applied once
+    at each end, so the sum stays exact."""
+    from dacflnode.transport.base import PeerUnavailable
+    from dacflnode.transport.memory import MemoryTransport
+
+    real = MemoryTransport.exchange
+    calls = {"n": 0}
+
+    async def lossy(self, peer, request, timeout):
+        reply = await real(self, peer, request, timeout)
+        calls["n"] += 1
+        if request.exchange_id and calls["n"] % 3 == 0:
+            raise PeerUnavailable("the answer was lost")
+        return reply
+
+    monkeypatch.setattr(MemoryTransport, "exchange", lossy)
+    sim = simulate()
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+    for runner in sim.runners:
+        journal = runner.async_node.journal  # type: ignore[union-attr]
+        answers = [(e["peer"], e["id"]) for e in journal if e["event"] == "answer"]
+        applies = [(e["peer"], e["id"]) for e in journal if e["event"] == "apply"]
+        assert len(answers) == len(set(answers)) and len(applies) == len(set(applies))
+    # every exchange applied by its asking end was answered once by the other end
+    answered = {(r.setup.node_id, e["peer"], e["id"]) for r in sim.runners
+                for e in r.async_node.journal if e["event"] == "answer"}  # type: ignore[union-attr]
+    applied = {(e["peer"], r.setup.node_id, e["id"]) for r in sim.runners
+               for e in r.async_node.journal if e["event"] == "apply"}  # type: ignore[union-attr]
+    assert applied == answered and calls["n"] > 10
