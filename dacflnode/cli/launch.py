@@ -16,14 +16,16 @@ from dacflnode.cli.options import (
     cluster_options,
     config_from_options,
     out_dir_option,
+    parse_slowdown,
     pop_daemon_settings,
+    slowdown_option,
 )
 from dacflnode.config import RunConfig, load_yaml_config
 
 
 @click.command(cls=GroupedCommand, option_groups={
     "out_dir": "output", "as_json": "output", "quiet": "output", "tls_dir": "network",
-    "faults_file": "runtime", "fresh": "output"})
+    "faults_file": "runtime", "fresh": "output", "slowdown": "runtime"})
 @cluster_options(topology="ring; complete for 2 nodes")
 @out_dir_option("DIR/<node-id>/ gets metrics.jsonl, final.safetensors, daemon.log.")
 @click.option("--tls", "tls_dir", type=click.Path(file_okay=False),
@@ -39,12 +41,13 @@ from dacflnode.config import RunConfig, load_yaml_config
                    "metrics.jsonl, checkpoints, final model and logs, and summary.json). "
                    "Without it, an earlier run is resumed from its checkpoints, or refused "
                    "when it cannot be.")
+@slowdown_option("its daemon pauses (F - 1) times each round's training time after it")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
 def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: str | None,
-           faults_file: str | None, fresh: bool, as_json: bool, quiet: bool,
-           **options: Any) -> None:
+           faults_file: str | None, fresh: bool, slowdown: tuple[str, ...], as_json: bool,
+           quiet: bool, **options: Any) -> None:
     """Start a real local cluster: one `dacflnode start` process per node on 127.0.0.1.
 
     Takes the run options of `simulate` that daemons use (graph topologies only, ring when not
@@ -59,6 +62,8 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
       dacflnode launch --nodes 4 --rounds 5 --out runs/cluster --fresh   # start over
       dacflnode launch --nodes 3 --dataset synthetic --rounds 3 --out runs/tiny --json
       dacflnode launch --nodes 3 --rounds 3 --tls runs/certs --out runs/tls
+      dacflnode launch --nodes 5 --rounds 10 --schedule async --slowdown node-0=4 \\
+          --out runs/async   # the slow node sets only its own pace
       dacflnode launch --nodes 4 --topology ring --rounds 12 --dataset synthetic \\
           --out runs/faults --faults examples/faults/stall_and_cut.yaml
       dacflnode launch --config examples/own-data/tables/run.yaml \\
@@ -97,7 +102,7 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
                                  hello_timeout=hello_timeout,
                                  tls_dir=Path(tls_dir) if tls_dir else None,
                                  faults=faults_file, daemon_settings=daemon_settings,
-                                 fresh=fresh)
+                                 fresh=fresh, slowdown=parse_slowdown(slowdown))
         except RuntimeError as exc:
             click.echo(f"error: {exc}", err=True)
             raise SystemExit(1) from exc

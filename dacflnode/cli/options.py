@@ -207,6 +207,33 @@ def pop_daemon_settings(options: dict[str, Any]) -> dict[str, Any]:
     return {d.name: options.pop(d.name) for d in daemon_option_fields() if d.name in options}
 
 
+def parse_slowdown(values: Sequence[str]) -> dict[str, float]:
+    """``NODE=F`` pairs (``--slowdown``) as ``{node: F}``; a ConfigError naming the bad one."""
+    from dacflnode.errors import ConfigError
+
+    out: dict[str, float] = {}
+    for value in values:
+        node, sep, factor = value.partition("=")
+        try:
+            number = float(factor)
+        except ValueError:
+            number = float("nan")
+        if not sep or not node.strip() or not number >= 1.0 or number == float("inf"):
+            raise ConfigError("slowdown", f"{value!r}: give NODE=F with F >= 1, e.g. "
+                              "--slowdown node-0=4")
+        out[node.strip()] = number
+    return out
+
+
+def slowdown_option(where: str) -> Decorator:
+    """``--slowdown NODE=F`` (repeatable): the nodes that train F times slower; ``where``: how
+    the command makes them slow."""
+    return click.option("--slowdown", "slowdown", multiple=True, metavar="NODE=F",
+                        help=f"Make NODE train F times slower than it can ({where}); "
+                             "repeatable. Under --schedule async the others go on at their "
+                             "own pace.")
+
+
 def out_dir_option(text: str) -> Decorator:
     """``--out DIR`` (``out_dir``, required): the folder a command writes into; ``text``: its
     help."""

@@ -18,7 +18,9 @@ from dacflnode.cli.options import (
     config_from_options,
     daemon_setting_option,
     daemon_settings,
+    parse_slowdown,
     run_options,
+    slowdown_option,
 )
 
 if TYPE_CHECKING:
@@ -27,7 +29,8 @@ if TYPE_CHECKING:
 
 @click.command(cls=GroupedCommand, option_groups={
     "out_dir": "output", "as_json": "output", "quiet": "output", "faults_file": "runtime",
-    "gone_after": "runtime", "ray_address": "runtime", "ray_workers": "runtime"})
+    "gone_after": "runtime", "ray_address": "runtime", "ray_workers": "runtime",
+    "slowdown": "runtime"})
 @run_options
 @click.option(
     "--out",
@@ -48,12 +51,14 @@ if TYPE_CHECKING:
 @click.option("--ray-workers", type=click.IntRange(min=1), metavar="N",
               help="With --ray: the Ray workers (one CPU each) to spread the nodes over "
                    "[default: one per CPU of the cluster, at most one per node].")
+@slowdown_option("its blocks take F × --block-time on the virtual clock of --schedule "
+                 "async; synchronous rounds are not timed")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
 def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
-             ray_address: str | None, ray_workers: int | None, as_json: bool, quiet: bool,
-             **options: Any) -> None:
+             ray_address: str | None, ray_workers: int | None, slowdown: tuple[str, ...],
+             as_json: bool, quiet: bool, **options: Any) -> None:
     """Run N nodes in one process with the daemon's round code and record the paper's metrics.
 
     \b
@@ -66,6 +71,8 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
       dacflnode simulate --topology random-regular --mixing clipped --clip-fraction 0.05
       dacflnode simulate --nodes 10 --rounds 100 --ray local --ray-workers 2
       dacflnode simulate --nodes 100 --rounds 100 --ray head.example:6379
+      dacflnode simulate --schedule async --topology ring --nodes 5 --rounds 20 \\
+          --slowdown node-0=4 --out runs/async   # accuracy against (virtual) time
       dacflnode simulate --config examples/own-data/images/run.yaml \\
           --data-root devices/ --test-root devices/test/ --out runs/own   # DIR/<node-id>/
     """
@@ -104,7 +111,7 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
             bar.update(tasks[name], completed=done, status=status)
 
         summary = run_experiment(cfg, out_dir, progress, faults=faults, gone_after=gone_after,
-                                 ray=ray)
+                                 ray=ray, slowdown=parse_slowdown(slowdown))
     if as_json:
         click.echo(json.dumps(summary))
         return

@@ -204,6 +204,7 @@ async def run_cluster(
     tls_dir: Path | None = None,
     faults: Path | None = None,
     daemon_settings: Mapping[str, Any] | None = None,
+    slowdown: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Start one daemon per node, wait for all of them; raise RuntimeError if one fails.
 
@@ -218,6 +219,7 @@ async def run_cluster(
         metrics_ports=ports[2 * n:],
         state_root=out_dir, edge_list=run.edge_list, round_deadline=round_deadline,
         hello_timeout=hello_timeout, daemon_settings=daemon_settings, tls_dir=tls_dir,
+        slowdown=slowdown,
     )
     node_dirs = [out_dir / p.stem for p in paths]
     for d in node_dirs:
@@ -369,6 +371,7 @@ def launch(
     tls_dir: Path | None = None,
     faults: str | Path | None = None,
     daemon_settings: Mapping[str, Any] | None = None,
+    slowdown: Mapping[str, float] | None = None,
     fresh: bool = False,
 ) -> dict[str, Any]:
     """Run every algorithm of ``run`` as a real cluster; write and return the summary.
@@ -382,6 +385,7 @@ def launch(
     ``faults``: a fault plan file (drop and cut events) that every daemon plays; it is checked
     here, before any daemon starts, and copied to ``out_dir/faults.yaml``.
     ``daemon_settings``: further daemon settings by name (``gone_after``, ...).
+    ``slowdown``: nodes that train slower on purpose, by factor (``launch --slowdown``).
     """
     topology = run.topology
     if topology not in GRAPH_KINDS:
@@ -418,8 +422,9 @@ def launch(
         results[name] = asyncio.run(run_cluster(
             run, folder, algorithm=name, topology=topology, progress=progress,
             round_deadline=round_deadline, hello_timeout=hello_timeout, tls_dir=tls_dir,
-            faults=plan_file, daemon_settings=daemon_settings))
-    summary: dict[str, Any] = {"version": __version__, "config": run.to_json(),
+            faults=plan_file, daemon_settings=daemon_settings, slowdown=slowdown))
+    config = {**run.to_json(), "slowdown": dict(slowdown or {}) or run.slowdown}
+    summary: dict[str, Any] = {"version": __version__, "config": config,
                                "algorithms": results,
                                "wall_s": round(time.perf_counter() - started, 3)}
     if plan_file is not None:

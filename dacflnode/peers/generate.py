@@ -151,6 +151,7 @@ def generate_cluster(
     daemon_settings: Mapping[str, Any] | None = None,
     tls_dir: Path | None = None,
     insecure: bool = False,
+    slowdown: Mapping[str, float] | None = None,
 ) -> list[Path]:
     """Write ``out_dir/<node-id>.yaml`` for ``node-0 … node-{nodes-1}``; return their paths.
 
@@ -169,6 +170,8 @@ def generate_cluster(
     The graph is drawn with ``run.seed``, as the simulator draws it; ``seed``, when given,
     replaces ``run.seed`` (for the graph and in the files alike, so that they stay consistent).
     ``daemon_settings``: further daemon settings by name (``gone_after``, ...) for every file.
+    ``slowdown``: the ``run.slowdown`` of the nodes named (a node-local setting: an
+    experiment's slow devices).
     Relative paths in ``run`` are made absolute. With own data (``folder``, ``table``,
     ``python``) ``run.data_root`` DIR is the folder of the nodes' data and node ``i``'s file
     names ``DIR/node-i`` (and ``run.test_root`` T: ``T/node-i`` when that exists, else T shared
@@ -245,7 +248,13 @@ def generate_cluster(
         test_root=_absolute(run.test_root),
         mixing_matrix=_absolute(run.mixing_matrix),
     )
-    node_runs = [_node_run(cfg, node) for node in ids]
+    slow = dict(slowdown or {})
+    unknown = sorted(set(slow) - set(ids))
+    if unknown:
+        raise ConfigError("slowdown", f"no node {', '.join(unknown)} in this cluster "
+                          f"(nodes {ids[0]} to {ids[-1]})")
+    node_runs = [dataclasses.replace(_node_run(cfg, node), slowdown=slow.get(node, cfg.slowdown))
+                 for node in ids]
     daemon = dataclasses.replace(
         _daemon_settings(round_deadline, hello_timeout, daemon_settings),
         members=tuple(ids),

@@ -386,11 +386,13 @@ class PeersParser:
 
     def validate_run(self, run: RunConfig, have_edges: bool) -> None:
         # With explicit edges the graph is the edges: topology and its files are only a record
-        # of how they were drawn, and need not exist on this host.
+        # of how they were drawn, and need not exist on this host (a graph kind stands in for
+        # them, which the asynchronous schedule requires; no file is read for complete).
+        stand_in = "complete" if run.schedule == "async" else "uniform"
         check = (
             dataclasses.replace(
                 run,
-                topology="uniform" if run.topology in TOPOLOGIES else run.topology,
+                topology=stand_in if run.topology in TOPOLOGIES else run.topology,
                 edge_list=None,
                 mixing_matrix=None,
             )

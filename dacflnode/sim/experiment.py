@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ def run_experiment(
     faults: FaultPlan | None = None,
     gone_after: int = DAEMON_DEFAULTS.gone_after,
     ray: RayTarget | None = None,
+    slowdown: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run every algorithm of ``cfg``; return (and write) the summary.
 
@@ -41,12 +42,16 @@ def run_experiment(
     algorithm, the invariant residual of each round and over the nodes that finished (what
     ``dacflnode invariant DIR`` reports).
     ``gone_after``: missed rounds in a row before a neighbour is declared gone (as a daemon's
-    ``run.gone_after``). ``ray``: train on the workers of a Ray cluster (``simulate --ray``)."""
+    ``run.gone_after``). ``ray``: train on the workers of a Ray cluster (``simulate --ray``).
+    ``slowdown``: nodes slower than the others, by factor (``simulate --slowdown NODE=F``;
+    in the summary's ``config.slowdown``)."""
+    slow = dict(slowdown or {})
     cfg.validate()
     cfg.apply_threads()
     started = time.perf_counter()
     if cfg.own_data:
-        return _own_data_experiment(cfg, out_dir, progress, faults, gone_after, ray, started)
+        return _own_data_experiment(cfg, out_dir, progress, faults, gone_after, ray, started,
+                                    slow)
     dataset = load_dataset(
         cfg.dataset,
         cfg.data_root,
@@ -72,14 +77,15 @@ def run_experiment(
 
     def simulation(name: str, folder: Path) -> Simulation:
         return Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults,
-                          gone_after=gone_after, ray=ray)
+                          gone_after=gone_after, ray=ray, slowdown=slow)
 
-    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started)
+    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started, slow)
 
 
 def _own_data_experiment(
     cfg: RunConfig, out_dir: str | Path | None, progress: ProgressFn | None,
     faults: FaultPlan | None, gone_after: int, ray: RayTarget | None, started: float,
+    slow: dict[str, float],
 ) -> dict[str, Any]:
     """Every node on its own data: ``cfg.data_root``/<node-id> (and its test data), read
     once, decoded images cached in ``out_dir/<node-id>/data-cache``."""
@@ -100,15 +106,15 @@ def _own_data_experiment(
 
     def simulation(name: str, folder: Path) -> Simulation:
         return Simulation(cfg, name, None, None, out_dir=folder, faults=faults,
-                          gone_after=gone_after, ray=ray, own=shares)
+                          gone_after=gone_after, ray=ray, own=shares, slowdown=slow)
 
-    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started)
+    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started, slow)
 
 
 def _run_all(
     cfg: RunConfig, out_dir: str | Path | None, progress: ProgressFn | None,
     faults: FaultPlan | None, simulation: Callable[[str, Path], Simulation],
-    data_summary: dict[str, Any], started: float,
+    data_summary: dict[str, Any], started: float, slow: dict[str, float],
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dacfl-sim-") as scratch:
         root = Path(out_dir) if out_dir is not None else Path(scratch)
@@ -126,7 +132,7 @@ def _run_all(
                                    "nodes": [len(r.nodes) for r in result.records]}
     summary = {
         "version": __version__,
-        "config": cfg.to_json(),
+        "config": {**cfg.to_json(), "slowdown": slow or cfg.slowdown},
         "dataset": data_summary,
         "algorithms": results,
         "wall_s": round(time.perf_counter() - started, 3),

@@ -10,8 +10,9 @@ from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 #: Options of each command that are not settings (where output goes, how it is printed, ...).
 OWN_OPTIONS = {
     "simulate": {"config_file", "out_dir", "as_json", "quiet", "faults_file", "gone_after",
-                 "ray_address", "ray_workers"},
-    "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir", "faults_file", "fresh"},
+                 "ray_address", "ray_workers", "slowdown"},
+    "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir", "faults_file", "fresh",
+               "slowdown"},
     "topology": {
         "config_file", "out_dir", "as_json", "hosts", "base_port", "ports",
         "control_base_port", "control_ports", "metrics_ports", "metrics_host", "listen_host",
