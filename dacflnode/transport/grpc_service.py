@@ -142,6 +142,26 @@ class NeighborServicer:
             self.receiver.refused(what, claimed, context.peer(), round_, err)
             await _abort(context, err)
 
+    async def _claimed_stream(self, what: str, call: Call, requests: AsyncIterator[Chunk],
+                              context: grpc.aio.ServicerContext[Any, Any]
+                              ) -> AsyncIterator[Chunk]:
+        """A chunk stream's first message read within its deadline, the call moved to the pool
+        of the sender its header claims, and the whole stream, that first message included."""
+        first = await self._first(what, call, requests, context)
+        if isinstance(first, pb.StateChunk) and first.HasField("header"):
+            await self._claim(what, call, first.header.sender, int(first.header.round),
+                              context)
+        else:
+            await self._claim(what, call, "", -1, context)
+
+        async def stream() -> AsyncIterator[Chunk]:
+            if first is not None:
+                yield first
+            async for chunk in requests:
+                yield chunk
+
+        return stream()
+
     async def Hello(
         self, request_iterator: AsyncIterator[pb.HelloRequest],
         context: grpc.aio.ServicerContext[pb.HelloRequest, pb.HelloReply],
@@ -168,21 +188,9 @@ class NeighborServicer:
     ) -> pb.PushReply:
         call, peer_ids = await self._open("push", context)
         try:
-            first = await self._first("push", call, request_iterator, context)
-            if isinstance(first, pb.StateChunk) and first.HasField("header"):
-                await self._claim("push", call, first.header.sender, int(first.header.round),
-                                  context)
-            else:
-                await self._claim("push", call, "", -1, context)
-
-            async def stream() -> AsyncIterator[Chunk]:
-                if first is not None:
-                    yield first
-                async for chunk in request_iterator:
-                    yield chunk
-
+            stream = await self._claimed_stream("push", call, request_iterator, context)
             try:
-                return await self.receiver.push(stream(), context.peer(), peer_ids=peer_ids,
+                return await self.receiver.push(stream, context.peer(), peer_ids=peer_ids,
                                                 call=call)
             except WireError as err:
                 if err.reason not in _CUT_NOW and err is not call.cut_error:
@@ -256,21 +264,9 @@ class NeighborServicer:
         stream as a push's, the answer streamed back."""
         call, peer_ids = await self._open("exchange", context)
         try:
-            first = await self._first("exchange", call, request_iterator, context)
-            if isinstance(first, pb.StateChunk) and first.HasField("header"):
-                await self._claim("exchange", call, first.header.sender,
-                                  int(first.header.round), context)
-            else:
-                await self._claim("exchange", call, "", -1, context)
-
-            async def stream() -> AsyncIterator[Chunk]:
-                if first is not None:
-                    yield first
-                async for chunk in request_iterator:
-                    yield chunk
-
+            stream = await self._claimed_stream("exchange", call, request_iterator, context)
             try:
-                reply = await self.desk.serve(stream(), context.peer(), peer_ids=peer_ids,
+                reply = await self.desk.serve(stream, context.peer(), peer_ids=peer_ids,
                                               call=call)
             except WireError as err:
                 if err.reason not in _CUT_NOW and err is not call.cut_error:
