@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 @click.command(cls=GroupedCommand, option_groups={
     "out_dir": "output", "as_json": "output", "quiet": "output", "faults_file": "runtime",
     "gone_after": "runtime", "ray_address": "runtime", "ray_workers": "runtime",
-    "slowdown": "runtime"})
+    "slowdown": "runtime", "replay_dir": "output"})
 @run_options
 @click.option(
     "--out",
@@ -51,14 +51,19 @@ if TYPE_CHECKING:
 @click.option("--ray-workers", type=click.IntRange(min=1), metavar="N",
               help="With --ray: the Ray workers (one CPU each) to spread the nodes over "
                    "[default: one per CPU of the cluster, at most one per node].")
+@click.option("--replay", "replay_dir", type=click.Path(file_okay=False), metavar="RUN_DIR",
+              help="Re-run the asynchronous cluster `launch --out RUN_DIR` ran, from its nodes' "
+                   "journals (exchanges.jsonl), and print how far the replayed models are from "
+                   "the daemons' (equal to float rounding with --threads 1 on both); the run's "
+                   "settings come from RUN_DIR/summary.json.")
 @slowdown_option("its blocks take F × --block-time on the virtual clock of --schedule "
                  "async; synchronous rounds are not timed")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @config_errors
 def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
-             ray_address: str | None, ray_workers: int | None, slowdown: tuple[str, ...],
-             as_json: bool, quiet: bool, **options: Any) -> None:
+             ray_address: str | None, ray_workers: int | None, replay_dir: str | None,
+             slowdown: tuple[str, ...], as_json: bool, quiet: bool, **options: Any) -> None:
     """Run N nodes in one process with the daemon's round code and record the paper's metrics.
 
     \b
@@ -73,6 +78,7 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
       dacflnode simulate --nodes 100 --rounds 100 --ray head.example:6379
       dacflnode simulate --schedule async --topology ring --nodes 5 --rounds 20 \\
           --slowdown node-0=4 --out runs/async   # accuracy against (virtual) time
+      dacflnode simulate --replay runs/async-cluster   # a launch --schedule async run
       dacflnode simulate --config examples/own-data/images/run.yaml \\
           --data-root devices/ --test-root devices/test/ --out runs/own   # DIR/<node-id>/
     """
@@ -84,6 +90,9 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
     from dacflnode.sim.experiment import run_experiment
     from dacflnode.sim.simulator import graph_edges
 
+    if replay_dir is not None:
+        _replay(replay_dir, as_json)
+        return
     if ray_workers is not None and ray_address is None:
         raise ConfigError("ray_workers", "needs --ray ADDRESS|local")
     logs.log_to_console(logging.getLogger("dacflnode"))
@@ -160,3 +169,15 @@ def invariant_line(name: str, invariant: Mapping[str, Any]) -> str:
     if measured:
         line += f" (max over the {len(measured)} rounds measured: {max(measured):.3g})"
     return line
+
+
+def _replay(run_dir: str, as_json: bool) -> None:
+    from dacflnode.sim.replay import replay
+
+    result = replay(run_dir)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    steps = sum(result["steps"].values())
+    click.echo(f"replayed {len(result['nodes'])} nodes' journals ({steps} steps) of {run_dir}: "
+               f"max |Δ| against the daemons' last checkpoints {result['max_abs_diff']:.3g}")

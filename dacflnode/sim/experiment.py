@@ -49,9 +49,23 @@ def run_experiment(
     cfg.validate()
     cfg.apply_threads()
     started = time.perf_counter()
+    simulation, data_summary = simulations(cfg, out_dir, faults, gone_after, ray, slow)
+    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started, slow)
+
+
+#: Makes the simulation of one algorithm writing into a folder (``None``: none).
+SimulationFactory = Callable[[str, "Path | None"], Simulation]
+
+
+def simulations(
+    cfg: RunConfig, out_dir: str | Path | None, faults: FaultPlan | None = None,
+    gone_after: int = DAEMON_DEFAULTS.gone_after, ray: RayTarget | None = None,
+    slow: Mapping[str, float] | None = None,
+) -> tuple[SimulationFactory, dict[str, Any]]:
+    """The run's data, read once, and a factory of its simulations (one per algorithm);
+    with the data's summary."""
     if cfg.own_data:
-        return _own_data_experiment(cfg, out_dir, progress, faults, gone_after, ray, started,
-                                    slow)
+        return _own_data(cfg, out_dir, faults, gone_after, ray, dict(slow or {}))
     dataset = load_dataset(
         cfg.dataset,
         cfg.data_root,
@@ -75,18 +89,17 @@ def run_experiment(
         "samples_per_node": [len(p) for p in parts],
     }
 
-    def simulation(name: str, folder: Path) -> Simulation:
+    def simulation(name: str, folder: Path | None) -> Simulation:
         return Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults,
                           gone_after=gone_after, ray=ray, slowdown=slow)
 
-    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started, slow)
+    return simulation, data_summary
 
 
-def _own_data_experiment(
-    cfg: RunConfig, out_dir: str | Path | None, progress: ProgressFn | None,
-    faults: FaultPlan | None, gone_after: int, ray: RayTarget | None, started: float,
-    slow: dict[str, float],
-) -> dict[str, Any]:
+def _own_data(
+    cfg: RunConfig, out_dir: str | Path | None, faults: FaultPlan | None, gone_after: int,
+    ray: RayTarget | None, slow: dict[str, float],
+) -> tuple[SimulationFactory, dict[str, Any]]:
     """Every node on its own data: ``cfg.data_root``/<node-id> (and its test data), read
     once, decoded images cached in ``out_dir/<node-id>/data-cache``."""
     ids = node_ids(cfg.nodes)
@@ -104,16 +117,16 @@ def _own_data_experiment(
         "class_counts": {node: s.info.class_counts for node, s in zip(ids, shares, strict=True)},
     }
 
-    def simulation(name: str, folder: Path) -> Simulation:
+    def simulation(name: str, folder: Path | None) -> Simulation:
         return Simulation(cfg, name, None, None, out_dir=folder, faults=faults,
                           gone_after=gone_after, ray=ray, own=shares, slowdown=slow)
 
-    return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started, slow)
+    return simulation, data_summary
 
 
 def _run_all(
     cfg: RunConfig, out_dir: str | Path | None, progress: ProgressFn | None,
-    faults: FaultPlan | None, simulation: Callable[[str, Path], Simulation],
+    faults: FaultPlan | None, simulation: SimulationFactory,
     data_summary: dict[str, Any], started: float, slow: dict[str, float],
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dacfl-sim-") as scratch:

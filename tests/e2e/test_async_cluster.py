@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_an_async_cluster_with_a_slowed_node_ends_settled_with_its_invariant(tmp_path):
-    cfg = replace(TINY, nodes=4, rounds=4, topology="ring", schedule="async")
+    cfg = replace(TINY, nodes=4, rounds=4, topology="ring", schedule="async", threads=1)
     launched = launch(cfg, tmp_path / "cluster", round_deadline=30,
                       slowdown={"node-0": 3.0})
     assert launched["config"]["schedule"] == "async"
@@ -41,3 +41,9 @@ def test_an_async_cluster_with_a_slowed_node_ends_settled_with_its_invariant(tmp
                                  catch_exceptions=False)
     report = json.loads(checked.stdout)
     assert report["holds"] is True and report["resolved_residual"] < 2e-6, report
+    # the replay of the daemons' journals ends with their models
+    replayed = CliRunner().invoke(cli, ["simulate", "--replay", str(tmp_path / "cluster"),
+                                        "--json"], catch_exceptions=False)
+    result = json.loads(replayed.stdout)
+    assert result["blocks"] == dict.fromkeys(result["nodes"], 4)
+    assert result["max_abs_diff"] <= 1e-6, result

@@ -1,0 +1,62 @@
+"""Replaying asynchronous journals: the same steps, in any order the dependencies allow, give
+the same states; a journal that cannot be played is an error naming where each node waits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dacflnode.errors import ConfigError
+from dacflnode.learning.train import TrainResult
+from dacflnode.sim.replay import max_difference, replay_journals, run_config_of
+
+
+class StepTrainer:
+    """Training as a fixed step per block (deterministic, no data)."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+
+    async def train(self, start: torch.Tensor, round_: int) -> TrainResult:
+        return TrainResult(start + self.step * (round_ + 1), 0.0, 1, 1)
+
+
+def journal_of_two() -> dict[str, list[dict]]:
+    return {
+        "a": [{"event": "train", "block": 0}, {"event": "fold", "block": 1},
+              {"event": "ask", "id": 1, "peer": "b", "blocks": 1},
+              {"event": "apply", "id": 1, "peer": "b", "weight": 0.25}, {"event": "settle"}],
+        "b": [{"event": "answer", "id": 1, "peer": "a", "weight": 0.25},
+              {"event": "train", "block": 0}, {"event": "fold", "block": 1},
+              {"event": "settle"}],
+    }
+
+
+async def test_a_journal_replays_the_exchange_from_the_askers_snapshot():
+    trainers = {"a": StepTrainer(1.0), "b": StepTrainer(-1.0)}
+    states = await replay_journals(torch.zeros(3), trainers, journal_of_two())
+    # a trained to ω = x = 1 and asked; b answered from 0: c = 0.25 · (1 − 0) for ω and x,
+    # b += c, a −= c; a's settle folds its ω change (−0.25) into x too: x_a = 1 − 0.25 − 0.25
+    assert torch.equal(states["a"].x, torch.full((3,), 0.5))
+    # b trained from ω = 0.25 to −0.75 and folded: x_b = 0.25 + (−0.75 − 0)
+    assert torch.equal(states["b"].x, torch.full((3,), -0.5))
+    total = states["a"].x + states["b"].x
+    tau = states["a"].omega_prev + states["b"].omega_prev
+    assert torch.allclose(total, tau)
+    assert max_difference(states, states) == 0.0
+
+
+async def test_a_journal_waiting_on_a_step_nobody_takes_is_an_error():
+    journals = journal_of_two()
+    journals["a"] = [e for e in journals["a"] if e["event"] != "ask"]
+    with pytest.raises(ConfigError, match="cannot be played"):
+        await replay_journals(torch.zeros(3), {"a": StepTrainer(1.0), "b": StepTrainer(1.0)},
+                              journals)
+
+
+def test_replay_needs_an_asynchronous_launch_folder(tmp_path):
+    with pytest.raises(ConfigError, match=r"summary\.json"):
+        run_config_of(tmp_path)
+    (tmp_path / "summary.json").write_text('{"config": {"schedule": "sync"}}')
+    with pytest.raises(ConfigError, match="only an asynchronous run"):
+        run_config_of(tmp_path)
