@@ -309,6 +309,14 @@ def _status_table(data: dict[str, Any]) -> Table:
                           "stale states (not mixed again in this run)")
     if data.get("alone_rounds"):
         table.caption += f"\nmixed with no neighbour in {data['alone_rounds']} round(s)"
+    if data.get("schedule") == "async":
+        exchanged = ", ".join(f"{nb['node_id']} {nb.get('exchanges', 0)}"
+                              for nb in data["neighbours"])
+        table.caption += (f"\nasynchronous: block {data['round']}/{data['rounds_total']}; "
+                          f"exchanges {exchanged}; waited {data.get('waited_s', 0):.1f}s")
+        if data.get("ahead_of"):
+            table.caption += (f"\nahead of {', '.join(data['ahead_of'])} by more than the "
+                              "staleness bound: not mixed until they catch up")
     failures = {k: v for k, v in (data.get("tls_handshake_failures") or {}).items() if v}
     if failures:
         table.caption += "\nTLS handshakes failed: " + ", ".join(

@@ -53,6 +53,8 @@ PEER_COUNTERS = (
     ("dacfl_peer_corrections", "One-sided uses of the edge undone", "corrections"),
     ("dacfl_peer_refused_states", "States of the edge refused as absurd or stale (either end)",
      "refused_states"),
+    ("dacfl_peer_exchanges", "Pairwise exchanges with the neighbour applied (schedule async)",
+     "exchanges"),
 )
 
 #: Bucket bounds (seconds) of the duration histograms: a round of a small model on one core
@@ -157,6 +159,8 @@ class _StatusCollector(Collector):
              self.train_loss),
             ("dacfl_consensus_residual", "||x_i - omega_i||: the node's distance to consensus",
              status.consensus_residual if status else math.nan),
+            ("dacfl_waited_seconds", "Seconds waited for the neighbours (sync: the rounds' "
+             "exchanges; async: the end)", status.waited_s if status else math.nan),
         )
         for name, help_text, value in values:
             family = GaugeMetricFamily(name, help_text, labels=["node"])

@@ -135,7 +135,7 @@ class Daemon:
                 missed_rounds=p.missed, late_states=late.get(nb.id, 0),
                 refused=refused.get(nb.id, 0), corrections=p.corrections,
                 refused_states=p.refused_states, messages_received=p.messages_received,
-                messages_sent=p.messages_sent))
+                messages_sent=p.messages_sent, exchanges=p.exchanges))
         status = NodeStatus(
             node_id=snap.node_id, algorithm=snap.algorithm, round=snap.round,
             rounds_total=snap.rounds, phase=snap.phase, neighbours=neighbours,
@@ -148,6 +148,7 @@ class Daemon:
             quarantines=snap.quarantines, refused_states=snap.refused_states,
             data_size=snap.data_size, test_size=snap.test_size,
             class_counts=dict(snap.class_counts), skipped_files=snap.skipped_files,
+            schedule=snap.schedule, waited_s=snap.waited_s, ahead_of=list(snap.ahead_of),
         )
         self.metrics.update(status)
         return status

@@ -164,6 +164,11 @@ class AsyncNode:
         bound = self.setup.staleness
         return bound is not None and abs(theirs - mine) > bound
 
+    def ahead_of(self) -> list[str]:
+        """The neighbours whose last exchange was refused as too stale while behind."""
+        mine = self.runner.round
+        return sorted(p for p, theirs in self.stale.items() if 0 <= theirs < mine)
+
     # ------------------------------------------------------------------ answering
     async def answer(self, request: RoundMessage) -> RoundMessage:
         """Answer a neighbour's exchange or notice (the transport's ``on_exchange``)."""
@@ -235,12 +240,16 @@ class AsyncNode:
         except WireError as exc:
             self.asked.pop(peer, None)  # refused: not applied anywhere
             if exc.reason is Reason.STALE:
-                self.stale[peer] = -1
+                known = self.runner.transport.stats.get(peer)
+                self.stale[peer] = -1 if known is None else known.last_round_received
             log.info("exchange %d with %s refused: %s (%s)", pending.id, peer, exc.message,
                      exc.reason, extra={"event": "exchange_refused", "node": self.me,
                                         "neighbour": peer, "reason": exc.reason})
             return True
         c = dict(reply.tensors)
+        known = runner.transport.stats.get(peer)
+        if known is not None:
+            known.last_round_received = max(known.last_round_received, reply.round)
 
         def apply() -> None:
             runner.state = pairwise.asked(runner.state, c)
@@ -275,12 +284,12 @@ class AsyncNode:
     async def run(self) -> None:
         """Train the remaining blocks, then end settled (see the module docstring)."""
         runner, setup = self.runner, self.setup
-        began = time.monotonic()
+        began = asyncio.get_running_loop().time()
         try:
             self._ask_all()
             while runner.round < setup.rounds:
                 if (setup.max_duration is not None
-                        and time.monotonic() - began >= setup.max_duration):
+                        and asyncio.get_running_loop().time() - began >= setup.max_duration):
                     log.info("max_duration %gs reached after %d blocks", setup.max_duration,
                              runner.round, extra={"event": "max_duration", "node": self.me,
                                                   "round": runner.round})
@@ -333,7 +342,7 @@ class AsyncNode:
         neighbour is done too, then fold the last exchanges (no training)."""
         runner = self.runner
         runner.phase = Phase.CLOSING
-        waited = time.monotonic()
+        waited = asyncio.get_running_loop().time()
         for task in self._tasks.values():
             await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*(self._ask(peer, until_settled=True)
@@ -343,7 +352,7 @@ class AsyncNode:
             self._done_changed.clear()
             await self._done_changed.wait()
         self.finished = True
-        self.waited_s += time.monotonic() - waited
+        self.waited_s += asyncio.get_running_loop().time() - waited
         await self._step({"event": "settle"}, lambda: setattr(
             runner, "state", pairwise.settle(runner.state)))
 

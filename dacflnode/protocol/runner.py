@@ -118,6 +118,7 @@ class NodeRunner:
         self._leave = asyncio.Event()
         #: rounds in which the node mixed no neighbour although the topology had some
         self.alone_rounds = 0
+        self._waited = 0.0
         #: whether the node restarts from a checkpoint
         self._restarted = resume is not None
         self.on_round: Callable[[RoundReport], None] | None = None
@@ -183,6 +184,21 @@ class NodeRunner:
     def quarantines(self) -> int:
         """Edges quarantined in this run (kept across restarts, in the checkpoint)."""
         return self.quarantine.count
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds waited for the neighbours: the rounds' exchanges (sync), the end (async)."""
+        return self.async_node.waited_s if self.async_node is not None else self._waited
+
+    @property
+    def exchanges(self) -> dict[str, int]:
+        """Pairwise exchanges applied per neighbour (``schedule: async``; empty otherwise)."""
+        return {} if self.async_node is None else dict(self.async_node.per_edge)
+
+    @property
+    def ahead_of(self) -> list[str]:
+        """The neighbours this node is too many blocks ahead of to mix (``staleness``)."""
+        return [] if self.async_node is None else self.async_node.ahead_of()
 
     @property
     def leaving(self) -> bool:
@@ -372,6 +388,7 @@ class NodeRunner:
         self.quarantine.forget_through(t)
         work.prepared = await self.mixer.mix(t, self.state, work.active, mixed, work.message)
         work.exchange_s = time.perf_counter() - work.started
+        self._waited += work.exchange_s
 
     async def train(self, work: RoundWork) -> None:
         """Step 3: train from the mixed state (the trainer never blocks the event loop)."""

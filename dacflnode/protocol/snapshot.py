@@ -82,6 +82,12 @@ class Observed(Protocol):
     def setup(self) -> NodeSetup: ...
     @property
     def copies(self) -> PublicCopies | None: ...
+    @property
+    def waited_s(self) -> float: ...
+    @property
+    def exchanges(self) -> Mapping[str, int]: ...
+    @property
+    def ahead_of(self) -> Collection[str]: ...
     def residual(self) -> float: ...
 
 
@@ -107,6 +113,8 @@ class PeerSnapshot:
     #: active, yet its last call failed, it was silent last round or the transport knows its
     #: end closed: it stopped, is restarting or is cut off (docs/faults.md)
     unreachable: bool = False
+    #: schedule async: pairwise exchanges with it applied
+    exchanges: int = 0
 
 
 _NO_PEER = PeerSnapshot()
@@ -151,6 +159,11 @@ class NodeSnapshot:
     test_size: int = 0
     class_counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     skipped_files: int = 0
+    #: ``sync`` or ``async``; seconds waited for the neighbours; under async the neighbours
+    #: this node is too far ahead of to mix (``staleness``)
+    schedule: str = "sync"
+    waited_s: float = 0.0
+    ahead_of: tuple[str, ...] = ()
 
     @classmethod
     def starting(cls, node_id: str, algorithm: str, rounds: int, *, leaving: bool = False,
@@ -184,7 +197,7 @@ def snapshot_of(runner: Observed, ready: Callable[[str], bool | None] | None = N
             bytes_received=s.bytes_received, bytes_sent=s.bytes_sent, latency_ms=s.latency_ms,
             messages_received=s.messages_received, messages_sent=s.messages_sent,
             missed=t.missed, consecutive=t.consecutive, late=t.late, corrections=t.corrections,
-            refused_states=t.refused_states,
+            refused_states=t.refused_states, exchanges=runner.exchanges.get(j, 0),
             unreachable=state == PeerState.ACTIVE and counted is not None and (
                 not s.connected or t.consecutive > 0
                 or (ready is not None and ready(j) is False)))
@@ -205,4 +218,5 @@ def snapshot_of(runner: Observed, ready: Callable[[str], bool | None] | None = N
         test_size=0 if data is None else data.test_size,
         class_counts=MappingProxyType({} if data is None else dict(data.class_counts)),
         skipped_files=0 if data is None else data.skipped,
+        schedule=setup.schedule, waited_s=runner.waited_s, ahead_of=tuple(sorted(runner.ahead_of)),
     )

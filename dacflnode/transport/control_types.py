@@ -40,6 +40,8 @@ class NeighbourInfo:
     #: Round states accepted from it (pushed or pulled), and pushes of this node it accepted.
     messages_received: int = 0
     messages_sent: int = 0
+    #: schedule async: the pairwise exchanges with it applied (asked or answered).
+    exchanges: int = 0
 
 
 @dataclass
@@ -89,6 +91,14 @@ class NodeStatus:
     #: as absurd or stale, all edges together (docs/faults.md, docs/security.md).
     quarantines: int = 0
     refused_states: int = 0
+    #: ``sync`` or ``async`` (docs/algorithm.md); under async ``round`` counts training blocks.
+    schedule: str = "sync"
+    #: Seconds the node waited for its neighbours: sync, the rounds' exchanges; async, the
+    #: end (its blocks done, its neighbours not yet).
+    waited_s: float = 0.0
+    #: schedule async: the neighbours whose exchanges were refused for staleness while this
+    #: node was ahead of them by more than ``staleness`` blocks.
+    ahead_of: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""

@@ -129,3 +129,45 @@ def test_a_lost_answer_is_asked_again_and_applied_once_at_each_end(monkeypatch):
     applied = {(e["peer"], r.setup.node_id, e["id"]) for r in sim.runners
                for e in r.async_node.journal if e["event"] == "apply"}  # type: ignore[union-attr]
     assert applied == answered and calls["n"] > 10
+
+
+def test_status_and_prometheus_show_blocks_exchanges_per_edge_and_the_wait():
+    """What an operator reads of an asynchronous node: the schedule, its blocks, the
+    exchanges per neighbour and the time it waited, through the snapshot, the Control
+    reply and the Prometheus exposition."""
+    from dacflnode.daemon.prometheus import NodeMetrics
+    from dacflnode.protocol.snapshot import snapshot_of
+    from dacflnode.transport.control_types import NeighbourInfo, NodeStatus
+    from dacflnode.transport.grpc_control import status_from_proto, status_to_proto
+
+    sim = simulate(slowdown={"node-0": 4.0})
+    runner = sim.runners[1]
+    snap = snapshot_of(runner)
+    assert (snap.schedule, snap.round) == ("async", CFG.rounds)
+    assert snap.peer("node-0").exchanges > 0 and snap.peer("node-2").exchanges > 0
+    assert snap.waited_s > 0  # node-1 finished its blocks long before node-0
+    status = NodeStatus(
+        node_id="node-1", algorithm="dacfl", round=snap.round, rounds_total=snap.rounds,
+        phase=snap.phase, schedule=snap.schedule, waited_s=snap.waited_s,
+        ahead_of=["node-0"],
+        neighbours=[NeighbourInfo(j, "", exchanges=snap.peer(j).exchanges)
+                    for j in ("node-0", "node-2")])
+    back = status_from_proto(status_to_proto(status))
+    assert (back.schedule, back.waited_s, back.ahead_of) == ("async", snap.waited_s, ["node-0"])
+    assert [n.exchanges for n in back.neighbours] == [n.exchanges for n in status.neighbours]
+    metrics = NodeMetrics("node-1", process=False)
+    metrics.update(status)
+    text = metrics.prometheus()
+    assert f'dacfl_peer_exchanges_total{{node="node-1",peer="node-0"}} ' \
+           f'{float(snap.peer("node-0").exchanges)}' in text
+    assert 'dacfl_waited_seconds{node="node-1"}' in text
+
+
+def test_max_duration_ends_every_node_settled_at_that_time_whatever_blocks_are_left():
+    cfg = dataclasses.replace(CFG, rounds=10, max_duration=3.5)
+    sim = simulate(cfg, slowdown={"node-0": 2.0})
+    # a block starts while less than 3.5 s have passed: 4 blocks of 1 s, 2 blocks of 2 s
+    assert [r.round for r in sim.runners] == [2, 4, 4, 4]
+    assert all(r.phase == "done" for r in sim.runners)
+    assert sim.finishers == sim.runners
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6

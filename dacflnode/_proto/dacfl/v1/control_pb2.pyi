@@ -55,6 +55,7 @@ class NeighbourStatus(_message.Message):
     REFUSED_FIELD_NUMBER: _builtins.int
     CORRECTIONS_FIELD_NUMBER: _builtins.int
     REFUSED_STATES_FIELD_NUMBER: _builtins.int
+    EXCHANGES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     address: _builtins.str
     connected: _builtins.bool
@@ -80,6 +81,8 @@ class NeighbourStatus(_message.Message):
     """one-sided uses of the edge by this node, undone"""
     refused_states: _builtins.int
     """states of the edge refused as absurd or stale (either end)"""
+    exchanges: _builtins.int
+    """schedule async: pairwise exchanges with it applied"""
     def __init__(
         self,
         *,
@@ -96,10 +99,11 @@ class NeighbourStatus(_message.Message):
         refused: _builtins.int = ...,
         corrections: _builtins.int = ...,
         refused_states: _builtins.int = ...,
+        exchanges: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_received", b"bytes_received", "bytes_sent", b"bytes_sent", "connected", b"connected", "corrections", b"corrections", "last_round_received", b"last_round_received", "late_states", b"late_states", "latency_ms", b"latency_ms", "missed_rounds", b"missed_rounds", "node_id", b"node_id", "refused", b"refused", "refused_states", b"refused_states", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "bytes_received", b"bytes_received", "bytes_sent", b"bytes_sent", "connected", b"connected", "corrections", b"corrections", "exchanges", b"exchanges", "last_round_received", b"last_round_received", "late_states", b"late_states", "latency_ms", b"latency_ms", "missed_rounds", b"missed_rounds", "node_id", b"node_id", "refused", b"refused", "refused_states", b"refused_states", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -194,6 +198,9 @@ class StatusReply(_message.Message):
     QUARANTINES_FIELD_NUMBER: _builtins.int
     REFUSED_STATES_FIELD_NUMBER: _builtins.int
     TLS_HANDSHAKE_FAILURES_FIELD_NUMBER: _builtins.int
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    WAITED_S_FIELD_NUMBER: _builtins.int
+    AHEAD_OF_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     algorithm: _builtins.str
     round: _builtins.int
@@ -227,6 +234,10 @@ class StatusReply(_message.Message):
     """edges this node quarantined since start (docs/faults.md)"""
     refused_states: _builtins.int
     """states refused as absurd or stale since start, all edges"""
+    schedule: _builtins.str
+    """sync or async (docs/algorithm.md); async: round = blocks"""
+    waited_s: _builtins.float
+    """seconds waited for neighbours (sync: exchanges; async: end)"""
     @_builtins.property
     def neighbours(self) -> _containers.RepeatedCompositeFieldContainer[Global___NeighbourStatus]: ...
     @_builtins.property
@@ -248,6 +259,10 @@ class StatusReply(_message.Message):
         """failed TLS handshakes since start, by reason (plaintext, unknown-ca, bad-certificate,
         no-certificate, other; docs/security.md "Failed handshakes")
         """
+
+    @_builtins.property
+    def ahead_of(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """async: neighbours too many blocks behind to mix (staleness)"""
 
     def __init__(
         self,
@@ -277,10 +292,13 @@ class StatusReply(_message.Message):
         quarantines: _builtins.int = ...,
         refused_states: _builtins.int = ...,
         tls_handshake_failures: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        schedule: _builtins.str = ...,
+        waited_s: _builtins.float = ...,
+        ahead_of: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "quarantines", b"quarantines", "reanchored", b"reanchored", "refusals", b"refusals", "refused_states", b"refused_states", "round", b"round", "rounds_total", b"rounds_total", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "tls_handshake_failures", b"tls_handshake_failures", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ahead_of", b"ahead_of", "algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "quarantines", b"quarantines", "reanchored", b"reanchored", "refusals", b"refusals", "refused_states", b"refused_states", "round", b"round", "rounds_total", b"rounds_total", "schedule", b"schedule", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "tls_handshake_failures", b"tls_handshake_failures", "uptime_s", b"uptime_s", "waited_s", b"waited_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
