@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 @click.command(cls=GroupedCommand, option_groups={
     "out_dir": "output", "as_json": "output", "quiet": "output", "faults_file": "runtime",
     "gone_after": "runtime", "ray_address": "runtime", "ray_workers": "runtime",
-    "slowdown": "runtime", "replay_dir": "output"})
+    "slowdown": "runtime", "replay_dir": "output", "virtual_time": "runtime",
+    "round_deadline": "runtime"})
 @run_options
 @click.option(
     "--out",
@@ -56,6 +58,15 @@ if TYPE_CHECKING:
                    "journals (exchanges.jsonl), and print how far the replayed models are from "
                    "the daemons' (equal to float rounding with --threads 1 on both); the run's "
                    "settings come from RUN_DIR/summary.json.")
+@click.option("--virtual-time", is_flag=True,
+              help="Play synchronous rounds on the virtual clock of --schedule async too: each "
+                   "node's training takes --block-time x its --slowdown, so the summary's "
+                   "wall_s and the metrics lines' time say how long the run would take.")
+@click.option("--round-deadline", type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS",
+              help="With --virtual-time: a synchronous round's deadline on the virtual clock "
+                   "(a node not heard from by then is left out of the round, as a daemon's) "
+                   "[default: none].")
 @slowdown_option("its blocks take F × --block-time on the virtual clock of --schedule "
                  "async; synchronous rounds are not timed")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
@@ -63,7 +74,8 @@ if TYPE_CHECKING:
 @config_errors
 def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
              ray_address: str | None, ray_workers: int | None, replay_dir: str | None,
-             slowdown: tuple[str, ...], as_json: bool, quiet: bool, **options: Any) -> None:
+             virtual_time: bool, round_deadline: float | None, slowdown: tuple[str, ...],
+             as_json: bool, quiet: bool, **options: Any) -> None:
     """Run N nodes in one process with the daemon's round code and record the paper's metrics.
 
     \b
@@ -120,7 +132,10 @@ def simulate(out_dir: str | None, faults_file: str | None, gone_after: int,
             bar.update(tasks[name], completed=done, status=status)
 
         summary = run_experiment(cfg, out_dir, progress, faults=faults, gone_after=gone_after,
-                                 ray=ray, slowdown=parse_slowdown(slowdown))
+                                 ray=ray, slowdown=parse_slowdown(slowdown),
+                                 virtual_time=virtual_time,
+                                 round_deadline=(math.inf if round_deadline is None
+                                                 else round_deadline))
     if as_json:
         click.echo(json.dumps(summary))
         return

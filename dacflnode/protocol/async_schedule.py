@@ -46,6 +46,7 @@ import torch
 from dacflnode.algorithms import pairwise
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.filemodes import LOG_MODE, open_text
+from dacflnode.protocol.clock import now
 from dacflnode.protocol.outputs import Outputs
 from dacflnode.protocol.phase import Phase
 from dacflnode.protocol.setup import NodeSetup, RoundReport
@@ -284,12 +285,12 @@ class AsyncNode:
     async def run(self) -> None:
         """Train the remaining blocks, then end settled (see the module docstring)."""
         runner, setup = self.runner, self.setup
-        began = asyncio.get_running_loop().time()
+        began = now()
         try:
             self._ask_all()
             while runner.round < setup.rounds:
                 if (setup.max_duration is not None
-                        and asyncio.get_running_loop().time() - began >= setup.max_duration):
+                        and now() - began >= setup.max_duration):
                     log.info("max_duration %gs reached after %d blocks", setup.max_duration,
                              runner.round, extra={"event": "max_duration", "node": self.me,
                                                   "round": runner.round})
@@ -342,7 +343,7 @@ class AsyncNode:
         neighbour is done too, then fold the last exchanges (no training)."""
         runner = self.runner
         runner.phase = Phase.CLOSING
-        waited = asyncio.get_running_loop().time()
+        waited = now()
         for task in self._tasks.values():
             await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*(self._ask(peer, until_settled=True)
@@ -352,7 +353,7 @@ class AsyncNode:
             self._done_changed.clear()
             await self._done_changed.wait()
         self.finished = True
-        self.waited_s += asyncio.get_running_loop().time() - waited
+        self.waited_s += now() - waited
         await self._step({"event": "settle"}, lambda: setattr(
             runner, "state", pairwise.settle(runner.state)))
 

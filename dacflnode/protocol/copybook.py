@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from dacflnode.algorithms.rounds import Algorithm, NodeState
+from dacflnode.protocol.clock import now
 from dacflnode.protocol.copies import PublicCopies, Vectors, is_compressed
 from dacflnode.protocol.setup import NodeSetup
 from dacflnode.transport.base import DEFAULT_PULL_TIMEOUT, PeerUnavailable, Transport
@@ -189,7 +189,7 @@ class CopyUpdates(CopyBook):
                     copies.commit(await loop.run_in_executor(executor, copies.decode, message))
                 elif pull and message.kind is Kind.STATE:  # (a leaving node's: never mixed)
                     full = await self.transport().pull(
-                        j, message.round, timeout=max(0.0, min(deadline - time.monotonic(),
+                        j, message.round, timeout=max(0.0, min(deadline - now(),
                                                                DEFAULT_PULL_TIMEOUT)),
                         copy_id=message.copy_next)
                     copies.commit(await loop.run_in_executor(

@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dacflnode.protocol.clock import now
 from dacflnode.protocol.edges import EdgeBook
 from dacflnode.protocol.fault_filter import FaultFilter
 from dacflnode.protocol.quarantine import OFFENCES, Quarantine
@@ -56,7 +56,7 @@ class Exchanged:
     #: neighbours that showed in the exchange that they are alive: they refused this node's
     #: push as late, ahead or a duplicate, or answered a probe
     shown_alive: set[str] = field(default_factory=set)
-    #: when the exchange began (``time.monotonic()``)
+    #: when the exchange began (the event loop's ``time()``)
     since: float = 0.0
 
     def alive(self, missing: Collection[str], heard: Mapping[str, float],
@@ -115,7 +115,7 @@ class Exchange:
             if probe:
                 prober = asyncio.create_task(self._probe(t, active, deadline))
             try:
-                received = await inbox.wait(t, expected, max(0.0, deadline - time.monotonic()))
+                received = await inbox.wait(t, expected, max(0.0, deadline - now()))
             finally:
                 if prober is not None:
                     prober.cancel()
@@ -140,7 +140,7 @@ class Exchange:
         me = self.node
         delay = PROBE_AFTER
         while True:
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(delay, max(0.0, deadline - now())))
             for peer in active:
                 if inbox.has(t, peer) or inbox.forgone(t, peer) or not self.faults.hears(peer, t):
                     continue
@@ -170,7 +170,7 @@ class Exchange:
         me = self.node
         delay = 0.05
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - now()
             if remaining <= 0:
                 log.warning("round %d state not delivered to %s by the deadline",
                             message.round, peer,
@@ -217,7 +217,7 @@ class Exchange:
                               message.round, peer,
                               extra={"event": "push_failed", "node": me,
                                      "round": message.round, "neighbour": peer})
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(delay, max(0.0, deadline - now())))
             delay = min(delay * 2, 1.0)
 
     async def pull(self, peer: str, t: int, deadline: float, past: bool = True) -> None:
@@ -242,7 +242,7 @@ class Exchange:
         self._pulling.add(key)
         try:
             message = await self.transport.pull(
-                peer, t, timeout=max(0.0, min(deadline - time.monotonic(), DEFAULT_PULL_TIMEOUT)))
+                peer, t, timeout=max(0.0, min(deadline - now(), DEFAULT_PULL_TIMEOUT)))
             await inbox.put(message)
             log.info("pulled round %d state of %s", t, peer,
                      extra={"event": "pulled", "node": me, "round": t, "neighbour": peer})

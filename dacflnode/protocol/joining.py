@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 import torch
 
 from dacflnode.algorithms.rounds import NodeState
+from dacflnode.protocol.clock import now
 from dacflnode.protocol.copies import PublicCopies, is_compressed
 from dacflnode.protocol.edges import EdgeBook
 from dacflnode.protocol.fault_filter import FaultFilter
@@ -72,7 +72,7 @@ class Handshakes:
         """
         setup = self.setup
         peers = self.edges.peers
-        deadline = time.monotonic() + setup.hello_timeout
+        deadline = now() + setup.hello_timeout
         pending = set(setup.neighbours) - set(self.edges.quarantined)
         for peer in sorted(pending):  # an injected crash or a later join: do not wait for it
             if self.faults.down(peer, self.round_of()):
@@ -93,7 +93,7 @@ class Handshakes:
                                 "neighbour": peer})
             if not pending:
                 break
-            if time.monotonic() > deadline:
+            if now() > deadline:
                 if len(pending) == len(setup.neighbours):
                     raise RuntimeError(
                         f"neighbours {', '.join(sorted(pending))} did not answer within "

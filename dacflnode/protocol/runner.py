@@ -60,6 +60,7 @@ import torch
 
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.protocol.async_schedule import AsyncNode
+from dacflnode.protocol.clock import now
 from dacflnode.protocol.copies import PublicCopies
 from dacflnode.protocol.copybook import make_copy_book
 from dacflnode.protocol.edges import Absorbed, EdgeBook
@@ -189,16 +190,6 @@ class NodeRunner:
     def waited_s(self) -> float:
         """Seconds waited for the neighbours: the rounds' exchanges (sync), the end (async)."""
         return self.async_node.waited_s if self.async_node is not None else self._waited
-
-    @property
-    def exchanges(self) -> dict[str, int]:
-        """Pairwise exchanges applied per neighbour (``schedule: async``; empty otherwise)."""
-        return {} if self.async_node is None else dict(self.async_node.per_edge)
-
-    @property
-    def ahead_of(self) -> list[str]:
-        """The neighbours this node is too many blocks ahead of to mix (``staleness``)."""
-        return [] if self.async_node is None else self.async_node.ahead_of()
 
     @property
     def leaving(self) -> bool:
@@ -355,13 +346,13 @@ class NodeRunner:
         if kind is Kind.STATE:
             self.handshakes.greet_the_missing()
             self.phase = Phase.EXCHANGING
-        since = time.monotonic()
+        since = now()
         self._reanchor_if_due(t)
         active = [j for j in self.mixing(t) if j not in skip]
         handovers = self.edges.handovers_due(t)
         used_log, anchors = self.edges.header(t)
         message = await self.book.message(t, len(active), kind, self.state, used_log, anchors)
-        deadline = time.monotonic() + setup.round_deadline
+        deadline = now() + setup.round_deadline
         exchanged = await self._until_stopped(self.exchanger.run(
             t, active, handovers, message, deadline, math.isfinite(setup.round_deadline),
             since))
@@ -537,7 +528,7 @@ class NodeRunner:
             handover = RoundMessage(setup.node_id, t + 1, len(targets), tensors,
                                     ((t, ()),), Kind.HANDOVER, anchors)
             await self.exchanger.push_all(targets, handover,
-                                          time.monotonic() + setup.round_deadline)
+                                          now() + setup.round_deadline)
             log.info("left the network at round %d; handed |x - %s| = %.3g to %s "
                      "(heard from %d of %d)", t, alg.tracked_field,
                      float(torch.linalg.vector_norm(mass)), ", ".join(targets), len(heard),

@@ -47,6 +47,14 @@ class _Stats(Protocol):
     def stats(self) -> Mapping[str, PeerStats]: ...
 
 
+class _Async(Protocol):
+    """What a snapshot reads of the asynchronous schedule (``schedule: async``)."""
+
+    @property
+    def per_edge(self) -> Mapping[str, int]: ...
+    def ahead_of(self) -> list[str]: ...
+
+
 class Observed(Protocol):
     """What a snapshot reads of a runner: its public attributes, nothing else."""
 
@@ -85,9 +93,7 @@ class Observed(Protocol):
     @property
     def waited_s(self) -> float: ...
     @property
-    def exchanges(self) -> Mapping[str, int]: ...
-    @property
-    def ahead_of(self) -> Collection[str]: ...
+    def async_node(self) -> _Async | None: ...
     def residual(self) -> float: ...
 
 
@@ -197,12 +203,14 @@ def snapshot_of(runner: Observed, ready: Callable[[str], bool | None] | None = N
             bytes_received=s.bytes_received, bytes_sent=s.bytes_sent, latency_ms=s.latency_ms,
             messages_received=s.messages_received, messages_sent=s.messages_sent,
             missed=t.missed, consecutive=t.consecutive, late=t.late, corrections=t.corrections,
-            refused_states=t.refused_states, exchanges=runner.exchanges.get(j, 0),
+            refused_states=t.refused_states,
+            exchanges=0 if runner.async_node is None else runner.async_node.per_edge.get(j, 0),
             unreachable=state == PeerState.ACTIVE and counted is not None and (
                 not s.connected or t.consecutive > 0
                 or (ready is not None and ready(j) is False)))
     sent, received = traffic_totals(stats.values())
     data = setup.data
+    schedule = runner.async_node
     copies = runner.copies
     return NodeSnapshot(
         node_id=setup.node_id, algorithm=setup.algorithm.name, phase=str(runner.phase),
@@ -218,5 +226,6 @@ def snapshot_of(runner: Observed, ready: Callable[[str], bool | None] | None = N
         test_size=0 if data is None else data.test_size,
         class_counts=MappingProxyType({} if data is None else dict(data.class_counts)),
         skipped_files=0 if data is None else data.skipped,
-        schedule=setup.schedule, waited_s=runner.waited_s, ahead_of=tuple(sorted(runner.ahead_of)),
+        schedule=setup.schedule, waited_s=runner.waited_s,
+        ahead_of=() if schedule is None else tuple(schedule.ahead_of()),
     )

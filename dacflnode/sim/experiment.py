@@ -10,6 +10,7 @@ the files go to a temporary directory that is removed afterwards.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -35,6 +36,8 @@ def run_experiment(
     gone_after: int = DAEMON_DEFAULTS.gone_after,
     ray: RayTarget | None = None,
     slowdown: Mapping[str, float] | None = None,
+    virtual_time: bool = False,
+    round_deadline: float = math.inf,
 ) -> dict[str, Any]:
     """Run every algorithm of ``cfg``; return (and write) the summary.
 
@@ -44,12 +47,15 @@ def run_experiment(
     ``gone_after``: missed rounds in a row before a neighbour is declared gone (as a daemon's
     ``run.gone_after``). ``ray``: train on the workers of a Ray cluster (``simulate --ray``).
     ``slowdown``: nodes slower than the others, by factor (``simulate --slowdown NODE=F``;
-    in the summary's ``config.slowdown``)."""
+    in the summary's ``config.slowdown``). ``virtual_time``: play synchronous rounds on the
+    virtual clock too (asynchronous runs always do), ``round_deadline`` their deadline there
+    (``simulate --virtual-time --round-deadline S``)."""
     slow = dict(slowdown or {})
     cfg.validate()
     cfg.apply_threads()
     started = time.perf_counter()
-    simulation, data_summary = simulations(cfg, out_dir, faults, gone_after, ray, slow)
+    simulation, data_summary = simulations(cfg, out_dir, faults, gone_after, ray, slow,
+                                           virtual_time, round_deadline)
     return _run_all(cfg, out_dir, progress, faults, simulation, data_summary, started, slow)
 
 
@@ -60,12 +66,14 @@ SimulationFactory = Callable[[str, "Path | None"], Simulation]
 def simulations(
     cfg: RunConfig, out_dir: str | Path | None, faults: FaultPlan | None = None,
     gone_after: int = DAEMON_DEFAULTS.gone_after, ray: RayTarget | None = None,
-    slow: Mapping[str, float] | None = None,
+    slow: Mapping[str, float] | None = None, virtual_time: bool = False,
+    round_deadline: float = math.inf,
 ) -> tuple[SimulationFactory, dict[str, Any]]:
     """The run's data, read once, and a factory of its simulations (one per algorithm);
     with the data's summary."""
+    timing: dict[str, Any] = {"virtual_time": virtual_time, "round_deadline": round_deadline}
     if cfg.own_data:
-        return _own_data(cfg, out_dir, faults, gone_after, ray, dict(slow or {}))
+        return _own_data(cfg, out_dir, faults, gone_after, ray, dict(slow or {}), timing)
     dataset = load_dataset(
         cfg.dataset,
         cfg.data_root,
@@ -91,14 +99,14 @@ def simulations(
 
     def simulation(name: str, folder: Path | None) -> Simulation:
         return Simulation(cfg, name, dataset, parts, out_dir=folder, faults=faults,
-                          gone_after=gone_after, ray=ray, slowdown=slow)
+                          gone_after=gone_after, ray=ray, slowdown=slow, **timing)
 
     return simulation, data_summary
 
 
 def _own_data(
     cfg: RunConfig, out_dir: str | Path | None, faults: FaultPlan | None, gone_after: int,
-    ray: RayTarget | None, slow: dict[str, float],
+    ray: RayTarget | None, slow: dict[str, float], timing: dict[str, Any],
 ) -> tuple[SimulationFactory, dict[str, Any]]:
     """Every node on its own data: ``cfg.data_root``/<node-id> (and its test data), read
     once, decoded images cached in ``out_dir/<node-id>/data-cache``."""
@@ -119,7 +127,8 @@ def _own_data(
 
     def simulation(name: str, folder: Path | None) -> Simulation:
         return Simulation(cfg, name, None, None, out_dir=folder, faults=faults,
-                          gone_after=gone_after, ray=ray, own=shares, slowdown=slow)
+                          gone_after=gone_after, ray=ray, own=shares, slowdown=slow,
+                          **timing)
 
     return simulation, data_summary
 

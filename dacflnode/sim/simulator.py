@@ -113,8 +113,18 @@ class Simulation:
         ray: RayTarget | None = None,
         own: Sequence[NodeDataSet] | None = None,
         slowdown: Mapping[str, float] | None = None,
+        virtual_time: bool = False,
+        round_deadline: float = math.inf,
     ) -> None:
         self.cfg = cfg
+        #: play on the virtual clock, each node's training taking ``block_time`` × its
+        #: slowdown (always under ``schedule: async``); ``round_deadline``: a synchronous
+        #: round's deadline on that clock (``inf``: none, as without virtual time)
+        self.virtual_time = virtual_time or cfg.schedule == "async"
+        if not math.isinf(round_deadline) and not self.virtual_time:
+            raise ConfigError("round_deadline", "a simulated round deadline needs the virtual "
+                              "clock (--virtual-time): otherwise no node is ever late")
+        self.round_deadline = round_deadline
         #: each node's slowdown factor (``--slowdown NODE=F``; a node not named: its
         #: ``slowdown`` setting)
         self.slowdown = dict(slowdown or {})
@@ -267,7 +277,7 @@ class Simulation:
         its nodes' blocks take ``block_time`` × their slowdown and its exchanges the modelled
         links' time, none of it real; ``wall_s`` and the metrics lines' ``time`` are then
         virtual seconds from the run's start."""
-        if self.cfg.schedule == "async":
+        if self.virtual_time:
             return run_virtual(self.run_async(progress))
         return asyncio.run(self.run_async(progress))
 
@@ -281,7 +291,7 @@ class Simulation:
                        RoundRecords(self.ids, self.alg, self.cfg.rounds, self.faults is not None,
                                     result, progress))
         self.runners = []
-        clock = asyncio.get_running_loop().time if self.cfg.schedule == "async" else (
+        clock = asyncio.get_running_loop().time if self.virtual_time else (
             time.perf_counter)
         started = clock()
         try:
@@ -344,7 +354,7 @@ class _Nodes:
         self.network = MemoryNetwork(copy=False, link_delay=_link_delay(sim.cfg))
         #: a launched daemon's defaults, but no round deadline (every node is this process's
         #: own: none can be late), and the run's ids as its members
-        self.waits = replace(DAEMON_DEFAULTS, round_deadline=math.inf,
+        self.waits = replace(DAEMON_DEFAULTS, round_deadline=sim.round_deadline,
                              gone_after=sim.gone_after, members=tuple(sim.ids))
         #: each node's latest runner
         self.runners: dict[str, NodeRunner] = {}
@@ -388,7 +398,7 @@ class _Nodes:
         if node not in self._state_dirs:
             self._state_dirs[node] = sim._state_dir(node)
         trainer: NodeTrainer = sim.engine.trainers[node]
-        if sim.cfg.schedule == "async":  # a block takes its modelled time, on the virtual clock
+        if sim.virtual_time:  # a block takes its modelled time, on the virtual clock
             block = sim.cfg.block_time * sim.slowdown_of(node)
             trainer = PacedTrainer(trainer, lambda _took: block)
         setup = build.node_setup(
@@ -398,7 +408,7 @@ class _Nodes:
             mixing=self.mixing, view=sim._view(node), executor=InlineExecutor(),
             state_dir=self._state_dirs[node], checkpoints=False,
             guard=plan is not None and bool(plan.poisons), faults=plan, join=join)
-        if sim.cfg.schedule == "async":
+        if sim.virtual_time:
             setup.clock = virtual_now
         return setup
 

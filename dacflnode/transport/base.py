@@ -120,6 +120,15 @@ def contract_difference(mine: str, theirs: str, name: str) -> str | None:
     return DataContract.from_json(mine).difference(other, name)
 
 
+def _loop_time() -> float:
+    """The running event loop's clock (the round's deadlines are on it), or the monotonic
+    clock it reads by default when called outside one."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
 @dataclass
 class PeerStats:
     """Per-neighbour counters shown by ``dacflnode status``.
@@ -204,7 +213,7 @@ class Inbox:
     #: node mixes with ``peer`` (0: as always), given the round ``peer`` proposed (0: none).
     #: ``None`` answers 0.
     on_join: Callable[[str, int], int] | None = None
-    #: When (``time.monotonic()``) each neighbour last called this node: a Hello, a pull, or
+    #: When (the event loop's ``time()``) each neighbour last called this node: a Hello, a pull, or
     #: a push, accepted or refused for its round. A neighbour heard from is alive, if late.
     heard: dict[str, float] = field(default_factory=dict)
     #: Told of every state the :attr:`guard` refused, with the refusal (on the event loop, after
@@ -254,7 +263,7 @@ class Inbox:
     def heard_from(self, sender: str) -> None:
         """``sender`` called this node just now (see :attr:`heard`)."""
         if sender in self.senders:
-            self.heard[sender] = time.monotonic()
+            self.heard[sender] = _loop_time()
 
     def has(self, round_: int, sender: str) -> bool:
         """Whether ``sender``'s message for ``round_`` is buffered."""

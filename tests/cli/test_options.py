@@ -10,7 +10,8 @@ from dacflnode.config import DAEMON_DEFAULTS, DaemonSettings, RunConfig, schema
 #: Options of each command that are not settings (where output goes, how it is printed, ...).
 OWN_OPTIONS = {
     "simulate": {"config_file", "out_dir", "as_json", "quiet", "faults_file", "gone_after",
-                 "ray_address", "ray_workers", "slowdown"},
+                 "ray_address", "ray_workers", "slowdown", "replay_dir", "virtual_time",
+                 "round_deadline"},
     "launch": {"config_file", "out_dir", "as_json", "quiet", "tls_dir", "faults_file", "fresh",
                "slowdown"},
     "topology": {

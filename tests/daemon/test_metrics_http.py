@@ -84,7 +84,8 @@ def test_series_follow_the_prometheus_naming_conventions():
         "dacfl_refusals", "dacfl_reanchored", "dacfl_peer_received_bytes", "dacfl_peer_sent_bytes",
         "dacfl_peer_received_messages", "dacfl_peer_sent_messages", "dacfl_peer_missed_rounds",
         "dacfl_peer_late_states", "dacfl_peer_refused", "dacfl_peer_corrections",
-        "dacfl_peer_refused_states", "dacfl_peer_quarantines", "dacfl_rounds_alone"}
+        "dacfl_peer_refused_states", "dacfl_peer_quarantines", "dacfl_rounds_alone",
+        "dacfl_peer_exchanges"}
     histograms = {name for name, (kind, _) in got.items() if kind == "histogram"}
     assert histograms == {"dacfl_round_seconds", "dacfl_exchange_seconds", "dacfl_train_seconds"}
     assert got["dacfl_phase"] == ("gauge", frozenset({"node", "phase"}))

@@ -171,3 +171,26 @@ def test_max_duration_ends_every_node_settled_at_that_time_whatever_blocks_are_l
     assert all(r.phase == "done" for r in sim.runners)
     assert sim.finishers == sim.runners
     assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+
+
+def test_virtual_time_plays_synchronous_rounds_at_the_slowest_nodes_pace(tmp_path):
+    """Synchronous rounds on the virtual clock: every round waits for the slow node, so the
+    fast nodes' lines come at its pace; a tight round deadline lets them go on without it."""
+    sync = dataclasses.replace(CFG, schedule="sync")
+    even = simulate(sync, out=tmp_path / "even", virtual_time=True)
+    assert even.result.wall_s == pytest.approx(CFG.rounds * CFG.block_time)
+    slow = simulate(sync, out=tmp_path / "slow", virtual_time=True, slowdown={"node-0": 4.0})
+    assert slow.result.wall_s == pytest.approx(4 * CFG.rounds * CFG.block_time)
+    # node-1 mixes node-0's state of every round: its round R ends 1 s after node-0's began
+    fast = read_metrics(tmp_path / "slow" / "node-1" / METRICS_FILE)
+    assert fast[-1]["time"] == pytest.approx(4 * (CFG.rounds - 1) + 1)
+    simulate(sync, out=tmp_path / "tight", virtual_time=True, slowdown={"node-0": 4.0},
+             round_deadline=1.5)
+    tight = read_metrics(tmp_path / "tight" / "node-1" / METRICS_FILE)
+    assert tight[-1]["time"] < fast[-1]["time"]
+    assert any(line["neighbours_missing"] for line in tight)
+
+
+def test_a_round_deadline_without_virtual_time_is_refused():
+    with pytest.raises(ConfigError, match="virtual"):
+        simulate(dataclasses.replace(CFG, schedule="sync"), round_deadline=1.0)

@@ -14,7 +14,7 @@ def busy_status() -> NodeStatus:
     neighbour = NeighbourInfo(
         "n1", "10.0.0.2:7000", connected=True, last_round_received=6, bytes_received=11,
         bytes_sent=12, latency_ms=1.5, state="quarantined", missed_rounds=2, late_states=3,
-        refused=4, corrections=5, refused_states=6)
+        refused=4, corrections=5, refused_states=6, exchanges=7)
     return NodeStatus(
         "n0", "dacfl", 7, 10, "training",
         neighbours=[neighbour, NeighbourInfo("n2", "x:1", latency_ms=2.0)],
@@ -22,7 +22,8 @@ def busy_status() -> NodeStatus:
         uptime_s=3.5, listen_address="0.0.0.0:7000", tls=True, refusals={"non-finite": 2},
         anchors=[12, 20], reanchored=1, leaving=True, data_size=40, test_size=8,
         class_counts={"cat": 30, "dog": 10}, skipped_files=2, alone_rounds=3,
-        tls_handshake_failures={"plaintext": 1}, quarantines=1, refused_states=9)
+        tls_handshake_failures={"plaintext": 1}, quarantines=1, refused_states=9,
+        schedule="async", waited_s=4.5, ahead_of=["n2"])
 
 
 def test_every_field_of_a_status_comes_back_from_the_control_service_as_it_was_sent():

@@ -1,0 +1,173 @@
+"""Asynchronous DACFL against synchronized rounds, with one node slowed and without: real
+daemons on this machine (``dacflnode launch``), time to a target accuracy.
+
+Arms, each a cluster of its own on Fashion-MNIST (``--dataset`` to change):
+
+* ``sync``: synchronized rounds, a round deadline long enough for every node (the paper's);
+* ``sync-tight``: synchronized rounds with a tight deadline, today's answer to a slow node
+  (its state misses the round; the one-sided-use repair keeps the sum exact): 1.5 times the
+  median round of the healthy synchronous arm;
+* ``async``: ``schedule: async``.
+
+Each arm runs twice: with node-0 slowed ``--factor`` times (``launch --slowdown node-0=F``: the
+daemon pauses ``F - 1`` times each block's training; a cgroup CPU quota would slow its
+exchanges too, which this machine's launch cannot place one process under) and with no slow
+node. Measured from the nodes' metrics lines: the wall time from the run's first round until
+the mean of the nodes' test accuracy (each node's latest) first reaches ``--target``, the
+blocks (rounds) and exchanges per node, and ``dacflnode invariant`` on the checkpoints after
+the run.
+
+The result's ratio is the synchronous arm's time to the target over the asynchronous arm's,
+with the slow node (target 2: async at least twice as fast); the details carry the others
+(against the tight deadline: 1.3; without a slow node, async over sync: at least 0.9) and
+every arm's figures. Each topology is one run set: ``--quick`` runs the 5-node ring only,
+with short blocks; the full run adds the 10-node random-regular graph.
+
+    .venv/bin/python benchmarks/bench_async.py --quick --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from _common import add_standard_args, emit_result
+
+from dacflnode.cluster.launcher import launch
+from dacflnode.config import RunConfig
+from dacflnode.records.metrics_log import METRICS_FILE, read_metrics
+from dacflnode.sim.report import find_runs, time_to_accuracy
+
+ARMS = ("sync", "sync-tight", "async")
+
+
+def invariant_report(dirs: list[str]) -> dict[str, Any]:
+    """``dacflnode invariant --json`` on the nodes' checkpoints, as a user runs it."""
+    out = subprocess.run([sys.executable, "-m", "dacflnode", "invariant", "--json", *dirs],
+                         capture_output=True, text=True, check=False)
+    return dict(json.loads(out.stdout))
+
+
+def base_config(args: argparse.Namespace, topology: str, nodes: int) -> RunConfig:
+    return RunConfig(
+        dataset=args.dataset, nodes=nodes, rounds=args.rounds, topology=topology, degree=3,
+        local_steps=args.local_steps, lr=args.lr, eval_samples=args.eval_samples,
+        seed=args.seed, threads=1, partition="iid")
+
+
+def run_arm(cfg: RunConfig, arm: str, slow: bool, factor: float, deadline: float,
+            root: Path) -> dict[str, Any]:
+    folder = root / f"{cfg.topology}-{arm}-{'slow' if slow else 'even'}"
+    run = replace(cfg, schedule="async" if arm == "async" else "sync")
+    began = time.perf_counter()
+    launch(run, folder, round_deadline=deadline, fresh=True,
+           slowdown={"node-0": factor} if slow else None)
+    wall = time.perf_counter() - began
+    (found,) = find_runs([folder])
+    nodes = [folder / f"node-{i}" for i in range(cfg.nodes)]
+    lines = {d.name: read_metrics(d / METRICS_FILE) for d in nodes}
+    checked = invariant_report([str(d) for d in nodes])
+    return {
+        "arm": arm, "slow": slow, "deadline_s": deadline, "wall_s": round(wall, 2),
+        "time_to_target_s": time_to_accuracy(found, ARGS.target),
+        "final_acc": statistics.fmean(ls[-1]["accuracy"] for ls in lines.values()
+                                      if ls and ls[-1]["accuracy"] is not None),
+        "blocks": {n: len(ls) for n, ls in lines.items()},
+        "exchanges": {n: sum(line.get("exchanges") or 0 for line in ls)
+                      for n, ls in lines.items()},
+        "median_round_s": statistics.median(line["seconds"] for ls in lines.values()
+                                            for line in ls),
+        "invariant": checked["resolved_residual"],
+        "invariant_holds": checked["holds"],
+        "folder": str(folder),
+    }
+
+
+def run_set(args: argparse.Namespace, topology: str, nodes: int,
+            root: Path) -> list[dict[str, Any]]:
+    cfg = base_config(args, topology, nodes)
+    rows: list[dict[str, Any]] = []
+    even_sync = run_arm(cfg, "sync", False, args.factor, 600.0, root)
+    rows.append(even_sync)
+    tight = round(1.5 * even_sync["median_round_s"], 3)
+    for arm, slow in (("sync-tight", False), ("async", False), ("sync", True),
+                      ("sync-tight", True), ("async", True)):
+        deadline = tight if arm == "sync-tight" else 600.0
+        rows.append(run_arm(cfg, arm, slow, args.factor, deadline, root))
+        print(f"{topology}: {arm:10s} {'slow' if slow else 'even'}: to {args.target:.0%} in "
+              f"{rows[-1]['time_to_target_s']} s (wall {rows[-1]['wall_s']} s, acc "
+              f"{rows[-1]['final_acc']:.3f}, invariant {rows[-1]['invariant']:.2g})",
+              file=sys.stderr, flush=True)
+    for row in rows:
+        row["topology"] = topology
+    return rows
+
+
+def ratio(rows: list[dict[str, Any]], a: tuple[str, bool],
+          b: tuple[str, bool]) -> float | None:
+    """time(a) / time(b) (how many times sooner b reaches the target), or None."""
+    pick = {(r["arm"], r["slow"]): r["time_to_target_s"] for r in rows}
+    ta, tb = pick.get(a), pick.get(b)
+    return None if ta is None or tb is None or tb <= 0 else ta / tb
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_standard_args(parser)
+    parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="blocks per node (default 30; 20 with --quick)")
+    parser.add_argument("--local-steps", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--eval-samples", type=int, default=500)
+    parser.add_argument("--factor", type=float, default=4.0, help="the slow node's slowdown")
+    parser.add_argument("--target", type=float, default=None,
+                        help="the accuracy to reach (default 0.7; 0.65 with --quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="keep the runs' folders here (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (20 if args.quick else 30)
+    args.target = args.target or (0.65 if args.quick else 0.7)
+    return args
+
+
+ARGS: argparse.Namespace
+
+
+def main(argv: list[str] | None = None) -> int:
+    global ARGS
+    ARGS = args = parse(argv)
+    sets = [("ring", 5)] if args.quick else [("ring", 5), ("random-regular", 10)]
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as scratch:
+        root = args.out or Path(scratch)
+        rows = [row for topology, nodes in sets for row in run_set(args, topology, nodes, root)]
+    ring = [r for r in rows if r["topology"] == "ring"]
+    versus: dict[str, Any] = {}
+    for topology in dict.fromkeys(r["topology"] for r in rows):
+        mine = [r for r in rows if r["topology"] == topology]
+        versus[topology] = {
+            "async_vs_sync_slow": ratio(mine, ("sync", True), ("async", True)),
+            "async_vs_tight_slow": ratio(mine, ("sync-tight", True), ("async", True)),
+            "async_vs_sync_even": ratio(mine, ("sync", False), ("async", False)),
+        }
+    headline = versus["ring"]["async_vs_sync_slow"] or 0.0
+    if not args.json:
+        print(json.dumps(versus, indent=2))
+    emit_result("async_time_to_accuracy_vs_sync_with_a_slow_node", headline, 2.0, True,
+                as_json=args.json, target_accuracy=args.target, factor=args.factor,
+                versus=versus, arms=rows if args.json else len(ring))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
