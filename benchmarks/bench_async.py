@@ -97,6 +97,10 @@ def run_set(args: argparse.Namespace, topology: str, nodes: int,
     rows: list[dict[str, Any]] = []
     even_sync = run_arm(cfg, "sync", False, args.factor, 600.0, root)
     rows.append(even_sync)
+    print(f"{topology}: sync       even: to {args.target:.0%} in "
+          f"{even_sync['time_to_target_s']} s (wall {even_sync['wall_s']} s, acc "
+          f"{even_sync['final_acc']:.3f}, invariant {even_sync['invariant']:.2g})",
+          file=sys.stderr, flush=True)
     tight = round(1.5 * even_sync["median_round_s"], 3)
     for arm, slow in (("sync-tight", False), ("async", False), ("sync", True),
                       ("sync-tight", True), ("async", True)):

@@ -5,9 +5,11 @@ with whichever neighbours answer, through pairwise exchanges (docs/algorithm.md,
 A node's loop (:meth:`AsyncNode.run`): for each of its ``rounds`` blocks, take ``ω`` as the
 block's start, train (off the event loop), fold the block into ``x`` exactly once, record the
 block (evaluation, metrics line, checkpoint), and ask every neighbour with no exchange in
-flight for one. It never waits for an answer before its next block: the asks run beside the
-training, and the node answers its neighbours' exchanges (:meth:`AsyncNode.answer`, the
-transport's ``on_exchange``) whenever they come, training or not.
+flight for one, giving the answers a round trip (:data:`ANSWER_WAIT_S` at most) to come
+before the next block trains, so it trains from the mixed model. It never waits for a
+neighbour to train: a node answers its neighbours' exchanges (:meth:`AsyncNode.answer`, the
+transport's ``on_exchange``) whenever they come, training or not, and an answer that takes
+longer is applied whenever it comes.
 
 Every change of the node's state (a block's start and fold, a snapshot asked with, a transfer
 answered or applied) is one step under one lock, run where the node's mixing runs, and written
@@ -65,6 +67,9 @@ JOURNAL_FILE = "exchanges.jsonl"
 EXCHANGE_TIMEOUT = 60.0
 #: Seconds between two tries of an unanswered exchange or notice.
 RETRY_S = 0.5
+#: Seconds a node waits, before a block, for the answers to the exchanges it just asked for
+#: (a round trip; a neighbour answers while it trains, so this never waits for training).
+ANSWER_WAIT_S = 1.0
 
 
 class Host(Protocol):
@@ -281,14 +286,27 @@ class AsyncNode:
             self._tasks[peer] = asyncio.create_task(self._ask(peer, until_settled=False),
                                                     name=f"{self.me}-ask-{peer}")
 
+    async def _mix_now(self) -> None:
+        """Ask every neighbour for an exchange and give the answers a moment to come (a
+        round trip: a neighbour answers while it trains), so that the next block trains from
+        the mixed model, as a synchronous round does. A neighbour that has not answered
+        within :data:`ANSWER_WAIT_S` is not waited for: its exchange goes on in the
+        background and is applied when its answer comes."""
+        self._ask_all()
+        pending = [task for task in self._tasks.values() if not task.done()]
+        if pending:
+            began = now()
+            await asyncio.wait(pending, timeout=ANSWER_WAIT_S)
+            self.waited_s += now() - began
+
     # ------------------------------------------------------------------ the loop
     async def run(self) -> None:
         """Train the remaining blocks, then end settled (see the module docstring)."""
         runner, setup = self.runner, self.setup
         began = now()
         try:
-            self._ask_all()
             while runner.round < setup.rounds:
+                await self._mix_now()
                 if (setup.max_duration is not None
                         and now() - began >= setup.max_duration):
                     log.info("max_duration %gs reached after %d blocks", setup.max_duration,
@@ -296,7 +314,6 @@ class AsyncNode:
                                                   "round": runner.round})
                     break
                 await self._block()
-                self._ask_all()
             await self._end()
         finally:
             for task in self._tasks.values():
