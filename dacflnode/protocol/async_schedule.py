@@ -143,6 +143,9 @@ class AsyncNode:
         #: seconds the node waited with nothing to train (its neighbours finishing)
         self.waited_s = 0.0
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: the share of the training block's start that ``ω`` still holds (1: none of the
+        #: block's exchanges applied yet; :func:`~dacflnode.algorithms.pairwise.fold`)
+        self.kept = 1.0
         self.journal: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ state changes
@@ -203,6 +206,7 @@ class AsyncNode:
             state = runner.state
             c = pairwise.transfer(weight, snapshot, pairwise.vectors_of(state))
             runner.state = pairwise.answered(state, c)
+            self.kept = pairwise.kept_after(self.kept, weight)
             return RoundMessage(self.me, state.round, self.degree, c, kind=Kind.EXCHANGED,
                                 exchange_id=request.exchange_id, weight=weight)
 
@@ -259,6 +263,7 @@ class AsyncNode:
 
         def apply() -> None:
             runner.state = pairwise.asked(runner.state, c)
+            self.kept = pairwise.kept_after(self.kept, reply.weight)
 
         await self._step({"event": "apply", "id": pending.id, "peer": peer,
                           "blocks": runner.round, "peer_blocks": reply.round,
@@ -281,8 +286,6 @@ class AsyncNode:
             task = self._tasks.get(peer)
             if task is not None and not task.done():
                 continue
-            if peer in self.done_peers and peer not in self.asked:
-                continue  # it asks nothing more; it still answers, but the run is ending
             self._tasks[peer] = asyncio.create_task(self._ask(peer, until_settled=False),
                                                     name=f"{self.me}-ask-{peer}")
 
@@ -325,15 +328,21 @@ class AsyncNode:
         started = time.perf_counter()
         b = runner.round
         runner.phase = Phase.TRAINING
-        start: torch.Tensor = await self._step({"event": "train", "block": b},
-                                               lambda: runner.state.omega)
+        def begin() -> torch.Tensor:
+            self.kept = 1.0
+            return runner.state.omega
+
+        start: torch.Tensor = await self._step({"event": "train", "block": b}, begin)
         trained = await setup.trainer.train(start, b)
         train_s = time.perf_counter() - started
 
-        def fold() -> None:
-            runner.state = pairwise.fold(runner.state, start, trained.flat)
+        entry: dict[str, Any] = {"event": "fold", "block": b + 1}
 
-        await self._step({"event": "fold", "block": b + 1}, fold)
+        def fold() -> None:
+            entry["kept"] = self.kept  # (read in the step: no exchange comes in between)
+            runner.state = pairwise.fold(runner.state, start, trained.flat, self.kept)
+
+        await self._step(entry, fold)
         done = runner.round
         accuracy = test_loss = None
         if done % setup.eval_every == 0 or done == setup.rounds:

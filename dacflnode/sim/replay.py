@@ -102,7 +102,8 @@ async def _play(node: _Node, entry: dict[str, Any],
     elif event == "fold":
         assert node.start is not None, "a fold before its block's start"
         trained = await node.trainer.train(node.start, int(entry["block"]) - 1)
-        node.state = pairwise.fold(node.state, node.start, trained.flat)
+        node.state = pairwise.fold(node.state, node.start, trained.flat,
+                                   float(entry.get("kept", 1.0)))
         node.start = None
     elif event == "ask":
         snapshots[(node.id, int(entry["id"]))] = pairwise.vectors_of(node.state)

@@ -11,6 +11,7 @@ from dacflnode.algorithms.pairwise import (
     answered,
     asked,
     fold,
+    kept_after,
     metropolis_weight,
     settle,
     transfer,
@@ -78,12 +79,13 @@ def test_the_two_ends_of_an_exchange_change_by_exact_opposites():
     c = transfer(1 / 3, vectors_of(a), vectors_of(b))
     assert torch.equal(c["x"], (a.x - b.x) * (1 / 3))
     a2, b2 = asked(a, c), answered(b, c)
-    # the same c, added at one end and subtracted at the other
+    # the same c, added at one end and subtracted at the other; τ is not moved
     assert torch.equal(a2.x, a.x - c["x"]) and torch.equal(b2.x, b.x + c["x"])
     assert torch.equal(a2.omega, a.omega - c["omega"])
     assert torch.equal(b2.omega, b.omega + c["omega"])
-    assert (a2.round, b2.round) == (3, 7)  # an exchange is not a block
     assert torch.equal(a2.omega_prev, a.omega_prev)
+    assert torch.equal(b2.omega_prev, b.omega_prev)
+    assert (a2.round, b2.round) == (3, 7)  # an exchange is not a block
 
 
 def test_exchanges_alone_bring_every_estimate_to_the_average():
@@ -104,13 +106,26 @@ def test_exchanges_alone_bring_every_estimate_to_the_average():
         assert torch.allclose(s.x, mean, atol=1e-5)
 
 
-def test_a_fold_adds_the_block_and_what_exchanges_moved_the_model_by():
+def test_a_fold_adds_the_blocks_step_to_the_model_the_estimate_and_the_tracked_signal():
     state = NodeState(4, torch.full((3,), 1.0), torch.full((3,), 2.5), torch.full((3,), 2.0))
     after = fold(state, torch.full((3,), 2.0), torch.full((3,), 3.0))  # a step of +1
     assert after.round == 5
     assert torch.equal(after.omega, torch.full((3,), 3.5))
-    assert torch.equal(after.omega_prev, after.omega)
-    assert torch.equal(after.x, torch.full((3,), 2.5))  # 1 + (3.5 - 2)
+    assert torch.equal(after.x, torch.full((3,), 2.0))
+    assert torch.equal(after.omega_prev, torch.full((3,), 3.0))
+
+
+def test_a_block_overlapped_by_exchanges_folds_the_share_of_its_step_still_its_own():
+    """Two exchanges of weight 1/4 while the block trained leave (3/4)² of its start in ω:
+    that share of the step is folded."""
+    state = NodeState(0, torch.zeros(2), torch.zeros(2), torch.zeros(2))
+    kept = kept_after(kept_after(1.0, 0.25), 0.25)
+    assert kept == 0.5625
+    after = fold(state, torch.zeros(2), torch.full((2,), 2.0), kept)
+    assert torch.equal(after.omega, torch.full((2,), 1.125))
+    assert torch.equal(after.x, after.omega) and torch.equal(after.omega_prev, after.omega)
+    with pytest.raises(ValueError, match="kept"):
+        fold(state, torch.zeros(2), torch.zeros(2), 1.5)
 
 
 def test_metropolis_weights_are_symmetric_and_at_most_a_half():

@@ -36,10 +36,10 @@ async def test_a_journal_replays_the_exchange_from_the_askers_snapshot():
     trainers = {"a": StepTrainer(1.0), "b": StepTrainer(-1.0)}
     states = await replay_journals(torch.zeros(3), trainers, journal_of_two())
     # a trained to ω = x = 1 and asked; b answered from 0: c = 0.25 · (1 − 0) for ω and x,
-    # b += c, a −= c; a's settle folds its ω change (−0.25) into x too: x_a = 1 − 0.25 − 0.25
-    assert torch.equal(states["a"].x, torch.full((3,), 0.5))
-    # b trained from ω = 0.25 to −0.75 and folded: x_b = 0.25 + (−0.75 − 0)
-    assert torch.equal(states["b"].x, torch.full((3,), -0.5))
+    # b += c, a −= c; τ moves only by a node's own steps
+    assert torch.equal(states["a"].x, torch.full((3,), 0.75))
+    # b trained from ω = 0.25 to −0.75 (the exchange overlapped no block of b's: whole step)
+    assert torch.equal(states["b"].x, torch.full((3,), 0.25 - 1.0))
     total = states["a"].x + states["b"].x
     tau = states["a"].omega_prev + states["b"].omega_prev
     assert torch.allclose(total, tau)
