@@ -245,6 +245,10 @@ class LocalTrainer:
         # accelerator: then the whole partition is moved once.
         self.data_x = data_x.to(self.device, FLAT_DTYPE)
         self.data_y = _labels(data_y).to(self.device)
+        # torch imports its compiler stack (about 1.5 s) at the first optimizer it makes:
+        # here, with the data, rather than in the first round (which it made several times
+        # slower than the others on a busy machine)
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
     @property
     def num_samples(self) -> int:
