@@ -159,7 +159,10 @@ async def test_stalled_duplicates_delay_a_push_by_at_most_the_first_message_dead
 
 
 async def test_headerless_streams_reopened_continuously_do_not_slow_a_rings_rounds(tmp_path):
-    r = await attacks.ring_run(tmp_path, rounds=4, attack_streams=70)
+    # streams are cut 1 s after they open, and the ring runs 40 rounds (a few seconds): with
+    # the default 5 s and 4 rounds, a ring that started fast ended before any stream was cut
+    r = await attacks.ring_run(tmp_path, rounds=40, attack_streams=70,
+                               daemon_settings={"first_message_timeout": 1.0})
     ended = r["attack"]["ended"]
     cut = ended.get("RESOURCE_EXHAUSTED/preempted", 0) + ended.get("RESOURCE_EXHAUSTED/idle", 0)
     assert cut >= 70, r  # the streams reached node-0 and were cut there
