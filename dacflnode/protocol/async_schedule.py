@@ -153,10 +153,14 @@ class AsyncNode:
         """Run ``change`` (which reads and replaces the runner's state) as one step, where the
         node's mixing runs, and journal ``entry``: the steps apply in the journal's order."""
         loop = asyncio.get_running_loop()
-        async with self._lock:
-            result = await loop.run_in_executor(self.setup.executor, change)
-            self._journal(entry)
+
+        def step() -> Any:
+            result = change()
+            self._journal(entry)  # (its file append, too, off the event loop)
             return result
+
+        async with self._lock:
+            return await loop.run_in_executor(self.setup.executor, step)
 
     def _journal(self, entry: dict[str, Any]) -> None:
         self.journal.append(entry)
@@ -358,11 +362,9 @@ class AsyncNode:
             seconds=time.perf_counter() - started, bytes_sent=sent, bytes_received=received,
             exchanges=counts.exchanges, staleness=counts.staleness)
         runner.last = report
-        await runner.outputs.metrics_line(report, runner.alone_rounds,
-                                          refused_total(runner.peers.values()))
-        await runner.outputs.checkpoint(runner.checkpoint)
-        if runner.on_round is not None:
-            runner.on_round(report)
+        await runner.outputs.round_done(report, runner.alone_rounds,
+                                        refused_total(runner.peers.values()), runner.checkpoint,
+                                        runner.on_round)
 
     async def _end(self) -> None:
         """Settle what was asked, tell every neighbour this node is done, answer until every

@@ -74,6 +74,16 @@ class Outputs:
         )
         await self._write("metrics line", append_line, setup.state_dir / METRICS_FILE, line)
 
+    async def round_done(self, report: RoundReport, alone_rounds: int, refused_states: int,
+                         make: Callable[[], Checkpoint],
+                         on_round: Callable[[RoundReport], None] | None) -> None:
+        """What follows a round's (or an asynchronous block's) report: its metrics line, the
+        checkpoint ``make`` returns, and ``on_round`` told of it."""
+        await self.metrics_line(report, alone_rounds, refused_states)
+        await self.checkpoint(make)
+        if on_round is not None:
+            on_round(report)
+
     async def checkpoint(self, make: Callable[[], Checkpoint]) -> None:
         """Write the checkpoint ``make`` returns (called off the event loop), unless the setup
         turns checkpoints off."""

@@ -421,11 +421,9 @@ class NodeRunner:
             seconds=time.perf_counter() - work.started, bytes_sent=sent, bytes_received=received,
         )
         self.last = report
-        await self.outputs.metrics_line(report, self.alone_rounds,
-                                        refused_total(self.peers.values()))
-        await self.outputs.checkpoint(self.checkpoint)
-        if self.on_round is not None:
-            self.on_round(report)
+        await self.outputs.round_done(report, self.alone_rounds,
+                                      refused_total(self.peers.values()), self.checkpoint,
+                                      self.on_round)
         return report
 
     async def fold(self, work: RoundWork) -> list[str]:

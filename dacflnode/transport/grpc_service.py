@@ -193,9 +193,7 @@ class NeighborServicer:
                 return await self.receiver.push(stream, context.peer(), peer_ids=peer_ids,
                                                 call=call)
             except WireError as err:
-                if err.reason not in _CUT_NOW and err is not call.cut_error:
-                    await self._drain(request_iterator)  # (a stream cut for another: at once)
-                await _abort(context, err)
+                await self._refuse_stream(err, call, request_iterator, context)
         except asyncio.CancelledError:  # cut while its refusal was being drained
             cut = call.taken()
             if cut is None:
@@ -203,6 +201,14 @@ class NeighborServicer:
             await _abort(context, cut)
         finally:
             self.slots.close(call)
+
+    async def _refuse_stream(self, err: WireError, call: Call, stream: AsyncIterator[Chunk],
+                             context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
+        """End a refused request stream with ``err``: read the rest of it first (see
+        :meth:`_drain`), unless it stalled or was cut for another (then at once)."""
+        if err.reason not in _CUT_NOW and err is not call.cut_error:
+            await self._drain(stream)
+        await _abort(context, err)
 
     async def _drain(self, stream: AsyncIterator[Chunk]) -> None:
         """Read and drop the rest of a refused stream, so the sender half-closes before the
@@ -269,9 +275,7 @@ class NeighborServicer:
                 reply = await self.desk.serve(stream, context.peer(), peer_ids=peer_ids,
                                               call=call)
             except WireError as err:
-                if err.reason not in _CUT_NOW and err is not call.cut_error:
-                    await self._drain(request_iterator)
-                await _abort(context, err)
+                await self._refuse_stream(err, call, request_iterator, context)
             for chunk in encode(reply):
                 yield serialize_chunk(chunk)
                 call.touch()
