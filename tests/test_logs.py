@@ -438,6 +438,10 @@ def test_the_guard_s_summary_line_names_its_event(logger, tmp_path):
         "flood", logs.SUPPRESSED_EVENT, "later"]
 
 
+FAST_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100),
+                  ("grpc.min_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 100)]
+
+
 @pytest.mark.slow
 def test_a_real_daemon_with_json_logs_writes_one_object_per_line_despite_a_hostile_hello(
         tmp_path):
@@ -450,12 +454,14 @@ def test_a_real_daemon_with_json_logs_writes_one_object_per_line_despite_a_hosti
                  "control": f"127.0.0.1:{control}", "share": 0},
         "neighbours": [{"id": "node-1", "address": f"127.0.0.1:{silent}"}],
         "run": {"dataset": "synthetic", "model": "mlp", "nodes": 2, "rounds": 1, "lr": 0.05,
-                "round_deadline": 1, "hello_timeout": 3}}))
+                "round_deadline": 1, "hello_timeout": 5}}))
     proc = subprocess.Popen(
         [sys.executable, "-m", "dacflnode", "start", "--peers", str(tmp_path / "node-0.yaml"),
          "--log-format", "json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{listen}") as channel:
+        # the daemon serves only while it waits for its neighbour: connect every 100 ms, so
+        # that a slow start (torch's import under load) does not fall between two backoffs
+        with grpc.insecure_channel(f"127.0.0.1:{listen}", options=FAST_RECONNECT) as channel:
             grpc.channel_ready_future(channel).result(timeout=60)
             with pytest.raises(grpc.RpcError) as refused:
                 neighbor_pb2_grpc.NeighborStub(channel).Hello(pb.HelloRequest(

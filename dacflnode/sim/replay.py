@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -29,8 +29,8 @@ from dacflnode.algorithms import pairwise
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.config import RunConfig, config_from_mapping
 from dacflnode.errors import ConfigError
+from dacflnode.learning.train import TrainResult
 from dacflnode.protocol.async_schedule import JOURNAL_FILE
-from dacflnode.protocol.training import NodeTrainer
 from dacflnode.records.checkpoint import CHECKPOINT, read_checkpoint
 
 #: The keys of a summary's ``config`` that are not run settings.
@@ -57,17 +57,25 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+class BlockTrainer(Protocol):
+    """What replaying needs of a node's trainer: its training (the journal has no evaluation)."""
+
+    async def train(self, start: torch.Tensor, round_: int) -> TrainResult:
+        """Train from the flat vector ``start`` for block ``round_`` (0-based)."""
+        ...
+
+
 @dataclass
 class _Node:
     id: str
     state: NodeState
-    trainer: NodeTrainer
+    trainer: BlockTrainer
     journal: list[dict[str, Any]]
     at: int = 0
     start: torch.Tensor | None = None
 
 
-async def replay_journals(initial: torch.Tensor, trainers: Mapping[str, NodeTrainer],
+async def replay_journals(initial: torch.Tensor, trainers: Mapping[str, BlockTrainer],
                           journals: Mapping[str, list[dict[str, Any]]]) -> dict[str, NodeState]:
     """Every node's state after playing its journal (see the module docstring)."""
     nodes = {n: _Node(n, NodeState.initial(initial), trainers[n], list(journals[n]))

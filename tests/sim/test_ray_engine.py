@@ -23,7 +23,8 @@ from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
 from dacflnode.sim.engines.base import RayTarget
 from dacflnode.sim.engines.ray import RayEngine, connect
-from dacflnode.sim.simulator import Simulation, SimulationResult
+from dacflnode.sim.round_records import SimulationResult
+from dacflnode.sim.simulator import Simulation
 
 pytestmark = pytest.mark.slow
 

@@ -3,6 +3,8 @@ the same states; a journal that cannot be played is an error naming where each n
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ class StepTrainer:
         return TrainResult(start + self.step * (round_ + 1), 0.0, 1, 1)
 
 
-def journal_of_two() -> dict[str, list[dict]]:
+def journal_of_two() -> dict[str, list[dict[str, Any]]]:
     return {
         "a": [{"event": "train", "block": 0}, {"event": "fold", "block": 1},
               {"event": "ask", "id": 1, "peer": "b", "blocks": 1},

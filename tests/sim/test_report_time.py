@@ -4,6 +4,7 @@ over the nodes' latest accuracies), the time to an accuracy, and the time axis o
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def line(node: str, r: int, accuracy: float | None, at: float, seconds: float,
     return MetricsLine(**values)
 
 
-def write_run(folder: Path, nodes: dict[str, list[tuple[float | None, float, float]]],
+def write_run(folder: Path, nodes: Mapping[str, Sequence[tuple[float | None, float, float]]],
               config: dict[str, Any] | None = None, **kw: Any) -> Path:
     """``nodes[node]``: (accuracy, time since T0, seconds) of each of its lines."""
     for node, points in nodes.items():

@@ -16,19 +16,26 @@ from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
 from dacflnode.protocol.faults import parse_fault_plan
 from dacflnode.records.metrics_log import METRICS_FILE, read_metrics
+from dacflnode.sim.round_records import SimulationResult
 from dacflnode.sim.simulator import Simulation
 
 CFG = RunConfig(dataset="synthetic", nodes=4, rounds=4, topology="ring", schedule="async",
                 engine="sequential", synthetic_train=400, synthetic_test=100, threads=1)
 
 
-def simulate(cfg: RunConfig = CFG, out: Path | None = None, **kw) -> Simulation:
+class Simulated(Simulation):
+    """A simulation that has run, with its result."""
+
+    result: SimulationResult
+
+
+def simulate(cfg: RunConfig = CFG, out: Path | None = None, **kw) -> Simulated:
     cfg.validate()
     data = load_dataset("synthetic", None, synthetic_train=cfg.synthetic_train,
                         synthetic_test=cfg.synthetic_test, seed=cfg.seed)
     parts = partition(data.train_y, cfg.nodes, cfg.partition, seed=cfg.seed)
-    sim = Simulation(cfg, "dacfl", data, parts, out_dir=out, **kw)
-    sim.result = sim.run()  # type: ignore[attr-defined]
+    sim = Simulated(cfg, "dacfl", data, parts, out_dir=out, **kw)
+    sim.result = sim.run()
     return sim
 
 

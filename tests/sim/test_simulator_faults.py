@@ -21,7 +21,8 @@ from dacflnode.learning.partition import partition
 from dacflnode.protocol.faults import FaultPlan, parse_fault_plan
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
-from dacflnode.sim.simulator import Simulation, SimulationResult
+from dacflnode.sim.round_records import SimulationResult
+from dacflnode.sim.simulator import Simulation
 
 pytestmark = pytest.mark.slow
 

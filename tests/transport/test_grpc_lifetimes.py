@@ -58,6 +58,10 @@ class Silent(neighbor_pb2_grpc.NeighborServicer):
         await self._hang()
         yield pb.StateChunk()
 
+    async def Exchange(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        await self._hang()
+        yield pb.StateChunk()
+
 
 @pytest.fixture
 async def silent() -> AsyncIterator[tuple[Silent, str]]:
