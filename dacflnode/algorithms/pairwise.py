@@ -19,9 +19,12 @@ two snapshots ``v_i`` (sent by ``i``) and ``v_j`` (``j``'s when it answers), ``j
 it; ``i`` subtracts the same ``c``, whatever happened at either end between the snapshots.
 
 **Why the sums are exact.** A fold adds the same step to ``x`` and ``τ``; an exchange adds
-opposite amounts at its two ends and does not move ``τ``. So ``Σ x = Σ τ`` at all times, and
-once every exchange is applied at both ends ``Σ ω = Σ τ`` too (both are the initial models
-plus every folded step): ``x`` tracks the network's average model, with no global round.
+opposite amounts at its two ends and does not move ``τ``. So once every exchange is applied at
+both ends, ``Σ x = Σ τ``: the initial models plus every folded step, with no global round. An
+exchange lost at one end (a node that restarted from a checkpoint) breaks exactly that sum,
+which is why the checkpoints' invariant (``dacflnode invariant``) compares ``x`` with ``τ``
+(``omega_prev``) under async. (``x`` and ``ω`` start equal and every step treats them alike,
+so in this form they coincide: ``x`` is the node's model.)
 This is FODAC (dynamic average consensus) of the signals ``τ_i``, whose sum is the sum of the
 models; the paper's synchronous DACFL tracks ``ω_i`` itself, which includes its mixing. Here
 the mixing of ``ω`` is left out of the tracked signal: it sums to zero, and folding it in as
@@ -116,9 +119,3 @@ def kept_after(kept: float, weight: float) -> float:
     """The share of a block's start ``ω`` still holds after one more exchange of ``weight``."""
     return kept * (1.0 - weight)
 
-
-def settle(state: NodeState) -> NodeState:
-    """The end of a run: ``τ := ω``, ``x`` unchanged. Over a settled network (every exchange
-    applied at both ends) ``Σ τ = Σ ω``, so the sum ``Σ x = Σ τ`` is kept, and the checkpoint's
-    tracked field holds it whichever FODAC field a reader takes (``ω_prev`` or ``ω``)."""
-    return NodeState(state.round, state.x, state.omega, state.omega)

@@ -27,8 +27,19 @@ The end: a node that has trained its blocks (or spent ``max_duration``) asks not
 its unanswered exchanges are answered, tells each neighbour so (``EXCHANGE_DONE``), keeps
 answering, and ends when every neighbour has told it the same. Then no exchange is in flight
 anywhere around it: every transfer is applied at both ends, and ``Σ x = Σ τ`` holds over the
-nodes. A last fold without training (:func:`~dacflnode.algorithms.pairwise.settle`) makes
-``τ = ω``, so either FODAC tracked field holds the invariant in the checkpoints.
+nodes; the checkpoint names ``τ`` (``omega_prev``) as the field ``x`` tracks, so ``dacflnode
+invariant`` checks exactly that sum.
+
+A restart (:meth:`AsyncNode.reconcile`): every exchange also adds to the node's total of its
+edge (:class:`~dacflnode.algorithms.edge_flows.EdgeFlows`, kept in the checkpoint). A node that
+starts again from a checkpoint (or from nothing, after a journal shows it ran) first asks each
+neighbour for its total of their edge (``RECONCILE``) and adopts its opposite, so every edge
+cancels again, whatever its exchanges did after the checkpoint. Its new exchange ids begin a new
+epoch (the high 32 bits: one more than any its journal or checkpoint names), and each neighbour
+refuses the ids of its earlier epochs from then on, so that a request of the lost process can
+never be applied after the totals were read. Until an edge is reconciled, the node neither asks
+on it nor answers exchanges on it. When both ends of an edge restarted, the end whose id sorts
+first adopts and the other only answers.
 """
 
 from __future__ import annotations
@@ -40,12 +51,15 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from dacflnode.algorithms import pairwise
+from dacflnode.algorithms.edge_flows import EdgeFlows
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.filemodes import LOG_MODE, open_text
 from dacflnode.protocol.clock import now
@@ -70,6 +84,28 @@ RETRY_S = 0.5
 #: Seconds a node waits, before a block, for the answers to the exchanges it just asked for
 #: (a round trip; a neighbour answers while it trains, so this never waits for training).
 ANSWER_WAIT_S = 1.0
+#: The bits of an exchange id below its epoch (the process of the node that chose it).
+EPOCH_SHIFT = 32
+
+
+def epoch_of(exchange_id: int) -> int:
+    return exchange_id >> EPOCH_SHIFT
+
+
+def journal_epoch(folder: Path | None) -> int | None:
+    """The latest epoch ``folder``'s journal names (``None``: no journal, the node never ran
+    there); 0 when it ran but never restarted."""
+    if folder is None or not (folder / JOURNAL_FILE).exists():
+        return None
+    epoch = 0
+    with open(folder / JOURNAL_FILE, encoding="utf-8", errors="replace") as lines:
+        for raw in lines:
+            if '"restart"' in raw:
+                try:
+                    epoch = max(epoch, int(json.loads(raw).get("epoch", 0)))
+                except (ValueError, TypeError, AttributeError):
+                    continue
+    return epoch
 
 
 class Host(Protocol):
@@ -120,13 +156,12 @@ class BlockCounts:
 class AsyncNode:
     """The asynchronous schedule of one :class:`~dacflnode.protocol.runner.NodeRunner`."""
 
-    def __init__(self, runner: Host) -> None:
+    def __init__(self, runner: Host, resume: Checkpoint | None = None) -> None:
         self.runner = runner
         self.setup = runner.setup
         self.me = runner.setup.node_id
         self.neighbours = sorted(runner.setup.neighbours)
         self._lock = asyncio.Lock()
-        self._next_id = 1
         #: the unanswered exchange of each neighbour this node asked
         self.asked: dict[str, Asked] = {}
         #: each neighbour's latest exchange this node answered, and the answer
@@ -143,10 +178,31 @@ class AsyncNode:
         #: seconds the node waited with nothing to train (its neighbours finishing)
         self.waited_s = 0.0
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._reconciling: dict[str, asyncio.Task[None]] = {}
         #: the share of the training block's start that ``ω`` still holds (1: none of the
         #: block's exchanges applied yet; :func:`~dacflnode.algorithms.pairwise.fold`)
         self.kept = 1.0
         self.journal: list[dict[str, Any]] = []
+        #: each edge's transfer totals (a restart's reconciliation)
+        self.flows = EdgeFlows() if resume is None else EdgeFlows.from_tensors(resume.flows)
+        ran = journal_epoch(runner.setup.state_dir)
+        #: whether this process restarts the node: it reconciles each edge before it mixes
+        self.restarted = resume is not None or ran is not None
+        saved = 0 if resume is None else int(resume.meta.get("exchange_epoch", "0") or 0)
+        #: the epoch of this process's exchange ids
+        self.epoch = max(saved, ran or 0) + 1 if self.restarted else 0
+        self._next_id = (self.epoch << EPOCH_SHIFT) + 1
+        #: the edges to reconcile before they are used again (a restart)
+        self.unreconciled: set[str] = set(self.neighbours) if self.restarted else set()
+        #: per neighbour, the first exchange id of its current epoch: lower ones are refused
+        self.floor: dict[str, int] = {}
+        #: whether the node asks for no more exchanges (its end, or a finished run)
+        self.done_asking = False
+        #: whether the run ended settled (``τ = ω``), as the last checkpoint says
+        self.was_settled = resume is not None and resume.meta.get("settled") == "1"
+        #: the node's latest checkpoint (states and totals read under one lock), from which a
+        #: simulated restart resumes, as a daemon resumes from the file
+        self.saved: Checkpoint | None = None
 
     # ------------------------------------------------------------------ state changes
     async def _step(self, entry: dict[str, Any], change: Callable[[], Any]) -> Any:
@@ -177,6 +233,20 @@ class AsyncNode:
         bound = self.setup.staleness
         return bound is not None and abs(theirs - mine) > bound
 
+    def with_edges(self, checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` (the runner's) with what a restart of this node needs: the edges'
+        totals, the epoch of its ids, and whether the run ended settled."""
+        meta = {**checkpoint.meta, "exchange_epoch": str(self.epoch),
+                "settled": "1" if self.finished else "0"}
+        return replace(checkpoint, meta=meta, flows=self.flows.tensors(),
+                       tracked_name="omega_prev")
+
+    async def _capture(self) -> Checkpoint:
+        """The node's checkpoint, its states and totals read under the lock (one moment)."""
+        async with self._lock:
+            self.saved = self.runner.checkpoint()
+        return self.saved
+
     def ahead_of(self) -> list[str]:
         """The neighbours whose last exchange was refused as too stale while behind."""
         mine = self.runner.round
@@ -191,6 +261,14 @@ class AsyncNode:
             self._done_changed.set()
             return RoundMessage(self.me, self.runner.round, self.degree, {},
                                 kind=Kind.EXCHANGED, exchange_id=request.exchange_id)
+        if request.kind is Kind.RECONCILE:
+            return await self._answer_reconcile(request)
+        if peer in self.unreconciled:
+            raise WireError("UNAVAILABLE", f"{self.me} restarted and has not reconciled the "
+                            f"edge to {peer} yet", Reason.RECONCILING)
+        if request.exchange_id < self.floor.get(peer, 0):
+            raise WireError("FAILED_PRECONDITION", f"exchange {request.exchange_id} is from "
+                            f"before {peer} restarted", Reason.RESTARTED)
         kept = self.answered.get(peer)
         if kept is not None and kept.exchange_id == request.exchange_id:
             return kept  # a retry: the same answer, applied once
@@ -210,6 +288,7 @@ class AsyncNode:
             state = runner.state
             c = pairwise.transfer(weight, snapshot, pairwise.vectors_of(state))
             runner.state = pairwise.answered(state, c)
+            self.flows.added(peer, c, +1.0)
             self.kept = pairwise.kept_after(self.kept, weight)
             return RoundMessage(self.me, state.round, self.degree, c, kind=Kind.EXCHANGED,
                                 exchange_id=request.exchange_id, weight=weight)
@@ -222,6 +301,79 @@ class AsyncNode:
         self.counts.add(peer, abs(request.round - mine))
         self.per_edge[peer] += 1
         return reply
+
+    # ------------------------------------------------------------------ a restart
+    async def _answer_reconcile(self, request: RoundMessage) -> RoundMessage:
+        """Answer a restarted neighbour's ``RECONCILE``: this node's totals of the edge, and
+        from now on refuse that neighbour's exchange ids of earlier epochs."""
+        peer = request.sender
+        if peer in self.unreconciled and self.me < peer:
+            raise WireError("UNAVAILABLE", f"{self.me} restarted too: it reconciles the edge "
+                            f"to {peer} itself", Reason.RECONCILING)
+        runner = self.runner
+
+        def change() -> RoundMessage:
+            self.unreconciled.discard(peer)  # (both restarted: the asking end adopts)
+            self.floor[peer] = max(self.floor.get(peer, 0), request.exchange_id)
+            self.answered.pop(peer, None)
+            self.done_peers.discard(peer)  # its new process tells again when it is done
+            kind = Kind.EXCHANGE_DONE if self.done_asking else Kind.EXCHANGED
+            return RoundMessage(self.me, runner.state.round, self.degree,
+                                self.flows.of(peer, runner.state.x), kind=kind,
+                                exchange_id=request.exchange_id)
+
+        reply: RoundMessage = await self._step(
+            {"event": "reconcile", "peer": peer, "floor": request.exchange_id}, change)
+        return reply
+
+    async def reconcile(self) -> None:
+        """After a restart, reconcile every edge: ask each neighbour for its totals of the
+        edge and adopt their opposite (module docstring), in the background: the node trains
+        meanwhile, and mixes each edge once it is reconciled (a neighbour that is down costs
+        only its own edge)."""
+        if not self.unreconciled:
+            return
+        await self._step({"event": "restart", "epoch": self.epoch,
+                          "blocks": self.runner.round}, lambda: None)
+        log.info("restarted at block %d: reconciling the edges to %s", self.runner.round,
+                 ", ".join(sorted(self.unreconciled)),
+                 extra={"event": "reconciling", "node": self.me, "round": self.runner.round})
+        for peer in sorted(self.unreconciled):
+            self._reconciling[peer] = asyncio.create_task(self._reconcile(peer),
+                                                          name=f"{self.me}-reconcile-{peer}")
+
+    async def _reconcile(self, peer: str) -> None:
+        runner = self.runner
+        request = RoundMessage(self.me, runner.round, self.degree, {}, kind=Kind.RECONCILE,
+                               exchange_id=self.epoch << EPOCH_SHIFT)
+        told = False
+        while peer in self.unreconciled:
+            try:
+                reply = await runner.transport.exchange(peer, request, self._timeout())
+            except (PeerUnavailable, WireError) as exc:
+                if not told and not (isinstance(exc, WireError)
+                                     and exc.reason is Reason.RECONCILING):
+                    log.warning("cannot reconcile the edge to %s yet (%s): retrying; the run "
+                                "stays exact only once it is", peer, exc,
+                                extra={"event": "reconcile_waiting", "node": self.me,
+                                       "neighbour": peer})
+                    told = True
+                await asyncio.sleep(RETRY_S)
+                continue
+            entry: dict[str, Any] = {"event": "adopt", "peer": peer,
+                                     "peer_blocks": reply.round}
+            await self._step(entry, partial(self._adopt, peer, dict(reply.tensors), entry))
+            if reply.kind is Kind.EXCHANGE_DONE:
+                self.done_peers.add(peer)
+                self._done_changed.set()
+
+    def _adopt(self, peer: str, theirs: dict[str, torch.Tensor], entry: dict[str, Any]) -> None:
+        if peer in self.unreconciled:  # (not settled meanwhile by the other end)
+            before = self.runner.state.x
+            self.runner.state = self.flows.adopt(self.runner.state, peer, theirs)
+            self.unreconciled.discard(peer)
+            # how far the restart's repair moved x: what the lost process's exchanges did
+            entry["moved"] = float(torch.linalg.vector_norm(self.runner.state.x - before))
 
     # ------------------------------------------------------------------ asking
     def _timeout(self) -> float:
@@ -267,6 +419,7 @@ class AsyncNode:
 
         def apply() -> None:
             runner.state = pairwise.asked(runner.state, c)
+            self.flows.added(peer, c, -1.0)
             self.kept = pairwise.kept_after(self.kept, reply.weight)
 
         await self._step({"event": "apply", "id": pending.id, "peer": peer,
@@ -287,6 +440,8 @@ class AsyncNode:
     def _ask_all(self) -> None:
         """Ask every neighbour with nothing in flight for an exchange (in the background)."""
         for peer in self.neighbours:
+            if peer in self.unreconciled:
+                continue
             task = self._tasks.get(peer)
             if task is not None and not task.done():
                 continue
@@ -312,6 +467,8 @@ class AsyncNode:
         runner, setup = self.runner, self.setup
         began = now()
         try:
+            await self.reconcile()
+            await self._capture()
             while runner.round < setup.rounds:
                 await self._mix_now()
                 if (setup.max_duration is not None
@@ -323,9 +480,10 @@ class AsyncNode:
                 await self._block()
             await self._end()
         finally:
-            for task in self._tasks.values():
+            tasks = [*self._tasks.values(), *self._reconciling.values()]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _block(self) -> None:
         runner, setup = self.runner, self.setup
@@ -362,28 +520,30 @@ class AsyncNode:
             seconds=time.perf_counter() - started, bytes_sent=sent, bytes_received=received,
             exchanges=counts.exchanges, staleness=counts.staleness)
         runner.last = report
+        saved = await self._capture()
         await runner.outputs.round_done(report, runner.alone_rounds,
-                                        refused_total(runner.peers.values()), runner.checkpoint,
+                                        refused_total(runner.peers.values()), lambda: saved,
                                         runner.on_round)
 
     async def _end(self) -> None:
         """Settle what was asked, tell every neighbour this node is done, answer until every
-        neighbour is done too, then fold the last exchanges (no training)."""
+        neighbour is done too (then every transfer around it is applied at both ends)."""
         runner = self.runner
         runner.phase = Phase.CLOSING
         waited = now()
         for task in self._tasks.values():
             await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*self._reconciling.values())  # every edge exact again
         await asyncio.gather(*(self._ask(peer, until_settled=True)
                                for peer in list(self.asked)))
+        self.done_asking = True
         await asyncio.gather(*(self._notify(peer) for peer in self.neighbours))
         while not self.done_peers >= set(self.neighbours):
             self._done_changed.clear()
             await self._done_changed.wait()
         self.finished = True
         self.waited_s += now() - waited
-        await self._step({"event": "settle"}, lambda: setattr(
-            runner, "state", pairwise.settle(runner.state)))
+        await self._step({"event": "settle"}, lambda: None)  # (the journal's end)
 
     async def _notify(self, peer: str) -> None:
         """Tell ``peer`` this node is done (until it acknowledges, or has ended itself)."""

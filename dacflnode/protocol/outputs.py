@@ -121,7 +121,8 @@ def _save(state_dir: Path, make: Callable[[], Checkpoint]) -> None:
     save_checkpoint(state_dir, checkpoint.state, checkpoint.local, checkpoint.meta,
                     used_log=checkpoint.used_log, pending=checkpoint.pending,
                     anchors=checkpoint.anchors, peers=checkpoint.peers,
-                    tracked=checkpoint.tracked_name, left=checkpoint.left)
+                    tracked=checkpoint.tracked_name, left=checkpoint.left,
+                    flows=checkpoint.flows)
 
 
 def _final_problem(path: Path, round_: int) -> str | None:

@@ -154,7 +154,7 @@ class NodeRunner:
         self.mixer = Mixer(setup, self.edges, self.book)
         #: the asynchronous schedule's part (``schedule: async``), which answers exchanges
         #: from the start
-        self.async_node = AsyncNode(self) if setup.schedule == "async" else None
+        self.async_node = AsyncNode(self, resume) if setup.schedule == "async" else None
         if self.async_node is not None:
             inbox.on_exchange = self.async_node.answer
 
@@ -232,11 +232,12 @@ class NodeRunner:
     def checkpoint(self, left: bool = False) -> Checkpoint:
         """The node as a checkpoint holds it (valid between rounds)."""
         fields = self.edges.checkpoint_fields()
-        return Checkpoint(
+        checkpoint = Checkpoint(
             self.state, dict(self.setup.trainer.local_buffers()),
             {**self.setup.run_info, "round": str(self.round)}, fields["used_log"],
             fields["pending"], tuple(fields["anchors"]), fields["peers"],
             self.setup.algorithm.tracked_field, left)
+        return checkpoint if self.async_node is None else self.async_node.with_edges(checkpoint)
 
     # ------------------------------------------------------------------ run
     async def run(self) -> bool:
@@ -281,7 +282,8 @@ class NodeRunner:
         "run complete", and the caller exits at once, without waiting for neighbours that are
         gone (a service manager that restarts it then does not loop)."""
         setup = self.setup
-        if self.round < setup.rounds:
+        if self.round < setup.rounds or (self.async_node is not None
+                                         and not self.async_node.was_settled):
             return False
         self.phase = Phase.DONE
         await self.outputs.repair_final_model(self.state)

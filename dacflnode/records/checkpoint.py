@@ -4,8 +4,11 @@ A checkpoint holds the node's algorithm state (``x``, ``omega``, ``omega_prev``)
 integer buffers, the round and the fingerprints of the run, and what the node needs to keep the
 consensus invariant across a restart (docs/faults.md): its ``used_log``, its pending one-sided
 corrections (``pending.<round>.<peer>`` tensors), the anchor rounds it knows, what it knows of
-each neighbour (``peers``), and which field ``Σ x`` tracks (``tracked``). The node reads it back
-with ``safetensors`` (never pickle) and refuses it when the fingerprints differ;
+each neighbour (``peers``), and which field ``Σ x`` tracks (``tracked``). Under
+``schedule: async`` it also holds each edge's transfer totals (``flow.<peer>.<omega|x>``
+tensors) and the epoch of the node's exchange ids (``exchange_epoch``), from which a restarted
+node reconciles with its neighbours (docs/algorithm.md, "Asynchronous DACFL"). The node reads
+it back with ``safetensors`` (never pickle) and refuses it when the fingerprints differ;
 ``dacflnode invariant`` reads any node's, from disk or from the Control service.
 
 Every checkpoint carries a checksum (XXH3-128 of its metadata and tensors,
@@ -60,6 +63,7 @@ def save_checkpoint(
     peers: Mapping[str, PeerTrack] | None = None,
     tracked: str = "x",
     left: bool = False,
+    flows: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``STATE_DIR/checkpoint.safetensors`` atomically, with its checksum, keeping the one
     it replaces as ``checkpoint.prev.safetensors`` (see the module docstring)."""
@@ -71,6 +75,7 @@ def save_checkpoint(
         seen.add(t.data_ptr())
     tensors.update({f"local.{k}": v for k, v in local.items()})
     tensors.update(pending or {})
+    tensors.update(flows or {})
     meta = {
         **{k: str(v) for k, v in run_info.items()},
         "round": str(state.round),
@@ -102,6 +107,8 @@ class Checkpoint:
     left: bool = False
     #: Whether a checksum was there to verify it (files written before checksums had none).
     verified: bool = True
+    #: ``flow.<peer>.<name>`` tensors: an asynchronous node's transfer totals per edge
+    flows: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def node(self) -> str:
@@ -149,8 +156,8 @@ def read_checkpoint(source: Path | bytes) -> Checkpoint:
             raise CheckpointError(f"{where}: tensor {name} is missing or has the wrong shape")
         numel = t.numel()
     for name, t in tensors.items():
-        if (name in ("x", "omega", "omega_prev") or name.startswith("pending.")) and \
-                t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        checked = name in ("x", "omega", "omega_prev") or name.startswith(("pending.", "flow."))
+        if checked and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{where}: tensor {name} holds non-finite values (NaN or "
                                   "infinity)")
     try:
@@ -169,8 +176,12 @@ def read_checkpoint(source: Path | bytes) -> Checkpoint:
         raise CheckpointError(f"{where}: unknown tracked field {tracked!r}")
     local = {k[len("local."):]: v for k, v in tensors.items() if k.startswith("local.")}
     pending = {k: v for k, v in tensors.items() if k.startswith("pending.")}
+    flows = {k: v for k, v in tensors.items() if k.startswith("flow.")}
+    for name, t in flows.items():
+        if t.dtype != torch.float32 or t.dim() != 1 or t.numel() != numel:
+            raise CheckpointError(f"{where}: tensor {name} has the wrong shape")
     return Checkpoint(state, local, meta, used_log, pending, anchors, peers, tracked,
-                      meta.get("left") == "1", verified)
+                      meta.get("left") == "1", verified, flows)
 
 
 def load_checkpoint(state_dir: Path, run_info: Mapping[str, str], numel: int) -> Checkpoint | None:

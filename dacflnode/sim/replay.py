@@ -5,7 +5,7 @@ Each daemon of ``schedule: async`` writes every change of its state, in the orde
 ``<node-id>/exchanges.jsonl`` (:data:`~dacflnode.protocol.async_schedule.JOURNAL_FILE`): a
 block's start (``train``) and fold, an exchange it asked for (``ask``: its snapshot), answered
 (``answer``: the transfer from the asker's snapshot and its own state) or applied (``apply``:
-the answer subtracted), and the last fold (``settle``). The replay builds the same nodes as the
+the answer subtracted), and the node's end (``settle``). The replay builds the same nodes as the
 simulator does (the run's settings from ``RUN_DIR/summary.json``: the same data share, initial
 model and training code), then plays every node's journal in order with the same functions of
 :mod:`dacflnode.algorithms.pairwise` the daemons ran. An ``answer`` waits for the asker's
@@ -129,7 +129,11 @@ async def _play(node: _Node, entry: dict[str, Any],
             return False
         node.state = pairwise.asked(node.state, answer)
     elif event == "settle":
-        node.state = pairwise.settle(node.state)
+        pass  # the node's end: every transfer applied at both ends
+    elif event in ("restart", "reconcile", "adopt"):
+        raise ConfigError("replay", f"{node.id} restarted during the run (or reconciled with "
+                          "a node that did): its journal holds the lost process's steps, "
+                          "which a replay cannot play; replay a run without restarts")
     else:
         raise ConfigError("replay", f"unknown journal event {event!r}")
     return True

@@ -205,9 +205,12 @@ class Simulation:
         (a mixing matrix, the god node) leave a node out; nor can it follow asynchronous nodes,
         each at its own block."""
         if cfg.schedule == "async":
-            if self.faults is not None:
-                raise ConfigError("faults", "a fault plan plays rounds; schedule async has "
-                                  "none (its faults are real: kill, stop, partition a cluster)")
+            plan = self.faults
+            if plan is not None and (len(plan.crashes) != len(plan.events)
+                                     or any(c.restart is None for c in plan.crashes)):
+                raise ConfigError("faults", "under schedule async a fault plan may only crash "
+                                  "nodes that restart ({crash: NODE, round: B, restart: R}): "
+                                  "its other faults play rounds, which async has none of")
             if cfg.engine == "batched":
                 raise ConfigError("engine", "the batched engine trains all nodes at once, "
                                   "which asynchronous nodes never do; use sequential (or auto)")
@@ -288,7 +291,8 @@ class Simulation:
         mixing, neighbours, active = self._topology()
         result = SimulationResult(self.alg.name, self.engine.name, 0.0)
         nodes = _Nodes(self, mixing, neighbours, active,
-                       RoundRecords(self.ids, self.alg, self.cfg.rounds, self.faults is not None,
+                       RoundRecords(self.ids, self.alg, self.cfg.rounds,
+                                    self.faults is not None and self.cfg.schedule == "sync",
                                     result, progress))
         self.runners = []
         clock = asyncio.get_running_loop().time if self.virtual_time else (
@@ -318,12 +322,13 @@ class Simulation:
     def invariant(self, states: Iterable[NodeState]) -> float | None:
         """``|Σ x − Σ tracked| / |Σ tracked|`` over ``states`` (``None`` for an algorithm that
         tracks its own ``x``, or no states)."""
-        if self.alg.tracked_field == "x":
+        name = "omega_prev" if self.cfg.schedule == "async" else self.alg.tracked_field
+        if name == "x":
             return None
         sum_x: torch.Tensor | None = None
         sum_t: torch.Tensor | None = None
         for state in states:
-            x, t = state.x.double(), self.alg.tracked(state).double()
+            x, t = state.x.double(), getattr(state, name).double()
             sum_x = x if sum_x is None else sum_x + x
             sum_t = t if sum_t is None else sum_t + t
         if sum_x is None or sum_t is None:
@@ -452,6 +457,10 @@ class _Nodes:
                 return
             await self._until_others_reach(node, crash.restart)
             state, resume = runner.state, runner.checkpoint()
+            if runner.async_node is not None:  # its last checkpoint, as a daemon's file holds
+                resume = runner.async_node.saved
+                assert resume is not None, "an asynchronous node checkpoints when it starts"
+                state = resume.state
 
     async def _run(self, node: str, runner: NodeRunner, crash: Crash | None,
                    leave: int | None) -> bool:

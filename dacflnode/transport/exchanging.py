@@ -6,7 +6,11 @@ snapshot (an ``EXCHANGE`` state: ``omega`` and ``x``, ``round`` = its blocks, ``
 ``exchange_id`` it chose) and gets back the transfer the answering node added (an
 ``EXCHANGED`` state: the same tensor set, ``round`` = the answering node's blocks, ``weight``).
 A node that has trained its last block and has nothing left to ask tells each neighbour with an
-``EXCHANGE_DONE`` header without tensors, answered by an empty ``EXCHANGED``.
+``EXCHANGE_DONE`` header without tensors, answered by an empty ``EXCHANGED``. A node that
+restarted from a checkpoint asks each neighbour for the edge's transfer totals with a
+``RECONCILE`` header without tensors (``exchange_id``: the first of its new ids), answered by
+the totals (``omega`` and ``x``) in an ``EXCHANGED`` state, or an ``EXCHANGE_DONE`` one when
+the answering node asks for no more exchanges.
 
 The checks are the receiver's (:mod:`dacflnode.transport.receiver`), in the same order and
 with the same codes: the caller's identity (a stranger gets the uniform refusal), the header
@@ -45,8 +49,8 @@ MAX_EXCHANGES = 2
 def request_expectation(senders: Collection[str],
                         tensors: Mapping[str, tuple[int, ...]], kind: Kind) -> Expectation:
     """What an exchange request of ``kind`` must be: the model's float32 tensors for
-    ``EXCHANGE``, none for ``EXCHANGE_DONE``; any block count."""
-    if kind not in (Kind.EXCHANGE, Kind.EXCHANGE_DONE):
+    ``EXCHANGE``, none for ``EXCHANGE_DONE`` and ``RECONCILE``; any block count."""
+    if kind not in (Kind.EXCHANGE, Kind.EXCHANGE_DONE, Kind.RECONCILE):
         raise WireError("INVALID_ARGUMENT", f"an exchange request of kind {kind.name}",
                         Reason.BAD_HEADER)
     return Expectation(senders=senders, tensors=tensors if kind is Kind.EXCHANGE else {},
@@ -56,7 +60,11 @@ def request_expectation(senders: Collection[str],
 def reply_expectation(peer: str, tensors: Mapping[str, tuple[int, ...]],
                       request: RoundMessage) -> Expectation:
     """What the answer to ``request`` from ``peer`` must be: an ``EXCHANGED`` state of the
-    model's tensors (none when the request was ``EXCHANGE_DONE``)."""
+    model's tensors (none when the request was ``EXCHANGE_DONE``; for ``RECONCILE``, the
+    edge's totals in an ``EXCHANGED`` or ``EXCHANGE_DONE`` state)."""
+    if request.kind is Kind.RECONCILE:
+        return Expectation(senders=(peer,), tensors=tensors,
+                           kinds=(Kind.EXCHANGED, Kind.EXCHANGE_DONE))
     return Expectation(senders=(peer,),
                        tensors=tensors if request.kind is Kind.EXCHANGE else {},
                        kinds=(Kind.EXCHANGED,))

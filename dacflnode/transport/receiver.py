@@ -100,6 +100,10 @@ OFFLOAD_BYTES = 64 * 1024
 #: At most this many chunks of one stream wait for the worker (each holds its received bytes);
 #: a stream that gets further ahead waits for the oldest.
 MAX_QUEUED = 2
+#: Refusals that are part of an asynchronous run's course, logged as information: a snapshot
+#: too stale, a node that has ended, an edge not reconciled yet after a restart, an exchange
+#: of a process that has since restarted.
+_ROUTINE = frozenset({Reason.STALE, Reason.FINISHED, Reason.RECONCILING, Reason.RESTARTED})
 #: Refusals that show the caller alive, only in another round (docs/faults.md: slow is not gone).
 _ALIVE = frozenset({Reason.ROUND_PASSED, Reason.ROUND_AHEAD, Reason.DUPLICATE,
                     Reason.IN_PROGRESS})
@@ -273,10 +277,11 @@ class Receiver:
             self.refused_by[who] += 1
             if call == "push" and exc.reason is Reason.ROUND_PASSED:
                 self.late_by[who] += 1
-        log.warning("%s from %r (peer %r, round %d) refused: %s: %s (%s)", call, who, peer,
-                    round_, exc.code, exc.detail, exc.reason,
-                    extra={"event": f"{call}_refused", "round": round_ if round_ >= 0 else None,
-                           "neighbour": who, "reason": exc.reason})
+        level = logging.INFO if exc.reason in _ROUTINE else logging.WARNING
+        log.log(level, "%s from %r (peer %r, round %d) refused: %s: %s (%s)", call, who, peer,
+                round_, exc.code, exc.detail, exc.reason,
+                extra={"event": f"{call}_refused", "round": round_ if round_ >= 0 else None,
+                       "neighbour": who, "reason": exc.reason})
 
     # ------------------------------------------------------------------ Hello
     def hello(

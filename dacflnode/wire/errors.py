@@ -41,6 +41,8 @@ class Reason(enum.StrEnum):
     STALE_STATE = "stale-state"  # the sender sent this very state for another round (a replay)
     STALE = "stale"  # an asynchronous exchange of snapshots more blocks apart than `staleness`
     FINISHED = "finished"  # the node has ended its run: it answers no more exchanges
+    RECONCILING = "reconciling"  # the node restarted and has not reconciled that edge yet
+    RESTARTED = "restarted"  # an exchange the sender chose before it restarted
     QUARANTINED = "quarantined"  # the receiver quarantined the edge after repeated offences
     DUPLICATE = "duplicate"  # this sender's state for this round was received already
     IN_PROGRESS = "in-progress"  # a stream of this sender's state for this round is still arriving

@@ -52,12 +52,15 @@ class Kind(enum.IntEnum):
     EXCHANGE = pb.EXCHANGE  # an asynchronous exchange's request: the asking node's snapshot
     EXCHANGED = pb.EXCHANGED  # its reply: the transfer the answering node added
     EXCHANGE_DONE = pb.EXCHANGE_DONE  # no tensors: the sender trains no more, asks no more
+    RECONCILE = pb.RECONCILE  # no tensors: the sender restarted; answered with the edge's totals
 
 
 #: The kinds a round's push or pull carries.
 ROUND_KINDS = frozenset({Kind.STATE, Kind.LEAVING, Kind.HANDOVER, Kind.FINAL})
-#: The kinds an Exchange call carries (request, reply, and the notice of a node done).
-EXCHANGE_KINDS = frozenset({Kind.EXCHANGE, Kind.EXCHANGED, Kind.EXCHANGE_DONE})
+#: The kinds an Exchange call carries (request, reply, the notice of a node done, and the
+#: request of a node that restarted).
+EXCHANGE_KINDS = frozenset({Kind.EXCHANGE, Kind.EXCHANGED, Kind.EXCHANGE_DONE,
+                            Kind.RECONCILE})
 
 
 #: ``(round, neighbours mixed in that round)`` for the sender's last few rounds, oldest first.

@@ -3,6 +3,7 @@ deterministic per seed, with slow nodes and links modelled instead of waited for
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from pathlib import Path
@@ -44,9 +45,9 @@ def test_an_async_run_ends_settled_with_the_sum_exact_and_every_block_trained(tm
     assert [r.round for r in sim.runners] == [4] * 4
     assert all(r.phase == "done" for r in sim.runners)
     assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
-    for r in sim.runners:  # no exchange left unanswered, τ = ω after the last fold
+    for r in sim.runners:  # no exchange left unanswered; x and ω treated alike throughout
         assert r.async_node is not None and not r.async_node.asked
-        assert torch.equal(r.state.omega, r.state.omega_prev)
+        assert torch.equal(r.state.x, r.state.omega)
     lines = read_metrics(tmp_path / "node-1" / METRICS_FILE)
     assert [line["round"] for line in lines] == [1, 2, 3, 4]
     # block b of a node of slowdown 1 ends at b × block_time on the virtual clock
@@ -92,10 +93,12 @@ def test_modelled_links_add_their_time_and_no_real_time_passes():
     assert sim.result.wall_s > CFG.rounds * CFG.block_time + 10.0
 
 
-def test_an_async_run_refuses_a_fault_plan_and_the_batched_engine():
+def test_an_async_run_refuses_round_faults_a_crash_for_good_and_the_batched_engine():
     with pytest.raises(ConfigError, match="schedule async"):
         simulate(faults=parse_fault_plan(
             {"faults": [{"drop": ["node-0", "node-1"], "rounds": [2, 2]}]}))
+    with pytest.raises(ConfigError, match="restart"):
+        simulate(faults=parse_fault_plan({"faults": [{"crash": "node-0", "round": 2}]}))
     with pytest.raises(ConfigError, match="batched"):
         simulate(dataclasses.replace(CFG, engine="batched"))
 
@@ -201,3 +204,61 @@ def test_virtual_time_plays_synchronous_rounds_at_the_slowest_nodes_pace(tmp_pat
 def test_a_round_deadline_without_virtual_time_is_refused():
     with pytest.raises(ConfigError, match="virtual"):
         simulate(dataclasses.replace(CFG, schedule="sync"), round_deadline=1.0)
+
+
+#: node-1 and node-2 (neighbours on the ring) crash after block 2; node-1 is back once the
+#: others reach block 3, node-2 at block 4: node-1 restarts while its neighbour is still down,
+#: and both ends of their edge restarted.
+CRASHES = {"faults": [{"crash": "node-1", "round": 2, "restart": 3},
+                      {"crash": "node-2", "round": 2, "restart": 4}]}
+
+
+def crash_run(out: Path | None = None) -> Simulated:
+    return simulate(dataclasses.replace(CFG, rounds=6), out=out,
+                    faults=parse_fault_plan(CRASHES), slowdown={"node-0": 3.0})
+
+
+def test_nodes_restarted_from_their_last_checkpoint_reconcile_their_edges_and_the_sum_is_exact(
+        tmp_path):
+    sim = crash_run(tmp_path)
+    assert [r.round for r in sim.runners] == [6] * 4
+    assert all(r.phase == "done" for r in sim.runners)
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+    journals = {r.setup.node_id: r.async_node.journal  # type: ignore[union-attr]
+                for r in sim.runners}
+    for node in ("node-1", "node-2"):
+        events = [e["event"] for e in journals[node]]
+        assert events[0] == "restart" and events.count("adopt") >= 1
+    # the edge both ends restarted on is adopted by one end only (node-1, first by id)
+    assert [e["peer"] for e in journals["node-2"] if e["event"] == "adopt"] == ["node-3"]
+    assert any(e["event"] == "reconcile" and e["peer"] == "node-1"
+               for e in journals["node-2"])
+    # what the lost processes' exchanges did after their checkpoints was repaired
+    moved = [e["moved"] for n in ("node-1", "node-2") for e in journals[n]
+             if e["event"] == "adopt"]
+    assert max(moved) > 0
+    # the journal on disk holds both processes, the second after a restart of epoch 1
+    disk = (tmp_path / "node-1" / "exchanges.jsonl").read_text()
+    assert '"event": "restart", "epoch": 1' in disk
+
+
+def test_without_the_reconciliation_the_same_crashes_break_the_sum(monkeypatch):
+    from dacflnode.algorithms.edge_flows import EdgeFlows
+
+    monkeypatch.setattr(EdgeFlows, "adopt", lambda self, state, peer, theirs: state)
+    sim = crash_run()
+    assert sim.result.invariant is not None and sim.result.invariant > 1e-4
+
+
+def test_a_neighbour_refuses_exchange_ids_from_before_a_restart():
+    from dacflnode.wire.errors import Reason, WireError
+    from dacflnode.wire.message import Kind, RoundMessage
+
+    sim = crash_run()
+    node_0 = sim.runners[0].async_node
+    assert node_0 is not None and node_0.floor["node-1"] == 1 << 32
+    old = RoundMessage("node-1", 2, 2, {}, kind=Kind.EXCHANGE,
+                       exchange_id=7)
+    with pytest.raises(WireError) as refused:
+        asyncio.run(node_0.answer(old))
+    assert refused.value.reason is Reason.RESTARTED

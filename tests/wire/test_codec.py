@@ -59,7 +59,7 @@ def test_payload_travels_in_chunks_of_at_most_one_mebibyte():
          "do not match"),
         (lambda h: setattr(h, "payload_bytes", 10**12), "INVALID_ARGUMENT", Reason.BAD_PAYLOAD,
          "payload_bytes"),
-        (lambda h: setattr(h, "kind", 7), "INVALID_ARGUMENT", Reason.BAD_HEADER,
+        (lambda h: setattr(h, "kind", 99), "INVALID_ARGUMENT", Reason.BAD_HEADER,
          "unknown state kind"),
         (lambda h: h.used_log.add(round=3, peers=["a"]), "INVALID_ARGUMENT", Reason.BAD_HEADER,
          "used_log entry for round 3"),

@@ -53,6 +53,10 @@ class _StateKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StateKind.V
     """subtracts it); round = the answering node's blocks, weight = w
     Exchange request, no tensors: the sender has trained its last block and
     """
+    RECONCILE: _StateKind.ValueType  # 7
+    """has no exchange left unanswered; it asks for none from now on
+    Exchange request, no tensors: the sender restarted from a checkpoint;
+    """
 
 class StateKind(_StateKind, metaclass=_StateKindEnumTypeWrapper):
     """What a state is for (docs/faults.md)."""
@@ -74,6 +78,10 @@ EXCHANGED: StateKind.ValueType  # 5
 EXCHANGE_DONE: StateKind.ValueType  # 6
 """subtracts it); round = the answering node's blocks, weight = w
 Exchange request, no tensors: the sender has trained its last block and
+"""
+RECONCILE: StateKind.ValueType  # 7
+"""has no exchange left unanswered; it asks for none from now on
+Exchange request, no tensors: the sender restarted from a checkpoint;
 """
 Global___StateKind: _TypeAlias = StateKind  # noqa: Y015
 

@@ -1,0 +1,64 @@
+"""Crashes under ``schedule: async`` on real daemons: a node killed with ``kill -9`` in the
+middle of a block, and started again from its last checkpoint, reconciles its edges with its
+neighbours (docs/algorithm.md, "A restart"), trains the blocks it has left, and the daemons'
+checkpoints keep ``Σ x = Σ τ`` to 2e-6, as the healthy run's do."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dacflnode.cli.main import cli
+from tests.harness.cluster import Cluster, cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ROUNDS = 10
+
+
+def slow_down(c: Cluster, i: int, factor: float) -> None:
+    """Node ``i`` trains ``factor`` times slower (its own ``run.slowdown``, not fingerprinted)."""
+    data = yaml.safe_load(c.paths[i].read_text())
+    data["run"]["slowdown"] = factor
+    c.paths[i].write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def journal(c: Cluster, i: int) -> list[dict[str, object]]:
+    lines = (c.state_dir(i) / "exchanges.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def invariant(c: Cluster) -> dict[str, Any]:
+    checked = CliRunner().invoke(
+        cli, ["invariant", "--json", *(str(c.state_dir(i)) for i in range(len(c.ids)))],
+        catch_exceptions=False)
+    report: dict[str, Any] = json.loads(checked.stdout)
+    return report
+
+
+def test_a_killed_async_daemon_restarts_reconciles_its_edges_and_the_sum_stays_exact(tmp_path):
+    with cluster(tmp_path, 4, ROUNDS, schedule="async", threads=1, eval_every=5) as c:
+        # node-1's blocks take long enough to kill it inside one, its neighbours' do not
+        slow_down(c, 1, 40.0)
+        c.start(0, 1, 2, 3)
+        c.wait_for_round(1, 3)
+        c.kill(1)
+        before = [e["event"] for e in journal(c, 1)]
+        c.start(1)
+        assert c.wait() == [0] * 4, c.logs(range(4))
+        c.assert_finished([0, 2, 3])
+        rounds = [int(m["round"]) for m in c.metrics(1)]
+        assert rounds[-1] == ROUNDS and sorted(set(rounds)) == list(range(1, ROUNDS + 1))
+        after = journal(c, 1)[len(before):]
+        assert after[0]["event"] == "restart" and after[0]["epoch"] == 1
+        adopted = sorted(str(e["peer"]) for e in after if e["event"] == "adopt")
+        assert adopted == ["node-0", "node-2"]
+        for i in (0, 2):  # each neighbour answered the reconciliation, and refuses old ids
+            assert any(e["event"] == "reconcile" and e["peer"] == "node-1"
+                       and e["floor"] == 1 << 32 for e in journal(c, i))
+        report = invariant(c)
+        assert report["holds"] is True and report["resolved_residual"] < 2e-6, report
