@@ -63,6 +63,13 @@ class EdgeFlows:
         return NodeState(state.round, state.x + delta["x"], state.omega + delta["omega"],
                          state.omega_prev)
 
+    def handed(self, state: NodeState, peer: str, theirs: Mapping[str, Tensor]) -> NodeState:
+        """``state`` after ``peer``, leaving, handed over its total of the edge ``theirs``: it
+        is added to ``ω`` and ``x``, so the edge's two totals cancel; the edge is dropped."""
+        self.totals.pop(peer, None)
+        return NodeState(state.round, state.x + theirs["x"], state.omega + theirs["omega"],
+                         state.omega_prev)
+
     # ------------------------------------------------------------------ checkpoints
     def tensors(self) -> dict[str, Tensor]:
         """The totals as ``flow.<peer>.<vector>`` tensors (the checkpoint's)."""

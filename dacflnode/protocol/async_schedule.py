@@ -30,16 +30,8 @@ anywhere around it: every transfer is applied at both ends, and ``Σ x = Σ τ``
 nodes; the checkpoint names ``τ`` (``omega_prev``) as the field ``x`` tracks, so ``dacflnode
 invariant`` checks exactly that sum.
 
-A restart (:meth:`AsyncNode.reconcile`): every exchange also adds to the node's total of its
-edge (:class:`~dacflnode.algorithms.edge_flows.EdgeFlows`, kept in the checkpoint). A node that
-starts again from a checkpoint (or from nothing, after a journal shows it ran) first asks each
-neighbour for its total of their edge (``RECONCILE``) and adopts its opposite, so every edge
-cancels again, whatever its exchanges did after the checkpoint. Its new exchange ids begin a new
-epoch (the high 32 bits: one more than any its journal or checkpoint names), and each neighbour
-refuses the ids of its earlier epochs from then on, so that a request of the lost process can
-never be applied after the totals were read. Until an edge is reconciled, the node neither asks
-on it nor answers exchanges on it. When both ends of an edge restarted, the end whose id sorts
-first adopts and the other only answers.
+Restarts and departures (the edges' transfer totals, a restarted node's reconciliation, a
+leaving node's handover) are :mod:`dacflnode.protocol.async_membership`'s.
 """
 
 from __future__ import annotations
@@ -52,8 +44,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -62,6 +52,7 @@ from dacflnode.algorithms import pairwise
 from dacflnode.algorithms.edge_flows import EdgeFlows
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.filemodes import LOG_MODE, open_text
+from dacflnode.protocol.async_membership import JOURNAL_FILE, Membership
 from dacflnode.protocol.clock import now
 from dacflnode.protocol.outputs import Outputs
 from dacflnode.protocol.phase import Phase
@@ -75,8 +66,8 @@ from dacflnode.wire.message import Kind, RoundMessage
 
 log = logging.getLogger(__name__)
 
-#: The journal of a node's state changes under ``schedule: async``.
-JOURNAL_FILE = "exchanges.jsonl"
+__all__ = ["JOURNAL_FILE", "AsyncNode", "Host"]
+
 #: Seconds one exchange call may take when the node has no finite round deadline.
 EXCHANGE_TIMEOUT = 60.0
 #: Seconds between two tries of an unanswered exchange or notice.
@@ -84,29 +75,6 @@ RETRY_S = 0.5
 #: Seconds a node waits, before a block, for the answers to the exchanges it just asked for
 #: (a round trip; a neighbour answers while it trains, so this never waits for training).
 ANSWER_WAIT_S = 1.0
-#: The bits of an exchange id below its epoch (the process of the node that chose it).
-EPOCH_SHIFT = 32
-
-
-def epoch_of(exchange_id: int) -> int:
-    return exchange_id >> EPOCH_SHIFT
-
-
-def journal_epoch(folder: Path | None) -> int | None:
-    """The latest epoch ``folder``'s journal names (``None``: no journal, the node never ran
-    there); 0 when it ran but never restarted."""
-    if folder is None or not (folder / JOURNAL_FILE).exists():
-        return None
-    epoch = 0
-    with open(folder / JOURNAL_FILE, encoding="utf-8", errors="replace") as lines:
-        for raw in lines:
-            if '"restart"' in raw:
-                try:
-                    epoch = max(epoch, int(json.loads(raw).get("epoch", 0)))
-                except (ValueError, TypeError, AttributeError):
-                    continue
-    return epoch
-
 
 class Host(Protocol):
     """What the schedule reads and changes of its node (the
@@ -125,6 +93,8 @@ class Host(Protocol):
 
     @property
     def round(self) -> int: ...
+    @property
+    def leaving(self) -> bool: ...
     @property
     def peers(self) -> dict[str, PeerTrack]: ...
     def residual(self) -> float: ...
@@ -178,34 +148,22 @@ class AsyncNode:
         #: seconds the node waited with nothing to train (its neighbours finishing)
         self.waited_s = 0.0
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._reconciling: dict[str, asyncio.Task[None]] = {}
         #: the share of the training block's start that ``ω`` still holds (1: none of the
         #: block's exchanges applied yet; :func:`~dacflnode.algorithms.pairwise.fold`)
         self.kept = 1.0
         self.journal: list[dict[str, Any]] = []
-        #: each edge's transfer totals (a restart's reconciliation)
-        self.flows = EdgeFlows() if resume is None else EdgeFlows.from_tensors(resume.flows)
-        ran = journal_epoch(runner.setup.state_dir)
-        #: whether this process restarts the node: it reconciles each edge before it mixes
-        self.restarted = resume is not None or ran is not None
-        saved = 0 if resume is None else int(resume.meta.get("exchange_epoch", "0") or 0)
-        #: the epoch of this process's exchange ids
-        self.epoch = max(saved, ran or 0) + 1 if self.restarted else 0
-        self._next_id = (self.epoch << EPOCH_SHIFT) + 1
-        #: the edges to reconcile before they are used again (a restart)
-        self.unreconciled: set[str] = set(self.neighbours) if self.restarted else set()
-        #: per neighbour, the first exchange id of its current epoch: lower ones are refused
-        self.floor: dict[str, int] = {}
-        #: whether the node asks for no more exchanges (its end, or a finished run)
+        #: whether the node asks for no more exchanges (its end)
         self.done_asking = False
-        #: whether the run ended settled (``τ = ω``), as the last checkpoint says
-        self.was_settled = resume is not None and resume.meta.get("settled") == "1"
+        #: the edges' totals, restarts and departures
+        self.members = Membership(self, resume)
+        self.neighbours = [p for p in self.neighbours if p not in self.members.left]
+        self._next_id = self.members.first_id
         #: the node's latest checkpoint (states and totals read under one lock), from which a
         #: simulated restart resumes, as a daemon resumes from the file
         self.saved: Checkpoint | None = None
 
     # ------------------------------------------------------------------ state changes
-    async def _step(self, entry: dict[str, Any], change: Callable[[], Any]) -> Any:
+    async def step(self, entry: dict[str, Any], change: Callable[[], Any]) -> Any:
         """Run ``change`` (which reads and replaces the runner's state) as one step, where the
         node's mixing runs, and journal ``entry``: the steps apply in the journal's order."""
         loop = asyncio.get_running_loop()
@@ -229,6 +187,29 @@ class AsyncNode:
     def degree(self) -> int:
         return max(1, len(self.neighbours))
 
+    def new_id(self) -> int:
+        exchange_id = self._next_id
+        self._next_id += 1
+        return exchange_id
+
+    def peer_done(self, peer: str) -> None:
+        self.done_peers.add(peer)
+        self._done_changed.set()
+
+    def drop_neighbour(self, peer: str) -> None:
+        """``peer`` left the network: mix without it, do not wait for it to be done."""
+        if peer in self.neighbours:
+            self.neighbours.remove(peer)
+        self.asked.pop(peer, None)
+        task = self._tasks.pop(peer, None)
+        if task is not None:
+            task.cancel()
+        self._done_changed.set()
+
+    @property
+    def flows(self) -> EdgeFlows:
+        return self.members.flows
+
     def _too_stale(self, theirs: int, mine: int) -> bool:
         bound = self.setup.staleness
         return bound is not None and abs(theirs - mine) > bound
@@ -236,8 +217,7 @@ class AsyncNode:
     def with_edges(self, checkpoint: Checkpoint) -> Checkpoint:
         """``checkpoint`` (the runner's) with what a restart of this node needs: the edges'
         totals, the epoch of its ids, and whether the run ended settled."""
-        meta = {**checkpoint.meta, "exchange_epoch": str(self.epoch),
-                "settled": "1" if self.finished else "0"}
+        meta = {**checkpoint.meta, **self.members.meta(self.finished)}
         return replace(checkpoint, meta=meta, flows=self.flows.tensors(),
                        tracked_name="omega_prev")
 
@@ -257,18 +237,14 @@ class AsyncNode:
         """Answer a neighbour's exchange or notice (the transport's ``on_exchange``)."""
         peer = request.sender
         if request.kind is Kind.EXCHANGE_DONE:
-            self.done_peers.add(peer)
-            self._done_changed.set()
+            self.peer_done(peer)
             return RoundMessage(self.me, self.runner.round, self.degree, {},
                                 kind=Kind.EXCHANGED, exchange_id=request.exchange_id)
         if request.kind is Kind.RECONCILE:
-            return await self._answer_reconcile(request)
-        if peer in self.unreconciled:
-            raise WireError("UNAVAILABLE", f"{self.me} restarted and has not reconciled the "
-                            f"edge to {peer} yet", Reason.RECONCILING)
-        if request.exchange_id < self.floor.get(peer, 0):
-            raise WireError("FAILED_PRECONDITION", f"exchange {request.exchange_id} is from "
-                            f"before {peer} restarted", Reason.RESTARTED)
+            return await self.members.answer_reconcile(request)
+        if request.kind is Kind.HANDOVER:
+            return await self.members.answer_handover(request)
+        self.members.check(request)  # (again in the step, under the lock)
         kept = self.answered.get(peer)
         if kept is not None and kept.exchange_id == request.exchange_id:
             return kept  # a retry: the same answer, applied once
@@ -285,6 +261,7 @@ class AsyncNode:
         snapshot = dict(request.tensors)
 
         def change() -> RoundMessage:
+            self.members.check(request)
             state = runner.state
             c = pairwise.transfer(weight, snapshot, pairwise.vectors_of(state))
             runner.state = pairwise.answered(state, c)
@@ -293,7 +270,7 @@ class AsyncNode:
             return RoundMessage(self.me, state.round, self.degree, c, kind=Kind.EXCHANGED,
                                 exchange_id=request.exchange_id, weight=weight)
 
-        reply: RoundMessage = await self._step(
+        reply: RoundMessage = await self.step(
             {"event": "answer", "id": request.exchange_id, "peer": peer,
              "blocks": mine, "peer_blocks": request.round, "weight": weight}, change)
         self.answered[peer] = reply
@@ -302,81 +279,8 @@ class AsyncNode:
         self.per_edge[peer] += 1
         return reply
 
-    # ------------------------------------------------------------------ a restart
-    async def _answer_reconcile(self, request: RoundMessage) -> RoundMessage:
-        """Answer a restarted neighbour's ``RECONCILE``: this node's totals of the edge, and
-        from now on refuse that neighbour's exchange ids of earlier epochs."""
-        peer = request.sender
-        if peer in self.unreconciled and self.me < peer:
-            raise WireError("UNAVAILABLE", f"{self.me} restarted too: it reconciles the edge "
-                            f"to {peer} itself", Reason.RECONCILING)
-        runner = self.runner
-
-        def change() -> RoundMessage:
-            self.unreconciled.discard(peer)  # (both restarted: the asking end adopts)
-            self.floor[peer] = max(self.floor.get(peer, 0), request.exchange_id)
-            self.answered.pop(peer, None)
-            self.done_peers.discard(peer)  # its new process tells again when it is done
-            kind = Kind.EXCHANGE_DONE if self.done_asking else Kind.EXCHANGED
-            return RoundMessage(self.me, runner.state.round, self.degree,
-                                self.flows.of(peer, runner.state.x), kind=kind,
-                                exchange_id=request.exchange_id)
-
-        reply: RoundMessage = await self._step(
-            {"event": "reconcile", "peer": peer, "floor": request.exchange_id}, change)
-        return reply
-
-    async def reconcile(self) -> None:
-        """After a restart, reconcile every edge: ask each neighbour for its totals of the
-        edge and adopt their opposite (module docstring), in the background: the node trains
-        meanwhile, and mixes each edge once it is reconciled (a neighbour that is down costs
-        only its own edge)."""
-        if not self.unreconciled:
-            return
-        await self._step({"event": "restart", "epoch": self.epoch,
-                          "blocks": self.runner.round}, lambda: None)
-        log.info("restarted at block %d: reconciling the edges to %s", self.runner.round,
-                 ", ".join(sorted(self.unreconciled)),
-                 extra={"event": "reconciling", "node": self.me, "round": self.runner.round})
-        for peer in sorted(self.unreconciled):
-            self._reconciling[peer] = asyncio.create_task(self._reconcile(peer),
-                                                          name=f"{self.me}-reconcile-{peer}")
-
-    async def _reconcile(self, peer: str) -> None:
-        runner = self.runner
-        request = RoundMessage(self.me, runner.round, self.degree, {}, kind=Kind.RECONCILE,
-                               exchange_id=self.epoch << EPOCH_SHIFT)
-        told = False
-        while peer in self.unreconciled:
-            try:
-                reply = await runner.transport.exchange(peer, request, self._timeout())
-            except (PeerUnavailable, WireError) as exc:
-                if not told and not (isinstance(exc, WireError)
-                                     and exc.reason is Reason.RECONCILING):
-                    log.warning("cannot reconcile the edge to %s yet (%s): retrying; the run "
-                                "stays exact only once it is", peer, exc,
-                                extra={"event": "reconcile_waiting", "node": self.me,
-                                       "neighbour": peer})
-                    told = True
-                await asyncio.sleep(RETRY_S)
-                continue
-            entry: dict[str, Any] = {"event": "adopt", "peer": peer,
-                                     "peer_blocks": reply.round}
-            await self._step(entry, partial(self._adopt, peer, dict(reply.tensors), entry))
-            if reply.kind is Kind.EXCHANGE_DONE:
-                self.done_peers.add(peer)
-                self._done_changed.set()
-
-    def _adopt(self, peer: str, theirs: dict[str, torch.Tensor], entry: dict[str, Any]) -> None:
-        if peer in self.unreconciled:  # (not settled meanwhile by the other end)
-            before = self.runner.state.x
-            self.runner.state = self.flows.adopt(self.runner.state, peer, theirs)
-            self.unreconciled.discard(peer)
-            # how far the restart's repair moved x: what the lost process's exchanges did
-            entry["moved"] = float(torch.linalg.vector_norm(self.runner.state.x - before))
-
     # ------------------------------------------------------------------ asking
-    def _timeout(self) -> float:
+    def timeout(self) -> float:
         deadline = self.setup.round_deadline
         return deadline if math.isfinite(deadline) else EXCHANGE_TIMEOUT
 
@@ -386,8 +290,7 @@ class AsyncNode:
         runner = self.runner
         pending = self.asked.get(peer)
         if pending is None:
-            exchange_id = self._next_id
-            self._next_id += 1
+            exchange_id = self.new_id()
 
             def snap() -> RoundMessage:
                 state = runner.state
@@ -395,12 +298,12 @@ class AsyncNode:
                                     pairwise.vectors_of(state), kind=Kind.EXCHANGE,
                                     exchange_id=exchange_id)
 
-            request: RoundMessage = await self._step(
+            request: RoundMessage = await self.step(
                 {"event": "ask", "id": exchange_id, "peer": peer, "blocks": runner.round},
                 snap)
             pending = self.asked[peer] = Asked(exchange_id, request)
         try:
-            reply = await runner.transport.exchange(peer, pending.request, self._timeout())
+            reply = await runner.transport.exchange(peer, pending.request, self.timeout())
         except PeerUnavailable:
             return False
         except WireError as exc:
@@ -422,7 +325,7 @@ class AsyncNode:
             self.flows.added(peer, c, -1.0)
             self.kept = pairwise.kept_after(self.kept, reply.weight)
 
-        await self._step({"event": "apply", "id": pending.id, "peer": peer,
+        await self.step({"event": "apply", "id": pending.id, "peer": peer,
                           "blocks": runner.round, "peer_blocks": reply.round,
                           "weight": reply.weight}, apply)
         self.asked.pop(peer, None)
@@ -440,7 +343,7 @@ class AsyncNode:
     def _ask_all(self) -> None:
         """Ask every neighbour with nothing in flight for an exchange (in the background)."""
         for peer in self.neighbours:
-            if peer in self.unreconciled:
+            if peer in self.members.unreconciled:
                 continue
             task = self._tasks.get(peer)
             if task is not None and not task.done():
@@ -462,14 +365,18 @@ class AsyncNode:
             self.waited_s += now() - began
 
     # ------------------------------------------------------------------ the loop
-    async def run(self) -> None:
-        """Train the remaining blocks, then end settled (see the module docstring)."""
+    async def run(self) -> bool:
+        """Train the remaining blocks, then end settled (see the module docstring); False
+        when the node left the network instead (``stop --drain``)."""
         runner, setup = self.runner, self.setup
         began = now()
         try:
-            await self.reconcile()
+            await self.members.reconcile()
             await self._capture()
             while runner.round < setup.rounds:
+                if runner.leaving:
+                    await self._leave()
+                    return False
                 await self._mix_now()
                 if (setup.max_duration is not None
                         and now() - began >= setup.max_duration):
@@ -479,11 +386,12 @@ class AsyncNode:
                     break
                 await self._block()
             await self._end()
+            return True
         finally:
-            tasks = [*self._tasks.values(), *self._reconciling.values()]
-            for task in tasks:
+            for task in self._tasks.values():
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await self.members.cancel()
 
     async def _block(self) -> None:
         runner, setup = self.runner, self.setup
@@ -494,7 +402,7 @@ class AsyncNode:
             self.kept = 1.0
             return runner.state.omega
 
-        start: torch.Tensor = await self._step({"event": "train", "block": b}, begin)
+        start: torch.Tensor = await self.step({"event": "train", "block": b}, begin)
         trained = await setup.trainer.train(start, b)
         train_s = time.perf_counter() - started
 
@@ -504,7 +412,7 @@ class AsyncNode:
             entry["kept"] = self.kept  # (read in the step: no exchange comes in between)
             runner.state = pairwise.fold(runner.state, start, trained.flat, self.kept)
 
-        await self._step(entry, fold)
+        await self.step(entry, fold)
         done = runner.round
         accuracy = test_loss = None
         if done % setup.eval_every == 0 or done == setup.rounds:
@@ -533,7 +441,7 @@ class AsyncNode:
         waited = now()
         for task in self._tasks.values():
             await asyncio.gather(task, return_exceptions=True)
-        await asyncio.gather(*self._reconciling.values())  # every edge exact again
+        await self.members.reconciled()  # every edge exact again
         await asyncio.gather(*(self._ask(peer, until_settled=True)
                                for peer in list(self.asked)))
         self.done_asking = True
@@ -543,7 +451,31 @@ class AsyncNode:
             await self._done_changed.wait()
         self.finished = True
         self.waited_s += now() - waited
-        await self._step({"event": "settle"}, lambda: None)  # (the journal's end)
+        await self.step({"event": "settle"}, lambda: None)  # (the journal's end)
+
+    async def _leave(self) -> None:
+        """Drain (``stop --drain``): settle what was asked, refuse new exchanges, hand each
+        neighbour this node's total of their edge (so ``Σ x = Σ τ`` holds over the nodes that
+        stay), then end as a node that left."""
+        runner = self.runner
+        runner.phase = Phase.LEAVING
+        for task in self._tasks.values():
+            await asyncio.gather(task, return_exceptions=True)
+        await self.members.reconciled()
+        await asyncio.gather(*(self._ask(peer, until_settled=True)
+                               for peer in list(self.asked)))
+        self.done_asking = True
+        await self.step({"event": "leaving", "blocks": runner.round},
+                        lambda: setattr(self.members, "leaving", True))
+        took = await self.members.hand_over(list(self.neighbours))
+        log.info("left the network after %d blocks; handed each edge's share to %s",
+                 runner.round, ", ".join(took) or "nobody",
+                 extra={"event": "left", "node": self.me, "round": runner.round,
+                        "neighbour": took})
+        self.finished = True
+        runner.phase = Phase.LEFT
+        await runner.outputs.checkpoint(lambda: runner.checkpoint(left=True))
+        await runner.outputs.final_model(runner.state)
 
     async def _notify(self, peer: str) -> None:
         """Tell ``peer`` this node is done (until it acknowledges, or has ended itself)."""
@@ -551,7 +483,7 @@ class AsyncNode:
                               kind=Kind.EXCHANGE_DONE, exchange_id=0)
         while True:
             try:
-                await self.runner.transport.exchange(peer, notice, self._timeout())
+                await self.runner.transport.exchange(peer, notice, self.timeout())
                 return
             except WireError as exc:
                 if exc.reason is Reason.FINISHED:

@@ -248,7 +248,8 @@ class NodeRunner:
             try:
                 await self._until_stopped(self.wait_for_neighbours())
                 if self.async_node is not None:
-                    await self._until_stopped(self.async_node.run())
+                    if not await self._until_stopped(self.async_node.run()):
+                        return False  # it left the network
                 else:
                     await self._until_stopped(self._join_if_behind())
                     while self.round < self.setup.rounds:
@@ -283,7 +284,7 @@ class NodeRunner:
         gone (a service manager that restarts it then does not loop)."""
         setup = self.setup
         if self.round < setup.rounds or (self.async_node is not None
-                                         and not self.async_node.was_settled):
+                                         and not self.async_node.members.was_settled):
             return False
         self.phase = Phase.DONE
         await self.outputs.repair_final_model(self.state)

@@ -206,11 +206,13 @@ class Simulation:
         each at its own block."""
         if cfg.schedule == "async":
             plan = self.faults
-            if plan is not None and (len(plan.crashes) != len(plan.events)
-                                     or any(c.restart is None for c in plan.crashes)):
-                raise ConfigError("faults", "under schedule async a fault plan may only crash "
-                                  "nodes that restart ({crash: NODE, round: B, restart: R}): "
-                                  "its other faults play rounds, which async has none of")
+            if plan is not None and (
+                    len(plan.crashes) + len(plan.leaves) + len(plan.joins) != len(plan.events)
+                    or any(c.restart is None for c in plan.crashes)):
+                raise ConfigError("faults", "under schedule async a fault plan may crash nodes "
+                                  "that restart, and make nodes leave or join (by block); its "
+                                  "drops, cuts and poisons play rounds, which async has none "
+                                  "of, and a crash for good would leave its neighbours waiting")
             if cfg.engine == "batched":
                 raise ConfigError("engine", "the batched engine trains all nodes at once, "
                                   "which asynchronous nodes never do; use sequential (or auto)")

@@ -10,7 +10,9 @@ A node that has trained its last block and has nothing left to ask tells each ne
 restarted from a checkpoint asks each neighbour for the edge's transfer totals with a
 ``RECONCILE`` header without tensors (``exchange_id``: the first of its new ids), answered by
 the totals (``omega`` and ``x``) in an ``EXCHANGED`` state, or an ``EXCHANGE_DONE`` one when
-the answering node asks for no more exchanges.
+the answering node asks for no more exchanges. A node that leaves the network hands each
+neighbour its total of their edge in a ``HANDOVER`` state (``omega`` and ``x``), answered by an
+empty ``EXCHANGED``.
 
 The checks are the receiver's (:mod:`dacflnode.transport.receiver`), in the same order and
 with the same codes: the caller's identity (a stranger gets the uniform refusal), the header
@@ -44,16 +46,19 @@ log = logging.getLogger(__name__)
 
 #: Exchanges of one neighbour served at once.
 MAX_EXCHANGES = 2
+#: The exchange requests that carry the model's tensors.
+WITH_TENSORS = frozenset({Kind.EXCHANGE, Kind.HANDOVER})
 
 
 def request_expectation(senders: Collection[str],
                         tensors: Mapping[str, tuple[int, ...]], kind: Kind) -> Expectation:
     """What an exchange request of ``kind`` must be: the model's float32 tensors for
-    ``EXCHANGE``, none for ``EXCHANGE_DONE`` and ``RECONCILE``; any block count."""
-    if kind not in (Kind.EXCHANGE, Kind.EXCHANGE_DONE, Kind.RECONCILE):
+    ``EXCHANGE`` and ``HANDOVER``, none for ``EXCHANGE_DONE`` and ``RECONCILE``; any block
+    count."""
+    if kind not in (Kind.EXCHANGE, Kind.EXCHANGE_DONE, Kind.RECONCILE, Kind.HANDOVER):
         raise WireError("INVALID_ARGUMENT", f"an exchange request of kind {kind.name}",
                         Reason.BAD_HEADER)
-    return Expectation(senders=senders, tensors=tensors if kind is Kind.EXCHANGE else {},
+    return Expectation(senders=senders, tensors=tensors if kind in WITH_TENSORS else {},
                        kinds=(kind,))
 
 

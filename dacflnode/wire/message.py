@@ -57,10 +57,10 @@ class Kind(enum.IntEnum):
 
 #: The kinds a round's push or pull carries.
 ROUND_KINDS = frozenset({Kind.STATE, Kind.LEAVING, Kind.HANDOVER, Kind.FINAL})
-#: The kinds an Exchange call carries (request, reply, the notice of a node done, and the
-#: request of a node that restarted).
+#: The kinds an Exchange call carries (request, reply, the notice of a node done, the request
+#: of a node that restarted, and the handover of a node that leaves).
 EXCHANGE_KINDS = frozenset({Kind.EXCHANGE, Kind.EXCHANGED, Kind.EXCHANGE_DONE,
-                            Kind.RECONCILE})
+                            Kind.RECONCILE, Kind.HANDOVER})
 
 
 #: ``(round, neighbours mixed in that round)`` for the sender's last few rounds, oldest first.

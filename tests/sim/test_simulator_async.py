@@ -97,7 +97,7 @@ def test_an_async_run_refuses_round_faults_a_crash_for_good_and_the_batched_engi
     with pytest.raises(ConfigError, match="schedule async"):
         simulate(faults=parse_fault_plan(
             {"faults": [{"drop": ["node-0", "node-1"], "rounds": [2, 2]}]}))
-    with pytest.raises(ConfigError, match="restart"):
+    with pytest.raises(ConfigError, match="for good"):
         simulate(faults=parse_fault_plan({"faults": [{"crash": "node-0", "round": 2}]}))
     with pytest.raises(ConfigError, match="batched"):
         simulate(dataclasses.replace(CFG, engine="batched"))
@@ -256,9 +256,40 @@ def test_a_neighbour_refuses_exchange_ids_from_before_a_restart():
 
     sim = crash_run()
     node_0 = sim.runners[0].async_node
-    assert node_0 is not None and node_0.floor["node-1"] == 1 << 32
+    assert node_0 is not None and node_0.members.floor["node-1"] == 1 << 32
     old = RoundMessage("node-1", 2, 2, {}, kind=Kind.EXCHANGE,
                        exchange_id=7)
     with pytest.raises(WireError) as refused:
         asyncio.run(node_0.answer(old))
     assert refused.value.reason is Reason.RESTARTED
+
+
+def test_a_node_that_leaves_hands_its_edges_over_and_a_late_one_joins_with_the_sum_exact(
+        tmp_path):
+    """node-1 leaves after 3 blocks (a drain), node-3 starts only once the others have done 2:
+    the nodes that stay end with Σ x = Σ τ, the leaver's neighbours took its share of each
+    edge and mix without it; without the handover the same run is far off."""
+    cfg = dataclasses.replace(CFG, nodes=5, rounds=6)
+    plan = {"faults": [{"leave": "node-1", "round": 3}, {"join": "node-3", "round": 2}]}
+    sim = simulate(cfg, out=tmp_path, faults=parse_fault_plan(plan),
+                   slowdown={"node-0": 2.0})
+    by_id = {r.setup.node_id: r for r in sim.runners}
+    assert (by_id["node-1"].phase, by_id["node-1"].round) == ("left", 3)
+    assert [r.round for n, r in sorted(by_id.items()) if n != "node-1"] == [6] * 4
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+    for n in ("node-0", "node-2"):
+        node = by_id[n].async_node
+        assert node is not None and "node-1" not in node.neighbours
+        assert [e["peer"] for e in node.journal if e["event"] == "handed"] == ["node-1"]
+    joiner = read_metrics(tmp_path / "node-3" / METRICS_FILE)
+    others = read_metrics(tmp_path / "node-2" / METRICS_FILE)
+    assert joiner[0]["time"] > others[1]["time"]  # it began after the others' second block
+
+
+def test_without_the_handover_a_departure_breaks_the_sum(monkeypatch):
+    from dacflnode.algorithms.edge_flows import EdgeFlows
+
+    monkeypatch.setattr(EdgeFlows, "handed", lambda self, state, peer, theirs: state)
+    cfg = dataclasses.replace(CFG, nodes=5, rounds=6)
+    sim = simulate(cfg, faults=parse_fault_plan({"faults": [{"leave": "node-1", "round": 3}]}))
+    assert sim.result.invariant is not None and sim.result.invariant > 1e-4

@@ -40,9 +40,12 @@ class _StateKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StateKind.V
     LEAVING: _StateKind.ValueType  # 1
     """the sender's last state: it leaves the network; read its used_log, do not mix"""
     HANDOVER: _StateKind.ValueType  # 2
-    """after LEAVING: x holds the share of the sender's FODAC mass to add to x"""
+    """after LEAVING: x holds the share of the sender's FODAC mass to add to x;"""
     FINAL: _StateKind.ValueType  # 3
-    """after the last round: read its used_log, do not mix"""
+    """as an Exchange request (async): the leaving node's totals of the edge
+    (omega, x), to add to omega and x; replied with an empty EXCHANGED
+    after the last round: read its used_log, do not mix
+    """
     EXCHANGE: _StateKind.ValueType  # 4
     """Asynchronous DACFL (schedule async, docs/algorithm.md): the pairwise exchange.
     Exchange request: the asking node's snapshot (omega, x); round = its blocks
@@ -66,9 +69,12 @@ STATE: StateKind.ValueType  # 0
 LEAVING: StateKind.ValueType  # 1
 """the sender's last state: it leaves the network; read its used_log, do not mix"""
 HANDOVER: StateKind.ValueType  # 2
-"""after LEAVING: x holds the share of the sender's FODAC mass to add to x"""
+"""after LEAVING: x holds the share of the sender's FODAC mass to add to x;"""
 FINAL: StateKind.ValueType  # 3
-"""after the last round: read its used_log, do not mix"""
+"""as an Exchange request (async): the leaving node's totals of the edge
+(omega, x), to add to omega and x; replied with an empty EXCHANGED
+after the last round: read its used_log, do not mix
+"""
 EXCHANGE: StateKind.ValueType  # 4
 """Asynchronous DACFL (schedule async, docs/algorithm.md): the pairwise exchange.
 Exchange request: the asking node's snapshot (omega, x); round = its blocks

@@ -1,7 +1,9 @@
-"""Crashes under ``schedule: async`` on real daemons: a node killed with ``kill -9`` in the
-middle of a block, and started again from its last checkpoint, reconciles its edges with its
-neighbours (docs/algorithm.md, "A restart"), trains the blocks it has left, and the daemons'
-checkpoints keep ``Σ x = Σ τ`` to 2e-6, as the healthy run's do."""
+"""Nodes coming and going under ``schedule: async``, on real daemons (docs/algorithm.md,
+"A restart", "Leaving"): a node killed with ``kill -9`` in the middle of a block, and started
+again from its last checkpoint, reconciles its edges with its neighbours and trains the blocks
+it has left; a node drained with ``stop --drain`` hands each neighbour its share of their edge
+and exits 0. Either way the daemons' checkpoints keep ``Σ x = Σ τ`` to 2e-6 over the nodes
+that stay, as the healthy run's do."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli
+from dacflnode.transport.grpc_control import request_stop
 from tests.harness.cluster import Cluster, cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -62,3 +65,22 @@ def test_a_killed_async_daemon_restarts_reconciles_its_edges_and_the_sum_stays_e
                        and e["floor"] == 1 << 32 for e in journal(c, i))
         report = invariant(c)
         assert report["holds"] is True and report["resolved_residual"] < 2e-6, report
+
+
+async def test_a_drained_async_daemon_hands_its_edges_over_and_the_others_finish_exact(
+        tmp_path):
+    with cluster(tmp_path, 4, ROUNDS, schedule="async", threads=1, eval_every=5) as c:
+        slow_down(c, 2, 40.0)
+        c.start(0, 1, 2, 3)
+        c.wait_for_round(2, 2)
+        assert await request_stop(c.control_address(2), auth=c.control_auth(2), drain=True)
+        assert c.wait() == [0] * 4, c.logs(range(4))
+        c.assert_finished([0, 1, 3])
+        events = journal(c, 2)
+        handed = sorted(str(e["peer"]) for e in events if e["event"] == "handover")
+        assert handed == ["node-1", "node-3"]
+        for i in (1, 3):
+            assert [e["peer"] for e in journal(c, i) if e["event"] == "handed"] == ["node-2"]
+        report = invariant(c)
+        assert report["holds"] is True and report["resolved_residual"] < 2e-6, report
+        assert report["left"] == ["node-2"] and "node-2" not in report["nodes"], report
