@@ -94,7 +94,7 @@ def check_run(run: CheckedSettings) -> None:
 
 def _check_async(run: CheckedSettings) -> None:
     """What the asynchronous schedule runs (docs/algorithm.md, "Asynchronous DACFL"): DACFL
-    on a static graph, mixing exactly, full states. Each refusal says why."""
+    on a static graph, mixing exactly (states full or compressed). Each refusal says why."""
     from dacflnode.algorithms.names import GRAPH_KINDS
 
     others = [a for a in run.algorithm if a != "dacfl"]
@@ -111,6 +111,3 @@ def _check_async(run: CheckedSettings) -> None:
     if run.mixing != "exact":
         raise ConfigError("schedule", f"schedule async mixes exactly: mixing {run.mixing} "
                           "clips per round, and an exchange has no round")
-    if parse_compression(run.compression).compressed:
-        raise ConfigError("schedule", "schedule async sends full states: compression "
-                          f"{run.compression} keeps public copies per round (use none)")

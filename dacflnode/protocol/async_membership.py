@@ -36,6 +36,7 @@ import torch
 
 from dacflnode.algorithms.edge_flows import EdgeFlows
 from dacflnode.algorithms.rounds import NodeState
+from dacflnode.protocol.async_compression import EdgeCodec
 from dacflnode.protocol.setup import NodeSetup
 from dacflnode.records.checkpoint import Checkpoint
 from dacflnode.transport.base import PeerUnavailable, Transport
@@ -87,6 +88,7 @@ class AsyncNode(Protocol):
     answered: dict[str, RoundMessage]
     done_peers: set[str]
     done_asking: bool
+    codec: EdgeCodec | None
 
     @property
     def runner(self) -> _Runner: ...
@@ -172,6 +174,8 @@ class Membership:
             self.floor[peer] = max(self.floor.get(peer, 0), request.exchange_id)
             node.answered.pop(peer, None)
             node.done_peers.discard(peer)  # its new process tells again when it is done
+            if node.codec is not None:  # its references are lost: snapshots go whole again
+                node.codec.forget(peer)
             kind = Kind.EXCHANGE_DONE if node.done_asking else Kind.EXCHANGED
             return RoundMessage(self.me, runner.state.round, node.degree,
                                 self.flows.of(peer, runner.state.x), kind=kind,

@@ -52,6 +52,7 @@ from dacflnode.algorithms import pairwise
 from dacflnode.algorithms.edge_flows import EdgeFlows
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.filemodes import LOG_MODE, open_text
+from dacflnode.protocol.async_compression import EdgeCodec
 from dacflnode.protocol.async_membership import JOURNAL_FILE, Membership
 from dacflnode.protocol.clock import now
 from dacflnode.protocol.outputs import Outputs
@@ -156,6 +157,13 @@ class AsyncNode:
         self.done_asking = False
         #: the edges' totals, restarts and departures
         self.members = Membership(self, resume)
+        compression = runner.setup.compression
+        #: a compressed run's snapshot references and coding (references start at the initial
+        #: model a fresh node holds; a restarted node has none)
+        self.codec = None if compression is None else EdgeCodec(
+            compression, self.me,
+            None if self.members.restarted else pairwise.vectors_of(runner.state),
+            self.neighbours)
         self.neighbours = [p for p in self.neighbours if p not in self.members.left]
         self._next_id = self.members.first_id
         #: the node's latest checkpoint (states and totals read under one lock), from which a
@@ -244,10 +252,10 @@ class AsyncNode:
             return await self.members.answer_reconcile(request)
         if request.kind is Kind.HANDOVER:
             return await self.members.answer_handover(request)
-        self.members.check(request)  # (again in the step, under the lock)
         kept = self.answered.get(peer)
         if kept is not None and kept.exchange_id == request.exchange_id:
-            return kept  # a retry: the same answer, applied once
+            return kept  # a retry: the same answer, applied once (even if leaving since)
+        self.members.check(request)  # (again in the step, under the lock)
         if self.finished:
             raise WireError("FAILED_PRECONDITION", f"{self.me} has ended its run",
                             Reason.FINISHED)
@@ -262,12 +270,19 @@ class AsyncNode:
 
         def change() -> RoundMessage:
             self.members.check(request)
-            state = runner.state
-            c = pairwise.transfer(weight, snapshot, pairwise.vectors_of(state))
+            state, codec = runner.state, self.codec
+            if codec is None:
+                c = wire = pairwise.transfer(weight, snapshot, pairwise.vectors_of(state))
+            else:
+                theirs = codec.decode_snapshot(peer, request.exchange_id, snapshot,
+                                               request.copy_base, request.copy_next)
+                exact = pairwise.transfer(weight, theirs[1], pairwise.vectors_of(state))
+                wire, c = codec.encode_transfer(request.exchange_id, peer, exact)
+                codec.keep(peer, theirs)
             runner.state = pairwise.answered(state, c)
             self.flows.added(peer, c, +1.0)
             self.kept = pairwise.kept_after(self.kept, weight)
-            return RoundMessage(self.me, state.round, self.degree, c, kind=Kind.EXCHANGED,
+            return RoundMessage(self.me, state.round, self.degree, wire, kind=Kind.EXCHANGED,
                                 exchange_id=request.exchange_id, weight=weight)
 
         reply: RoundMessage = await self.step(
@@ -294,9 +309,14 @@ class AsyncNode:
 
             def snap() -> RoundMessage:
                 state = runner.state
-                return RoundMessage(self.me, state.round, self.degree,
-                                    pairwise.vectors_of(state), kind=Kind.EXCHANGE,
-                                    exchange_id=exchange_id)
+                vectors = pairwise.vectors_of(state)
+                if self.codec is None:
+                    return RoundMessage(self.me, state.round, self.degree, vectors,
+                                        kind=Kind.EXCHANGE, exchange_id=exchange_id)
+                tensors, base, made = self.codec.encode_snapshot(peer, exchange_id, vectors)
+                return RoundMessage(self.me, state.round, self.degree, tensors,
+                                    kind=Kind.EXCHANGE, exchange_id=exchange_id,
+                                    copy_base=base, copy_next=made)
 
             request: RoundMessage = await self.step(
                 {"event": "ask", "id": exchange_id, "peer": peer, "blocks": runner.round},
@@ -304,10 +324,14 @@ class AsyncNode:
             pending = self.asked[peer] = Asked(exchange_id, request)
         try:
             reply = await runner.transport.exchange(peer, pending.request, self.timeout())
+            c = dict(reply.tensors) if self.codec is None else self.codec.decode_transfer(
+                pending.id, reply.tensors, runner.state.x.numel())
         except PeerUnavailable:
             return False
         except WireError as exc:
             self.asked.pop(peer, None)  # refused: not applied anywhere
+            if self.codec is not None:
+                self.codec.refused(peer, exc.reason)
             if exc.reason is Reason.STALE:
                 known = self.runner.transport.stats.get(peer)
                 self.stale[peer] = -1 if known is None else known.last_round_received
@@ -315,7 +339,6 @@ class AsyncNode:
                      exc.reason, extra={"event": "exchange_refused", "node": self.me,
                                         "neighbour": peer, "reason": exc.reason})
             return True
-        c = dict(reply.tensors)
         known = runner.transport.stats.get(peer)
         if known is not None:
             known.last_round_received = max(known.last_round_received, reply.round)
@@ -323,6 +346,8 @@ class AsyncNode:
         def apply() -> None:
             runner.state = pairwise.asked(runner.state, c)
             self.flows.added(peer, c, -1.0)
+            if self.codec is not None:
+                self.codec.answered(peer, pending.id)
             self.kept = pairwise.kept_after(self.kept, reply.weight)
 
         await self.step({"event": "apply", "id": pending.id, "peer": peer,

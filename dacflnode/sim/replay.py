@@ -48,6 +48,10 @@ def run_config_of(run_dir: Path) -> RunConfig:
     if cfg.schedule != "async":
         raise ConfigError("replay", f"{run_dir} ran schedule {cfg.schedule}: only an "
                           "asynchronous run keeps a journal to replay")
+    if cfg.compression != "none":
+        raise ConfigError("replay", f"{run_dir} ran compression {cfg.compression}: replaying "
+                          "its snapshot references is not done; replay a run without "
+                          "compression")
     return cfg
 
 

@@ -40,7 +40,7 @@ from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.errors import Reason, WireError
 from dacflnode.wire.fast_path import Chunk
 from dacflnode.wire.message import Kind, RoundMessage
-from dacflnode.wire.validation import Expectation
+from dacflnode.wire.validation import CompressedSpec, Expectation
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +50,22 @@ MAX_EXCHANGES = 2
 WITH_TENSORS = frozenset({Kind.EXCHANGE, Kind.HANDOVER})
 
 
-def request_expectation(senders: Collection[str],
-                        tensors: Mapping[str, tuple[int, ...]], kind: Kind) -> Expectation:
+def request_expectation(senders: Collection[str], tensors: Mapping[str, tuple[int, ...]],
+                        kind: Kind, compressed: CompressedSpec | None = None) -> Expectation:
     """What an exchange request of ``kind`` must be: the model's float32 tensors for
     ``EXCHANGE`` and ``HANDOVER``, none for ``EXCHANGE_DONE`` and ``RECONCILE``; any block
-    count."""
+    count. In a compressed run an ``EXCHANGE`` snapshot may come compressed
+    (:mod:`dacflnode.protocol.async_compression`)."""
     if kind not in (Kind.EXCHANGE, Kind.EXCHANGE_DONE, Kind.RECONCILE, Kind.HANDOVER):
         raise WireError("INVALID_ARGUMENT", f"an exchange request of kind {kind.name}",
                         Reason.BAD_HEADER)
     return Expectation(senders=senders, tensors=tensors if kind in WITH_TENSORS else {},
-                       kinds=(kind,))
+                       kinds=(kind,), compressed=compressed if kind is Kind.EXCHANGE else None)
 
 
 def reply_expectation(peer: str, tensors: Mapping[str, tuple[int, ...]],
-                      request: RoundMessage) -> Expectation:
+                      request: RoundMessage,
+                      compressed: CompressedSpec | None = None) -> Expectation:
     """What the answer to ``request`` from ``peer`` must be: an ``EXCHANGED`` state of the
     model's tensors (none when the request was ``EXCHANGE_DONE``; for ``RECONCILE``, the
     edge's totals in an ``EXCHANGED`` or ``EXCHANGE_DONE`` state)."""
@@ -72,7 +74,8 @@ def reply_expectation(peer: str, tensors: Mapping[str, tuple[int, ...]],
                            kinds=(Kind.EXCHANGED, Kind.EXCHANGE_DONE))
     return Expectation(senders=(peer,),
                        tensors=tensors if request.kind is Kind.EXCHANGE else {},
-                       kinds=(Kind.EXCHANGED,))
+                       kinds=(Kind.EXCHANGED,),
+                       compressed=compressed if request.kind is Kind.EXCHANGE else None)
 
 
 def check_reply(request: RoundMessage, reply: RoundMessage) -> None:
@@ -132,7 +135,8 @@ class ExchangeDesk:
                         sender, blocks = header.sender, int(header.round)
                         receiver.admit(sender, peer_ids, Reason.UNKNOWN_SENDER)
                         expect = request_expectation(receiver.inbox.senders, receiver.tensors,
-                                                     _kind(int(header.kind)))
+                                                     _kind(int(header.kind)),
+                                                     receiver.compressed)
                         self._hold(sender)
                         held = True
                         decoder = Decoder(expect)
@@ -173,7 +177,8 @@ class ExchangeDesk:
         try:
             receiver.admit(message.sender, peer_ids, Reason.UNKNOWN_SENDER)
             check_message(request_expectation(receiver.inbox.senders, receiver.tensors,
-                                              _kind(int(message.kind))), message)
+                                              _kind(int(message.kind)), receiver.compressed),
+                          message)
             self._hold(message.sender)
             held = True
             reply = await self._answer(message)

@@ -415,7 +415,7 @@ class GrpcTransport(Transport):
         stub = self._stub(peer)
         started = time.perf_counter()
         what = f"exchange {request.exchange_id} with"
-        decoder = Decoder(reply_expectation(peer, self.tensors, request))
+        decoder = Decoder(reply_expectation(peer, self.tensors, request, self.compressed))
         assembler = Assembler(decoder, self.receiver.worker)
         if self._state == "stopped":
             raise self._closed()

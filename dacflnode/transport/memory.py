@@ -215,7 +215,7 @@ class MemoryTransport(Transport):
         target = self._reach(peer)
         stats = self.stats[peer]
         started = time.perf_counter()
-        expect = reply_expectation(peer, self.tensors, request)
+        expect = reply_expectation(peer, self.tensors, request, self.compressed)
         try:
             async with asyncio.timeout(timeout):
                 await self._travel(request)
