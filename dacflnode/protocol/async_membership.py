@@ -86,6 +86,7 @@ class AsyncNode(Protocol):
     setup: NodeSetup
     neighbours: list[str]
     answered: dict[str, RoundMessage]
+    asked: dict[str, Any]
     done_peers: set[str]
     done_asking: bool
     codec: EdgeCodec | None
@@ -254,6 +255,9 @@ class Membership:
         theirs = dict(request.tensors)
 
         def change() -> None:
+            if peer in node.asked:  # (its answer may be applied at the leaver already)
+                raise WireError("ABORTED", f"{self.me} has an exchange with {peer} in flight: "
+                                "answer it, then hand over", Reason.IN_PROGRESS)
             runner.state = self.flows.handed(runner.state, peer, theirs)
             self.left.add(peer)
             node.drop_neighbour(peer)
@@ -280,6 +284,9 @@ class Membership:
                     await asyncio.sleep(RETRY_S)
                     continue
                 except WireError as exc:
+                    if exc.reason is Reason.IN_PROGRESS:  # it settles its exchange first
+                        await asyncio.sleep(RETRY_S)
+                        continue
                     log.warning("%s did not take this node's handover: %s", peer, exc,
                                 extra={"event": "handover_refused", "node": self.me,
                                        "neighbour": peer})

@@ -53,8 +53,10 @@ from dacflnode.algorithms.edge_flows import EdgeFlows
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.filemodes import LOG_MODE, open_text
 from dacflnode.protocol.async_compression import EdgeCodec
+from dacflnode.protocol.async_guard import ExchangeGuard
 from dacflnode.protocol.async_membership import JOURNAL_FILE, Membership
 from dacflnode.protocol.clock import now
+from dacflnode.protocol.fault_filter import FaultFilter
 from dacflnode.protocol.outputs import Outputs
 from dacflnode.protocol.phase import Phase
 from dacflnode.protocol.setup import NodeSetup, RoundReport
@@ -91,6 +93,7 @@ class Host(Protocol):
     last_loss: float
     alone_rounds: int
     on_round: Callable[[RoundReport], None] | None
+    faults: FaultFilter
 
     @property
     def round(self) -> int: ...
@@ -164,6 +167,11 @@ class AsyncNode:
             compression, self.me,
             None if self.members.restarted else pairwise.vectors_of(runner.state),
             self.neighbours)
+        #: the node's model at its latest block start: what the guard measures against
+        self._reference = pairwise.vectors_of(runner.state)
+        #: the state guard and quarantine of the exchanges (``absurd_ratio``; None: off)
+        self.guard = None if runner.setup.absurd_ratio is None else ExchangeGuard(
+            self.me, lambda: self._reference)
         self.neighbours = [p for p in self.neighbours if p not in self.members.left]
         self._next_id = self.members.first_id
         #: the node's latest checkpoint (states and totals read under one lock), from which a
@@ -195,6 +203,24 @@ class AsyncNode:
     def degree(self) -> int:
         return max(1, len(self.neighbours))
 
+    def _judge(self, peer: str, blocks: int, vectors: dict[str, torch.Tensor]) -> None:
+        """Refuse ``peer``'s snapshot if the guard does (run in the answering step)."""
+        if self.guard is not None:
+            refusal = self.guard.snapshot(peer, blocks, vectors)
+            if refusal is not None:
+                raise refusal
+
+    def _offence(self, peer: str, blocks: int, exc: WireError) -> None:
+        """An exchange with ``peer`` was refused: count an absurd state against the edge, and
+        drop an edge quarantined at either end."""
+        if self.guard is None:
+            return
+        if exc.reason is Reason.QUARANTINED:
+            self.guard.quarantine(peer)
+        elif exc.reason is not Reason.ABSURD_STATE or not self.guard.offence(peer, blocks):
+            return
+        self.drop_neighbour(peer)
+
     def new_id(self) -> int:
         exchange_id = self._next_id
         self._next_id += 1
@@ -205,13 +231,11 @@ class AsyncNode:
         self._done_changed.set()
 
     def drop_neighbour(self, peer: str) -> None:
-        """``peer`` left the network: mix without it, do not wait for it to be done."""
+        """``peer`` left the network or its edge is quarantined: ask it nothing new and do
+        not wait for it to be done. An exchange with it already in flight runs to its end (its
+        answer may be applied at the other end already)."""
         if peer in self.neighbours:
             self.neighbours.remove(peer)
-        self.asked.pop(peer, None)
-        task = self._tasks.pop(peer, None)
-        if task is not None:
-            task.cancel()
         self._done_changed.set()
 
     @property
@@ -256,6 +280,8 @@ class AsyncNode:
         if kept is not None and kept.exchange_id == request.exchange_id:
             return kept  # a retry: the same answer, applied once (even if leaving since)
         self.members.check(request)  # (again in the step, under the lock)
+        if self.guard is not None:
+            self.guard.refuse_quarantined(peer)
         if self.finished:
             raise WireError("FAILED_PRECONDITION", f"{self.me} has ended its run",
                             Reason.FINISHED)
@@ -272,10 +298,12 @@ class AsyncNode:
             self.members.check(request)
             state, codec = runner.state, self.codec
             if codec is None:
+                self._judge(peer, request.round, snapshot)
                 c = wire = pairwise.transfer(weight, snapshot, pairwise.vectors_of(state))
             else:
                 theirs = codec.decode_snapshot(peer, request.exchange_id, snapshot,
                                                request.copy_base, request.copy_next)
+                self._judge(peer, request.round, theirs[1])
                 exact = pairwise.transfer(weight, theirs[1], pairwise.vectors_of(state))
                 wire, c = codec.encode_transfer(request.exchange_id, peer, exact)
                 codec.keep(peer, theirs)
@@ -285,9 +313,13 @@ class AsyncNode:
             return RoundMessage(self.me, state.round, self.degree, wire, kind=Kind.EXCHANGED,
                                 exchange_id=request.exchange_id, weight=weight)
 
-        reply: RoundMessage = await self.step(
-            {"event": "answer", "id": request.exchange_id, "peer": peer,
-             "blocks": mine, "peer_blocks": request.round, "weight": weight}, change)
+        try:
+            reply: RoundMessage = await self.step(
+                {"event": "answer", "id": request.exchange_id, "peer": peer,
+                 "blocks": mine, "peer_blocks": request.round, "weight": weight}, change)
+        except WireError as exc:
+            self._offence(peer, request.round, exc)
+            raise
         self.answered[peer] = reply
         self.stale.pop(peer, None)
         self.counts.add(peer, abs(request.round - mine))
@@ -304,6 +336,8 @@ class AsyncNode:
         again); whether it is settled (answered or refused)."""
         runner = self.runner
         pending = self.asked.get(peer)
+        if pending is None and peer not in self.neighbours:
+            return True  # it left, or its edge is quarantined: nothing new
         if pending is None:
             exchange_id = self.new_id()
 
@@ -321,17 +355,26 @@ class AsyncNode:
             request: RoundMessage = await self.step(
                 {"event": "ask", "id": exchange_id, "peer": peer, "blocks": runner.round},
                 snap)
+            if runner.faults.poisons and self.codec is None:  # a fault plan's misbehaving node
+                request = runner.faults.sent_to(peer, request)
             pending = self.asked[peer] = Asked(exchange_id, request)
         try:
             reply = await runner.transport.exchange(peer, pending.request, self.timeout())
             c = dict(reply.tensors) if self.codec is None else self.codec.decode_transfer(
                 pending.id, reply.tensors, runner.state.x.numel())
+            if self.guard is not None:
+                refusal = await asyncio.get_running_loop().run_in_executor(
+                    self.setup.executor, self.guard.answer, peer, reply.round,
+                    pairwise.vectors_of(runner.state), reply.weight, c)
+                if refusal is not None:
+                    raise refusal
         except PeerUnavailable:
             return False
         except WireError as exc:
             self.asked.pop(peer, None)  # refused: not applied anywhere
             if self.codec is not None:
                 self.codec.refused(peer, exc.reason)
+            self._offence(peer, pending.request.round, exc)
             if exc.reason is Reason.STALE:
                 known = self.runner.transport.stats.get(peer)
                 self.stale[peer] = -1 if known is None else known.last_round_received
@@ -425,6 +468,7 @@ class AsyncNode:
         runner.phase = Phase.TRAINING
         def begin() -> torch.Tensor:
             self.kept = 1.0
+            self._reference = pairwise.vectors_of(runner.state)
             return runner.state.omega
 
         start: torch.Tensor = await self.step({"event": "train", "block": b}, begin)

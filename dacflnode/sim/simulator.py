@@ -207,12 +207,13 @@ class Simulation:
         if cfg.schedule == "async":
             plan = self.faults
             if plan is not None and (
-                    len(plan.crashes) + len(plan.leaves) + len(plan.joins) != len(plan.events)
-                    or any(c.restart is None for c in plan.crashes)):
+                    len(plan.crashes) + len(plan.leaves) + len(plan.joins) + len(plan.poisons)
+                    != len(plan.events) or any(c.restart is None for c in plan.crashes)):
                 raise ConfigError("faults", "under schedule async a fault plan may crash nodes "
-                                  "that restart, and make nodes leave or join (by block); its "
-                                  "drops, cuts and poisons play rounds, which async has none "
-                                  "of, and a crash for good would leave its neighbours waiting")
+                                  "that restart, make nodes leave or join, and poison "
+                                  "snapshots (by block); its drops and cuts play rounds, "
+                                  "which async has none of, and a crash for good would leave "
+                                  "its neighbours waiting")
             if cfg.engine == "batched":
                 raise ConfigError("engine", "the batched engine trains all nodes at once, "
                                   "which asynchronous nodes never do; use sequential (or auto)")

@@ -313,3 +313,25 @@ def test_compressed_exchanges_send_fewer_bytes_and_keep_the_sum_exact(tmp_path, 
     crashed = simulate(cfg, faults=parse_fault_plan(CRASHES), slowdown={"node-0": 3.0})
     assert crashed.result.invariant is not None and crashed.result.invariant <= 2e-6
     assert all(r.round == 6 and r.phase == "done" for r in crashed.runners)
+
+
+def test_a_poisoning_member_is_refused_and_quarantined_and_the_sum_stays_exact():
+    """node-2 sends its snapshots scaled by 50 from its block 2 on (a fault plan's poison):
+    its neighbours' guards refuse them (nothing applied at either end), the edges are
+    quarantined at both ends after repeated refusals, every node ends, and Σ x = Σ τ holds
+    over all of them; the honest nodes learn as in a clean run."""
+    cfg = dataclasses.replace(CFG, nodes=5, rounds=10)
+    clean = simulate(cfg)
+    plan = {"faults": [{"poison": "node-2", "rounds": [2, 10], "scale": 50.0}]}
+    sim = simulate(cfg, faults=parse_fault_plan(plan))
+    assert all(r.phase == "done" and r.round == 10 for r in sim.runners)
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+    by_id = {r.setup.node_id: r.async_node for r in sim.runners}
+    for honest in ("node-1", "node-3"):
+        node = by_id[honest]
+        assert node is not None and node.guard is not None
+        assert node.guard.quarantined == {"node-2"} and "node-2" not in node.neighbours
+    honest_ids = ("node-0", "node-1", "node-3", "node-4")
+    acc = {r.setup.node_id: r.last_accuracy for r in sim.runners}
+    before = {r.setup.node_id: r.last_accuracy for r in clean.runners}
+    assert min(acc[n] for n in honest_ids) >= min(before[n] for n in honest_ids) - 0.1
