@@ -23,6 +23,13 @@ with the slow node (target 2: async at least twice as fast); the details carry t
 every arm's figures. Each topology is one run set: ``--quick`` runs the 5-node ring only,
 with short blocks; the full run adds the 10-node random-regular graph.
 
+**The simulator's prediction.** After a set's daemons, the same three arms with the slow node
+run in the simulator on its virtual clock (``simulate --virtual-time``), a block taking the
+healthy synchronous arm's median round (``block_time``) and the tight arm's deadline the same
+seconds; each arm's virtual time to the target gives the order the simulator predicts, and the
+result says whether it is the daemons' order (``prediction.order_matches``), with both times
+per arm. ``--no-predict`` skips it.
+
     .venv/bin/python benchmarks/bench_async.py --quick --json
 """
 
@@ -44,6 +51,7 @@ from _common import add_standard_args, emit_result
 from dacflnode.cluster.launcher import launch
 from dacflnode.config import RunConfig
 from dacflnode.records.metrics_log import METRICS_FILE, read_metrics
+from dacflnode.sim.experiment import run_experiment
 from dacflnode.sim.report import find_runs, time_to_accuracy
 
 ARMS = ("sync", "sync-tight", "async")
@@ -60,7 +68,7 @@ def base_config(args: argparse.Namespace, topology: str, nodes: int) -> RunConfi
     return RunConfig(
         dataset=args.dataset, nodes=nodes, rounds=args.rounds, topology=topology, degree=3,
         local_steps=args.local_steps, lr=args.lr, eval_samples=args.eval_samples,
-        seed=args.seed, threads=1, partition="iid")
+        seed=args.seed, threads=1, partition="iid", device=args.device)
 
 
 def run_arm(cfg: RunConfig, arm: str, slow: bool, factor: float, deadline: float,
@@ -115,6 +123,35 @@ def run_set(args: argparse.Namespace, topology: str, nodes: int,
     return rows
 
 
+def predict(args: argparse.Namespace, topology: str, nodes: int, rows: list[dict[str, Any]],
+            root: Path) -> dict[str, Any]:
+    """The simulator's time to the target of each arm with the slow node (virtual seconds), the
+    order it predicts and whether it is the daemons' (see the module docstring)."""
+    even_sync = next(r for r in rows if (r["arm"], r["slow"]) == ("sync", False))
+    block = even_sync["median_round_s"]
+    tight = next(r["deadline_s"] for r in rows if r["arm"] == "sync-tight")
+    # (more threads than a daemon's: only the virtual clock's times matter here)
+    cfg = replace(base_config(args, topology, nodes), block_time=block, threads=4)
+    predicted: dict[str, float | None] = {}
+    for arm in ARMS:
+        folder = root / f"{topology}-{arm}-slow-simulated"
+        run_experiment(replace(cfg, schedule="async" if arm == "async" else "sync"), folder,
+                       slowdown={"node-0": args.factor}, virtual_time=True,
+                       round_deadline=tight if arm == "sync-tight" else float("inf"))
+        (found,) = find_runs([folder])
+        predicted[arm] = time_to_accuracy(found, args.target)
+    measured = {r["arm"]: r["time_to_target_s"] for r in rows if r["slow"]}
+
+    def order(times: dict[str, float | None]) -> list[str]:
+        return sorted(ARMS, key=lambda a: (times[a] is None, times[a] or 0.0))
+
+    return {"block_time_s": block, "deadline_s": tight, "simulated_s": predicted,
+            "measured_s": measured, "predicted_order": order(predicted),
+            "measured_order": order(measured),
+            "order_matches": (None if None in (*predicted.values(), *measured.values())
+                              else order(predicted) == order(measured))}
+
+
 def ratio(rows: list[dict[str, Any]], a: tuple[str, bool],
           b: tuple[str, bool]) -> float | None:
     """time(a) / time(b) (how many times sooner b reaches the target), or None."""
@@ -137,12 +174,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", type=float, default=None,
                         help="the mean accuracy to reach (default 0.75)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto",
+                        help="where the daemons train (auto, cpu, cuda, mps)")
     parser.add_argument("--sets", default=None,
                         help="comma list of the run sets to run: ring (5 nodes), "
                              "random-regular (10 nodes, degree 3) [default: ring with --quick, "
                              "both without]")
     parser.add_argument("--out", type=Path, default=None,
                         help="keep the runs' folders here (default: a temporary folder)")
+    parser.add_argument("--no-predict", action="store_true",
+                        help="skip the simulator's prediction of the arms' order")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (20 if args.quick else 30)
     args.target = args.target or 0.75
@@ -162,9 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--sets: unknown {unknown}; choose from {sorted(nodes_of)}")
     sets = [(name, nodes_of[name]) for name in names]
+    rows: list[dict[str, Any]] = []
+    predictions: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as scratch:
         root = args.out or Path(scratch)
-        rows = [row for topology, nodes in sets for row in run_set(args, topology, nodes, root)]
+        for topology, nodes in sets:
+            mine = run_set(args, topology, nodes, root)
+            rows += mine
+            if not args.no_predict:
+                predictions[topology] = predict(args, topology, nodes, mine, root)
+                print(f"{topology}: the simulator predicts {predictions[topology]}",
+                      file=sys.stderr, flush=True)
     versus: dict[str, Any] = {}
     for topology in dict.fromkeys(r["topology"] for r in rows):
         mine = [r for r in rows if r["topology"] == topology]
@@ -172,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             "async_vs_sync_slow": ratio(mine, ("sync", True), ("async", True)),
             "async_vs_tight_slow": ratio(mine, ("sync-tight", True), ("async", True)),
             "async_vs_sync_even": ratio(mine, ("sync", False), ("async", False)),
+            "prediction": predictions.get(topology),
         }
     headline = versus[sets[0][0]]["async_vs_sync_slow"] or 0.0
     if not args.json:

@@ -195,3 +195,34 @@ def test_a_partitioned_ring_runs_on_both_sides_and_merges_when_it_heals(lab: Lab
         residual = c.residual(range(5))
         print(f"residual {residual:.2e}")  # shown with -s: the figure of the run
         assert residual <= TOLERANCE, residual
+
+
+def test_an_async_ring_partitioned_and_healed_ends_with_the_sum_exact(lab: Lab, tmp_path):
+    """``schedule: async`` across the same cut: each side trains and mixes on its own, the
+    exchanges over the cut edges wait (asked again with the same id, so an answer lost in the
+    cut is applied once), and after the heal they go through again and every node ends with
+    ``Σ x = Σ τ``."""
+    side_a, side_b = [0, 1], [2, 3, 4]
+    with cluster(tmp_path, 5, rounds=30, namespaces=lab.namespaces, hosts=lab.ips,
+                 schedule="async", synthetic_train=4000) as c:
+        c.start(*range(5))
+        c.wait_for_round(0, 3)
+        lab.cut(side_a, side_b)
+        cut_at = max(c.done(i) for i in range(5))
+        c.wait_for_round(0, cut_at + 4)
+        c.wait_for_round(3, cut_at + 4)
+        def journal(i: int) -> list[str]:
+            return (c.state_dir(i) / "exchanges.jsonl").read_text().splitlines()
+
+        before = {i: len(journal(i)) for i in (0, 1)}
+        lab.cut(side_a, side_b, heal=True)
+        assert c.wait() == [0] * 5, c.logs(range(5))
+        c.assert_finished(range(5))
+        for observer, peer in ((1, 2), (0, 4)):  # the cut edges exchanged after the heal
+            after = journal(observer)[before[observer]:]
+            assert any(f'"peer": "node-{peer}"' in line
+                       and ('"apply"' in line or '"answer"' in line) for line in after), (
+                observer, peer)
+        residual = c.residual(range(5))
+        print(f"residual {residual:.2e}")
+        assert residual <= TOLERANCE, residual
