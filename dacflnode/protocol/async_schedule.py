@@ -259,6 +259,17 @@ class AsyncNode:
             self.saved = self.runner.checkpoint()
         return self.saved
 
+    def edge_state(self, peer: str) -> str | None:
+        """How the edge to ``peer`` stands when it is not simply in use (``status``): ``left``,
+        ``quarantined`` or ``reconciling`` (after a restart); ``None`` otherwise."""
+        if peer in self.members.left:
+            return "left"
+        if self.guard is not None and peer in self.guard.quarantined:
+            return "quarantined"
+        if peer in self.members.unreconciled:
+            return "reconciling"
+        return None
+
     def ahead_of(self) -> list[str]:
         """The neighbours whose last exchange was refused as too stale while behind."""
         mine = self.runner.round

@@ -53,6 +53,7 @@ class _Async(Protocol):
     @property
     def per_edge(self) -> Mapping[str, int]: ...
     def ahead_of(self) -> list[str]: ...
+    def edge_state(self, peer: str) -> str | None: ...
 
 
 class Observed(Protocol):
@@ -198,6 +199,8 @@ def snapshot_of(runner: Observed, ready: Callable[[str], bool | None] | None = N
         counted, track = stats.get(j), tracks.get(j)
         s, t = counted or PeerStats(), track or PeerTrack()
         state = "" if track is None else track.state.value
+        if runner.async_node is not None:
+            state = runner.async_node.edge_state(j) or state
         peers[j] = PeerSnapshot(
             state=state, connected=s.connected, last_round_received=s.last_round_received,
             bytes_received=s.bytes_received, bytes_sent=s.bytes_sent, latency_ms=s.latency_ms,

@@ -16,6 +16,7 @@ from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.partition import partition
 from dacflnode.protocol.faults import parse_fault_plan
+from dacflnode.protocol.snapshot import snapshot_of
 from dacflnode.records.metrics_log import METRICS_FILE, read_metrics
 from dacflnode.sim.round_records import SimulationResult
 from dacflnode.sim.simulator import Simulation
@@ -281,6 +282,7 @@ def test_a_node_that_leaves_hands_its_edges_over_and_a_late_one_joins_with_the_s
         node = by_id[n].async_node
         assert node is not None and "node-1" not in node.neighbours
         assert [e["peer"] for e in node.journal if e["event"] == "handed"] == ["node-1"]
+        assert snapshot_of(by_id[n]).peer("node-1").state == "left"  # as status shows it
     joiner = read_metrics(tmp_path / "node-3" / METRICS_FILE)
     others = read_metrics(tmp_path / "node-2" / METRICS_FILE)
     assert joiner[0]["time"] > others[1]["time"]  # it began after the others' second block
@@ -331,6 +333,7 @@ def test_a_poisoning_member_is_refused_and_quarantined_and_the_sum_stays_exact()
         node = by_id[honest]
         assert node is not None and node.guard is not None
         assert node.guard.quarantined == {"node-2"} and "node-2" not in node.neighbours
+        assert node.edge_state("node-2") == "quarantined"
     honest_ids = ("node-0", "node-1", "node-3", "node-4")
     acc = {r.setup.node_id: r.last_accuracy for r in sim.runners}
     before = {r.setup.node_id: r.last_accuracy for r in clean.runners}
