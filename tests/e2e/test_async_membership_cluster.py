@@ -84,3 +84,29 @@ async def test_a_drained_async_daemon_hands_its_edges_over_and_the_others_finish
         report = invariant(c)
         assert report["holds"] is True and report["resolved_residual"] < 2e-6, report
         assert report["left"] == ["node-2"] and "node-2" not in report["nodes"], report
+
+
+async def test_a_stopped_async_daemon_started_again_and_a_late_one_end_exact(tmp_path):
+    """``dacflnode stop`` (no drain) of a node mid-run, and its start again from its
+    checkpoint; and a node whose daemon starts only once the others are blocks in: every node
+    trains all its blocks and the checkpoints keep ``Σ x = Σ τ``."""
+    # (a daemon waits hello_timeout for its neighbours at its start, then goes on without
+    # those that are not up: they join when they come)
+    with cluster(tmp_path, 4, ROUNDS, schedule="async", threads=1, eval_every=5,
+                 hello_timeout=3.0) as c:
+        slow_down(c, 1, 40.0)
+        c.start(0, 1, 2)
+        c.wait_for_round(0, 3)
+        c.start(3)  # late: its neighbours are blocks ahead and wait for it at their end
+        c.wait_for_round(1, 2)
+        assert await request_stop(c.control_address(1), auth=c.control_auth(1))
+        assert c.wait([1], timeout=60) == [0]
+        stopped_at = c.done(1)
+        c.start(1)
+        assert c.wait() == [0] * 4, c.logs(range(4))
+        c.assert_finished([0, 2, 3])
+        rounds = [int(m["round"]) for m in c.metrics(1)]
+        assert rounds[-1] == ROUNDS and stopped_at < ROUNDS
+        assert any(e["event"] == "restart" for e in journal(c, 1))
+        report = invariant(c)
+        assert report["holds"] is True and report["resolved_residual"] < 2e-6, report
