@@ -78,6 +78,8 @@ RETRY_S = 0.5
 #: Seconds a node waits, before a block, for the answers to the exchanges it just asked for
 #: (a round trip; a neighbour answers while it trains, so this never waits for training).
 ANSWER_WAIT_S = 1.0
+#: Seconds between two log lines of a node that waits at its end for its neighbours.
+WAITING_LOG_S = 30.0
 
 class Host(Protocol):
     """What the schedule reads and changes of its node (the
@@ -528,7 +530,14 @@ class AsyncNode:
         await asyncio.gather(*(self._notify(peer) for peer in self.neighbours))
         while not self.done_peers >= set(self.neighbours):
             self._done_changed.clear()
-            await self._done_changed.wait()
+            try:
+                async with asyncio.timeout(WAITING_LOG_S):
+                    await self._done_changed.wait()
+            except TimeoutError:  # say who the node waits for (one may be down for good)
+                log.warning("trained all blocks; waiting for %s to finish",
+                            ", ".join(sorted(set(self.neighbours) - self.done_peers)),
+                            extra={"event": "waiting_for_neighbours", "node": self.me,
+                                   "round": runner.round})
         self.finished = True
         self.waited_s += now() - waited
         await self.step({"event": "settle"}, lambda: None)  # (the journal's end)
