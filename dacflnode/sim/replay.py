@@ -138,6 +138,10 @@ async def _play(node: _Node, entry: dict[str, Any],
         raise ConfigError("replay", f"{node.id} restarted during the run (or reconciled with "
                           "a node that did): its journal holds the lost process's steps, "
                           "which a replay cannot play; replay a run without restarts")
+    elif event in ("leaving", "handover", "handed"):
+        raise ConfigError("replay", f"{node.id}'s journal has a departure ({event}): a "
+                          "replay plays runs whose nodes all stay; replay a run without "
+                          "stop --drain")
     else:
         raise ConfigError("replay", f"unknown journal event {event!r}")
     return True

@@ -62,3 +62,16 @@ def test_replay_needs_an_asynchronous_launch_folder(tmp_path):
     (tmp_path / "summary.json").write_text('{"config": {"schedule": "sync"}}')
     with pytest.raises(ConfigError, match="only an asynchronous run"):
         run_config_of(tmp_path)
+    (tmp_path / "summary.json").write_text(
+        '{"config": {"schedule": "async", "compression": "int8"}}')
+    with pytest.raises(ConfigError, match="compression int8"):
+        run_config_of(tmp_path)
+
+
+@pytest.mark.parametrize("event", ["restart", "adopt", "reconcile", "leaving", "handed"])
+async def test_a_journal_of_a_restart_or_a_departure_is_refused_in_one_line(event):
+    journals = journal_of_two()
+    journals["a"].insert(0, {"event": event, "peer": "b", "epoch": 1, "blocks": 0})
+    with pytest.raises(ConfigError, match=r"restart|departure"):
+        await replay_journals(torch.zeros(3), {"a": StepTrainer(1.0), "b": StepTrainer(1.0)},
+                              journals)
