@@ -284,7 +284,7 @@ class Membership:
                     await asyncio.sleep(RETRY_S)
                     continue
                 except WireError as exc:
-                    if exc.reason is Reason.IN_PROGRESS:  # it settles its exchange first
+                    if exc.reason in (Reason.IN_PROGRESS, Reason.RECONCILING):  # (retry)
                         await asyncio.sleep(RETRY_S)
                         continue
                     log.warning("%s did not take this node's handover: %s", peer, exc,
