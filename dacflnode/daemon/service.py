@@ -38,7 +38,7 @@ import signal
 import ssl
 import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
     from dacflnode.assembly.build import BuiltNode
     from dacflnode.protocol.faults import FaultPlan
     from dacflnode.transport.base import Inbox
-    from dacflnode.transport.grpc_control import TokenInterceptor
     from dacflnode.transport.grpc_transport import GrpcTransport
     from dacflnode.transport.receiver import Receiver
     from dacflnode.transport.tls_failures import HandshakeWatch
@@ -338,6 +337,19 @@ class Daemon:
         token = pf.node.control_token or new_token()
         interceptors = control_interceptors(token)
         control = channels.create_server(interceptors=interceptors)
+
+        def refusal_counts() -> dict[str, int]:
+            """The refusals so far: the neighbours' (once the node is built) and the Control
+            calls without their token (from the Control service's start, which comes first)."""
+            receiver = self.receiver
+            counts = ({} if receiver is None else
+                      {reason.value: n for reason, n in receiver.refusals.items()})
+            token_refused = sum(i.refused for i in interceptors)
+            if token_refused:
+                counts["control-token"] = token_refused
+            return counts
+
+        self.refusal_counts = refusal_counts
         transport: GrpcTransport | None = None
         try:
             add_control_service(control, _Provider(self))
@@ -362,7 +374,7 @@ class Daemon:
             self.runner = runner
             if built.checkpoint is not None and await runner.confirm_finished():
                 return 0  # started again after its last round: nothing to wait for
-            return await self._run(runner, transport, interceptors)
+            return await self._run(runner, transport)
         finally:
             if transport is not None:
                 await transport.stop(grace=NEIGHBOUR_STOP_GRACE)
@@ -383,21 +395,11 @@ class Daemon:
             first_message_timeout=pf.daemon.first_message_timeout,
             health_listen=pf.node.health)
 
-    async def _run(self, runner: NodeRunner, transport: GrpcTransport,
-                   interceptors: Sequence[TokenInterceptor]) -> int:
+    async def _run(self, runner: NodeRunner, transport: GrpcTransport) -> int:
         """Serve the neighbours and run the rounds; the exit code."""
         from dacflnode.transport.channels import BindError
 
         pf = self.pf
-
-        def refusal_counts() -> dict[str, int]:
-            counts = {reason.value: n for reason, n in transport.receiver.refusals.items()}
-            token_refused = sum(i.refused for i in interceptors)
-            if token_refused:
-                counts["control-token"] = token_refused
-            return counts
-
-        self.refusal_counts = refusal_counts
         round_log = RoundLog(pf.node.id, pf.run.rounds, lambda: runner.peers,
                              lambda: traffic_totals(transport.stats.values()))
         chained = runner.on_round
