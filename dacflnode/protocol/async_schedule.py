@@ -107,6 +107,15 @@ class Host(Protocol):
     def checkpoint(self, left: bool = False) -> Checkpoint: ...
 
 
+class _Kept(Exception):
+    """An exchange answered already (a retry that waited for the first try's step): its kept
+    answer, applied once; the step is not journaled."""
+
+    def __init__(self, reply: RoundMessage) -> None:
+        super().__init__(reply.exchange_id)
+        self.reply = reply
+
+
 @dataclass
 class Asked:
     """An exchange this node asked for and has not seen answered."""
@@ -308,6 +317,9 @@ class AsyncNode:
         snapshot = dict(request.tensors)
 
         def change() -> RoundMessage:
+            kept = self.answered.get(peer)  # (a retry that overlapped the first try)
+            if kept is not None and kept.exchange_id == request.exchange_id:
+                raise _Kept(kept)
             self.members.check(request)
             state, codec = runner.state, self.codec
             if codec is None:
@@ -323,17 +335,21 @@ class AsyncNode:
             runner.state = pairwise.answered(state, c)
             self.flows.added(peer, c, +1.0)
             self.kept = pairwise.kept_after(self.kept, weight)
-            return RoundMessage(self.me, state.round, self.degree, wire, kind=Kind.EXCHANGED,
-                                exchange_id=request.exchange_id, weight=weight)
+            answer = RoundMessage(self.me, state.round, self.degree, wire,
+                                  kind=Kind.EXCHANGED, exchange_id=request.exchange_id,
+                                  weight=weight)
+            self.answered[peer] = answer  # (in the step: a retry waiting for it sees it)
+            return answer
 
         try:
             reply: RoundMessage = await self.step(
                 {"event": "answer", "id": request.exchange_id, "peer": peer,
                  "blocks": mine, "peer_blocks": request.round, "weight": weight}, change)
+        except _Kept as retry:
+            return retry.reply
         except WireError as exc:
             self._offence(peer, request.round, exc)
             raise
-        self.answered[peer] = reply
         self.stale.pop(peer, None)
         self.counts.add(peer, abs(request.round - mine))
         self.per_edge[peer] += 1

@@ -338,3 +338,32 @@ def test_a_poisoning_member_is_refused_and_quarantined_and_the_sum_stays_exact()
     acc = {r.setup.node_id: r.last_accuracy for r in sim.runners}
     before = {r.setup.node_id: r.last_accuracy for r in clean.runners}
     assert min(acc[n] for n in honest_ids) >= min(before[n] for n in honest_ids) - 0.1
+
+
+def test_a_retry_that_overlaps_its_first_try_is_answered_once(monkeypatch):
+    """Every exchange request arrives twice at once (a retry sent while the first try is still
+    being answered): the answering node applies it once and both calls get the same answer, so
+    the sum stays exact."""
+    from dacflnode.transport.memory import MemoryTransport
+    from dacflnode.wire.message import Kind
+
+    real = MemoryTransport.exchange
+
+    async def twice(self, peer, request, timeout):
+        if request.kind is not Kind.EXCHANGE:
+            return await real(self, peer, request, timeout)
+        first, second = await asyncio.gather(real(self, peer, request, timeout),
+                                             real(self, peer, request, timeout),
+                                             return_exceptions=True)
+        if isinstance(first, BaseException):
+            raise first
+        assert isinstance(second, BaseException) or second is first
+        return first
+
+    monkeypatch.setattr(MemoryTransport, "exchange", twice)
+    sim = simulate()
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+    for runner in sim.runners:
+        journal = runner.async_node.journal  # type: ignore[union-attr]
+        answers = [(e["peer"], e["id"]) for e in journal if e["event"] == "answer"]
+        assert answers and len(answers) == len(set(answers))
