@@ -98,6 +98,7 @@ class AsyncNode(Protocol):
     async def step(self, entry: dict[str, Any], change: Callable[[], Any]) -> Any: ...
     def timeout(self) -> float: ...
     def new_id(self) -> int: ...
+    def last_id(self) -> int: ...
     def peer_done(self, peer: str) -> None: ...
     def drop_neighbour(self, peer: str) -> None: ...
 
@@ -116,6 +117,8 @@ class Membership:
         saved = 0 if resume is None else int(resume.meta.get("exchange_epoch", "0") or 0)
         #: the epoch of this process's exchange ids
         self.epoch = max(saved, ran or 0) + 1 if self.restarted else 0
+        #: per neighbour, the reconciliations it asked of this node (its restarts)
+        self.reconciliations: dict[str, int] = {}
         #: the neighbours that left the network (their totals handed over)
         self.left: set[str] = set() if resume is None else set(
             json.loads(resume.meta.get("left_peers", "[]")))
@@ -146,8 +149,9 @@ class Membership:
             raise WireError("UNAVAILABLE", f"{self.me} restarted and has not reconciled the "
                             f"edge to {peer} yet", Reason.RECONCILING)
         if request.exchange_id < self.floor.get(peer, 0):
-            raise WireError("FAILED_PRECONDITION", f"exchange {request.exchange_id} is from "
-                            f"before {peer} restarted", Reason.RESTARTED)
+            raise WireError("FAILED_PRECONDITION", f"exchange {request.exchange_id} was asked "
+                            "before a restart (of its asker or of this node)",
+                            Reason.RESTARTED)
 
     def meta(self, finished: bool) -> dict[str, str]:
         """What a checkpoint adds to its metadata for a restart."""
@@ -172,15 +176,18 @@ class Membership:
 
         def change() -> RoundMessage:
             self.unreconciled.discard(peer)  # (both restarted: the asking end adopts)
+            self.reconciliations[peer] = self.reconciliations.get(peer, 0) + 1
             self.floor[peer] = max(self.floor.get(peer, 0), request.exchange_id)
             node.answered.pop(peer, None)
             node.done_peers.discard(peer)  # its new process tells again when it is done
             if node.codec is not None:  # its references are lost: snapshots go whole again
                 node.codec.forget(peer)
             kind = Kind.EXCHANGE_DONE if node.done_asking else Kind.EXCHANGED
+            # copy_next: the last id this node asked with; the restarted node refuses those
+            # (an answer of its lost process to one of them is dropped here, see AsyncNode)
             return RoundMessage(self.me, runner.state.round, node.degree,
                                 self.flows.of(peer, runner.state.x), kind=kind,
-                                exchange_id=request.exchange_id)
+                                exchange_id=request.exchange_id, copy_next=node.last_id())
 
         reply: RoundMessage = await node.step(
             {"event": "reconcile", "peer": peer, "floor": request.exchange_id}, change)
@@ -226,11 +233,15 @@ class Membership:
                 continue
             entry: dict[str, Any] = {"event": "adopt", "peer": peer,
                                      "peer_blocks": reply.round}
-            await node.step(entry, partial(self._adopt, peer, dict(reply.tensors), entry))
+            await node.step(entry, partial(self._adopt, peer, dict(reply.tensors), entry,
+                                           reply.copy_next))
             if reply.kind is Kind.EXCHANGE_DONE:
                 node.peer_done(peer)
 
-    def _adopt(self, peer: str, theirs: dict[str, torch.Tensor], entry: dict[str, Any]) -> None:
+    def _adopt(self, peer: str, theirs: dict[str, torch.Tensor], entry: dict[str, Any],
+               asked_up_to: int) -> None:
+        # the neighbour's exchanges asked before now were asked of the lost process: refused
+        self.floor[peer] = max(self.floor.get(peer, 0), asked_up_to + 1)
         if peer in self.unreconciled:  # (not settled meanwhile by the other end)
             runner = self.node.runner
             before = runner.state.x

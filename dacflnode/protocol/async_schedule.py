@@ -43,27 +43,24 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 import torch
 
 from dacflnode.algorithms import pairwise
 from dacflnode.algorithms.edge_flows import EdgeFlows
-from dacflnode.algorithms.rounds import NodeState
 from dacflnode.filemodes import LOG_MODE, open_text
 from dacflnode.protocol.async_compression import EdgeCodec
 from dacflnode.protocol.async_guard import ExchangeGuard
 from dacflnode.protocol.async_membership import JOURNAL_FILE, Membership
+from dacflnode.protocol.async_parts import Asked, BlockCounts, Host, Kept
 from dacflnode.protocol.clock import now
-from dacflnode.protocol.fault_filter import FaultFilter
-from dacflnode.protocol.outputs import Outputs
 from dacflnode.protocol.phase import Phase
-from dacflnode.protocol.setup import NodeSetup, RoundReport
+from dacflnode.protocol.setup import RoundReport
 from dacflnode.protocol.snapshot import refused_total
 from dacflnode.records.checkpoint import Checkpoint
-from dacflnode.records.membership import PeerTrack
-from dacflnode.transport.base import PeerUnavailable, Transport, TransportClosed
+from dacflnode.transport.base import PeerUnavailable, TransportClosed
 from dacflnode.wire.errors import Reason, WireError
 from dacflnode.wire.message import Kind, RoundMessage
 
@@ -80,63 +77,6 @@ RETRY_S = 0.5
 ANSWER_WAIT_S = 1.0
 #: Seconds between two log lines of a node that waits at its end for its neighbours.
 WAITING_LOG_S = 30.0
-
-class Host(Protocol):
-    """What the schedule reads and changes of its node (the
-    :class:`~dacflnode.protocol.runner.NodeRunner`)."""
-
-    setup: NodeSetup
-    state: NodeState
-    phase: Phase
-    transport: Transport
-    outputs: Outputs
-    last: RoundReport | None
-    last_accuracy: float
-    last_loss: float
-    alone_rounds: int
-    on_round: Callable[[RoundReport], None] | None
-    faults: FaultFilter
-
-    @property
-    def round(self) -> int: ...
-    @property
-    def leaving(self) -> bool: ...
-    @property
-    def peers(self) -> dict[str, PeerTrack]: ...
-    def residual(self) -> float: ...
-    def checkpoint(self, left: bool = False) -> Checkpoint: ...
-
-
-class _Kept(Exception):
-    """An exchange answered already (a retry that waited for the first try's step): its kept
-    answer, applied once; the step is not journaled."""
-
-    def __init__(self, reply: RoundMessage) -> None:
-        super().__init__(reply.exchange_id)
-        self.reply = reply
-
-
-@dataclass
-class Asked:
-    """An exchange this node asked for and has not seen answered."""
-
-    id: int
-    request: RoundMessage
-
-
-@dataclass
-class BlockCounts:
-    """What the node's exchanges did since its last metrics line."""
-
-    exchanges: int = 0
-    staleness: int = 0
-    peers: set[str] = field(default_factory=set)
-
-    def add(self, peer: str, gap: int) -> None:
-        self.exchanges += 1
-        self.staleness = max(self.staleness, gap)
-        self.peers.add(peer)
-
 
 class AsyncNode:
     """The asynchronous schedule of one :class:`~dacflnode.protocol.runner.NodeRunner`."""
@@ -237,6 +177,10 @@ class AsyncNode:
         self._next_id += 1
         return exchange_id
 
+    def last_id(self) -> int:
+        """The last exchange id this node asked with (its epoch's first, less one, if none)."""
+        return self._next_id - 1
+
     def peer_done(self, peer: str) -> None:
         self.done_peers.add(peer)
         self._done_changed.set()
@@ -319,7 +263,7 @@ class AsyncNode:
         def change() -> RoundMessage:
             kept = self.answered.get(peer)  # (a retry that overlapped the first try)
             if kept is not None and kept.exchange_id == request.exchange_id:
-                raise _Kept(kept)
+                raise Kept(kept)
             self.members.check(request)
             state, codec = runner.state, self.codec
             if codec is None:
@@ -345,7 +289,7 @@ class AsyncNode:
             reply: RoundMessage = await self.step(
                 {"event": "answer", "id": request.exchange_id, "peer": peer,
                  "blocks": mine, "peer_blocks": request.round, "weight": weight}, change)
-        except _Kept as retry:
+        except Kept as retry:
             return retry.reply
         except WireError as exc:
             self._offence(peer, request.round, exc)
@@ -386,7 +330,8 @@ class AsyncNode:
                 snap)
             if runner.faults.poisons and self.codec is None:  # a fault plan's misbehaving node
                 request = runner.faults.sent_to(peer, request)
-            pending = self.asked[peer] = Asked(exchange_id, request)
+            pending = self.asked[peer] = Asked(exchange_id, request,
+                                               self.members.reconciliations.get(peer, 0))
         try:
             reply = await runner.transport.exchange(peer, pending.request, self.timeout())
             c = dict(reply.tensors) if self.codec is None else self.codec.decode_transfer(
@@ -416,15 +361,21 @@ class AsyncNode:
             known.last_round_received = max(known.last_round_received, reply.round)
 
         def apply() -> None:
+            if self.members.reconciliations.get(peer, 0) != pending.reconciled:
+                # the neighbour restarted after it answered: it adopted this node's totals,
+                # which hold no part of this exchange, so it applies at neither end
+                entry["dropped"] = True
+                return
             runner.state = pairwise.asked(runner.state, c)
             self.flows.added(peer, c, -1.0)
             if self.codec is not None:
                 self.codec.answered(peer, pending.id)
             self.kept = pairwise.kept_after(self.kept, reply.weight)
 
-        await self.step({"event": "apply", "id": pending.id, "peer": peer,
-                          "blocks": runner.round, "peer_blocks": reply.round,
-                          "weight": reply.weight}, apply)
+        entry: dict[str, Any] = {"event": "apply", "id": pending.id, "peer": peer,
+                                 "blocks": runner.round, "peer_blocks": reply.round,
+                                 "weight": reply.weight}
+        await self.step(entry, apply)
         self.asked.pop(peer, None)
         self.stale.pop(peer, None)
         self.counts.add(peer, abs(reply.round - pending.request.round))

@@ -477,7 +477,12 @@ class _Nodes:
             self.records.add(node, report, runner.state)
             if crash is not None and runner.round >= crash.round and not crashed:
                 crashed = True
-                task.cancel()  # lands at the runner's next await: the start of round crash.round
+                if runner.async_node is None:
+                    task.cancel()  # lands at the runner's next await: the start of crash.round
+                else:  # half-way through its next block, as a kill -9 lands: what it did
+                    # since this block's checkpoint is lost (its restart resumes from that)
+                    asyncio.get_running_loop().call_later(
+                        self.sim.cfg.block_time * self.sim.slowdown_of(node) / 2, task.cancel)
             elif leave is not None and runner.round >= leave and not runner.leaving:
                 runner.request_leave()
             self._bump()

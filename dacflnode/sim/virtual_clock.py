@@ -18,19 +18,25 @@ deadline (exactly: no float drift; the loop's clock resolution is kept at least 
 the clock, so a deadline near a unix-epoch ``start`` still counts as due) and the loop carries on,
 so that timer fires next; nothing real is waited for. Real I/O is still polled, without blocking,
 on every iteration, and is handled at the virtual instant it is seen. The exception is work in
-threads: while any job started by :meth:`VirtualClockLoop.run_in_executor` (``asyncio.to_thread``
-included) has not delivered its result, or the default executor is being shut down, an idle loop
-blocks for real on its selector (the self-pipe that ``call_soon_threadsafe`` writes to) for at most
-``REAL_WAIT`` seconds instead of advancing. Virtual time stands still meanwhile: executor work
-takes zero virtual time, and its result arrives at the instant it was started, after whatever else
-was ready at that instant and before any later timer.
+threads: a job started by :meth:`VirtualClockLoop.run_in_executor` (``asyncio.to_thread``
+included) in a real thread delivers its result only when the loop is idle, one job at a time, in
+the order the jobs were started: an idle loop with such a job undelivered waits for real for the
+oldest one (not for whichever thread happens to finish first) and delivers it, instead of
+advancing. Virtual time stands still meanwhile: executor work takes zero virtual time, and its
+result arrives at the instant it was started, after whatever else was ready at that instant and
+before any later timer. A job an executor other than a thread pool completes as it is submitted
+(an inline executor) is delivered at the next iteration, as a stock loop does.
 
 **Why it is deterministic.** Nothing reads the real clock. The ready queue is a FIFO deque and
 virtual deadlines are float sums of deterministic inputs. CPython's timer heap does not break ties
 stably (``heapq`` orders equal deadlines by heap shape: twenty ``call_at`` with one deadline run
 as 0, 2, 6, 14, 13, ... on a stock loop), so :meth:`VirtualClockLoop.call_at` tags each timer with a
-sequence number and equal deadlines run in scheduling order. The only nondeterministic inputs
-are real ones: I/O on real file descriptors and completions of threads.
+sequence number and equal deadlines run in scheduling order. Threads finish in whatever order the
+machine lets them; their results are delivered in the order they were started, at idle points
+(above), so that order never reaches the simulation (before, two nodes' file writes or trainings
+finishing in either order could interleave the nodes differently: a crash run's journals
+differed about one run in ten under load). The only nondeterministic input left is I/O on real
+file descriptors.
 
 **What stalls.** When the loop would wait forever (no callback ready, no timer, no real I/O ready),
 no executor job is in flight and no file descriptor other than the loop's own self-pipe is
@@ -46,6 +52,8 @@ This relies on asyncio's selector-loop internals (``_scheduled``, ``_ssock``,
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import heapq
 import itertools
 import math
@@ -64,6 +72,20 @@ _Ts = TypeVarTuple("_Ts")
 REAL_WAIT = 0.05
 
 _Ready = list[tuple[selectors.SelectorKey, int]]
+
+
+def _deliver(job: concurrent.futures.Future[Any], future: asyncio.Future[Any]) -> None:
+    """Copy a finished executor job's outcome into the loop's future (unless cancelled)."""
+    if future.cancelled():
+        return
+    if job.cancelled():
+        future.cancel()
+        return
+    exc = job.exception()
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(job.result())
 
 
 class SimulationStalled(RuntimeError):
@@ -155,7 +177,9 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     def __init__(self, start: float = 0.0) -> None:
         self._virtual_now = float(start)
         self._timer_seq = itertools.count()
-        self._in_flight: set[asyncio.Future[Any]] = set()
+        #: executor jobs on real threads not yet delivered, oldest first
+        self._jobs: collections.deque[tuple[concurrent.futures.Future[Any],
+                                            asyncio.Future[Any]]] = collections.deque()
         self._external_waits = 0
         selector = _VirtualSelector()
         super().__init__(selector)
@@ -198,9 +222,23 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def run_in_executor(self, executor: Executor | None, func: Callable[[Unpack[_Ts]], T],
                         *args: *_Ts) -> asyncio.Future[T]:
-        future = super().run_in_executor(executor, func, *args)
-        self._in_flight.add(future)
-        future.add_done_callback(self._in_flight.discard)
+        # BaseEventLoop.run_in_executor (CPython 3.11-3.13), delivering in start order
+        core = self._core
+        core._check_closed()
+        if executor is None:
+            core._check_default_executor()
+            executor = core._default_executor
+            if executor is None:
+                executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="asyncio")
+                core._default_executor = executor
+        job = executor.submit(func, *args)
+        future: asyncio.Future[T] = self.create_future()
+        threaded = isinstance(executor, concurrent.futures.ThreadPoolExecutor)
+        if job.done() and not threaded:  # an inline executor: at the next iteration, as a
+            self.call_soon(_deliver, job, future)  # stock loop would (a thread that was
+            # merely quick still waits its turn below: how fast it was must not matter)
+        else:
+            self._jobs.append((job, future))
         return future
 
     async def shutdown_default_executor(self, *args: Any, **kwargs: Any) -> None:
@@ -215,13 +253,23 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def threads_in_flight(self) -> bool:
         """Whether executor work started through this loop has yet to deliver its result."""
-        return self._external_waits > 0 or any(not f.done() for f in self._in_flight)
+        return self._external_waits > 0 or bool(self._jobs)
 
     def _idle(self) -> _Ready:
-        """The loop would block and nothing real is ready: wait for threads, jump to the next
-        timer, wait for real I/O, or declare a stall."""
+        """The loop would block and nothing real is ready: deliver the oldest thread job (waiting
+        for it), jump to the next timer, wait for real I/O, or declare a stall."""
         core = self._core
-        if self.threads_in_flight():
+        while self._jobs and self._jobs[0][1].cancelled():
+            self._jobs.popleft()  # nobody waits for it: its thread finishes on its own
+        if self._jobs:
+            job, future = self._jobs[0]
+            if not job.done():
+                concurrent.futures.wait([job], timeout=REAL_WAIT)
+                return self._virtual_selector.real.select(0)
+            self._jobs.popleft()
+            _deliver(job, future)
+            return []
+        if self._external_waits > 0:
             return self._virtual_selector.real.select(REAL_WAIT)
         if core._scheduled:
             self._set_now(max(self._virtual_now, core._scheduled[0].when()))
