@@ -41,6 +41,16 @@ def simulate(cfg: RunConfig = CFG, out: Path | None = None, **kw) -> Simulated:
     return sim
 
 
+def assert_applied_once(sim: Simulated) -> None:
+    """The sum is exact, and every node answered and applied each exchange id once."""
+    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
+    for runner in sim.runners:
+        journal = runner.async_node.journal  # type: ignore[union-attr]
+        for event in ("answer", "apply"):
+            steps = [(e["peer"], e["id"]) for e in journal if e["event"] == event]
+            assert steps and len(steps) == len(set(steps)), (runner.setup.node_id, event)
+
+
 def test_an_async_run_ends_settled_with_the_sum_exact_and_every_block_trained(tmp_path):
     sim = simulate(out=tmp_path)
     assert [r.round for r in sim.runners] == [4] * 4
@@ -128,12 +138,7 @@ def test_a_lost_answer_is_asked_again_and_applied_once_at_each_end(monkeypatch):
 
     monkeypatch.setattr(MemoryTransport, "exchange", lossy)
     sim = simulate()
-    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
-    for runner in sim.runners:
-        journal = runner.async_node.journal  # type: ignore[union-attr]
-        answers = [(e["peer"], e["id"]) for e in journal if e["event"] == "answer"]
-        applies = [(e["peer"], e["id"]) for e in journal if e["event"] == "apply"]
-        assert len(answers) == len(set(answers)) and len(applies) == len(set(applies))
+    assert_applied_once(sim)
     # every exchange applied by its asking end was answered once by the other end
     answered = {(r.setup.node_id, e["peer"], e["id"]) for r in sim.runners
                 for e in r.async_node.journal if e["event"] == "answer"}  # type: ignore[union-attr]
@@ -370,9 +375,4 @@ def test_a_retry_that_overlaps_its_first_try_is_answered_once(monkeypatch):
         return first
 
     monkeypatch.setattr(MemoryTransport, "exchange", twice)
-    sim = simulate()
-    assert sim.result.invariant is not None and sim.result.invariant <= 2e-6
-    for runner in sim.runners:
-        journal = runner.async_node.journal  # type: ignore[union-attr]
-        answers = [(e["peer"], e["id"]) for e in journal if e["event"] == "answer"]
-        assert answers and len(answers) == len(set(answers))
+    assert_applied_once(simulate())
