@@ -111,6 +111,7 @@ class AsyncNode:
         self.done_asking = False
         #: the edges' totals, restarts and departures
         self.members = Membership(self, resume)
+        self._resume, self._start_state = resume, runner.state
         compression = runner.setup.compression
         #: a compressed run's snapshot references and coding (references start at the initial
         #: model a fresh node holds; a restarted node has none)
@@ -209,10 +210,17 @@ class AsyncNode:
                        tracked_name="omega_prev")
 
     async def _capture(self) -> Checkpoint:
-        """The node's checkpoint, its states and totals read under the lock (one moment)."""
-        async with self._lock:
-            self.saved = self.runner.checkpoint()
-        return self.saved
+        """The node's checkpoint, its states and totals read in one step (one moment), marked
+        in the journal (``saved``: a replay of a restart resumes from that point, as the node
+        resumes from that checkpoint)."""
+        runner = self.runner
+
+        def capture() -> Checkpoint:
+            self.saved = runner.checkpoint()
+            return self.saved
+
+        saved: Checkpoint = await self.step({"event": "saved", "blocks": runner.round}, capture)
+        return saved
 
     def edge_state(self, peer: str) -> str | None:
         """How the edge to ``peer`` stands when it is not simply in use (``status``): ``left``,
@@ -420,7 +428,10 @@ class AsyncNode:
         began = now()
         try:
             await self.members.reconcile()
-            await self._capture()
+            # what a restart now would resume from: the checkpoint this process started from,
+            # or nothing (the initial model), as for a daemon
+            self.saved = self._resume if self._resume is not None else replace(
+                runner.checkpoint(), state=self._start_state, flows={})
             while runner.round < setup.rounds:
                 if runner.leaving:
                     await self._leave()

@@ -8,6 +8,8 @@ that stay, as the healthy run's do."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from dacflnode.cli.main import cli
+from dacflnode.peers.file import load_peers
 from dacflnode.transport.grpc_control import request_stop
 from tests.harness.cluster import Cluster, cluster
 
@@ -65,6 +68,20 @@ def test_a_killed_async_daemon_restarts_reconciles_its_edges_and_the_sum_stays_e
                        and e["floor"] == 1 << 32 for e in journal(c, i))
         report = invariant(c)
         assert report["holds"] is True and report["resolved_residual"] < 2e-6, report
+        # the journals, the lost process's steps included, replay to the daemons' models
+        assert replayed(c)["max_abs_diff"] <= 1e-6
+
+
+def replayed(c: Cluster) -> dict[str, Any]:
+    """``simulate --replay`` of the cluster, as a user runs it (its run settings written as
+    ``launch`` writes them)."""
+    run = load_peers(c.paths[0]).run
+    (c.root / "summary.json").write_text(json.dumps({"config": run.to_json()}))
+    out = subprocess.run([sys.executable, "-m", "dacflnode", "simulate", "--replay",
+                          str(c.root), "--json"], capture_output=True, text=True, check=True,
+                         timeout=120)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 async def test_a_drained_async_daemon_hands_its_edges_over_and_the_others_finish_exact(
@@ -84,6 +101,7 @@ async def test_a_drained_async_daemon_hands_its_edges_over_and_the_others_finish
         report = invariant(c)
         assert report["holds"] is True and report["resolved_residual"] < 2e-6, report
         assert report["left"] == ["node-2"] and "node-2" not in report["nodes"], report
+        assert replayed(c)["max_abs_diff"] <= 1e-6
 
 
 async def test_a_stopped_async_daemon_started_again_and_a_late_one_end_exact(tmp_path):

@@ -3,6 +3,9 @@ the same states; a journal that cannot be played is an error naming where each n
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +13,9 @@ import torch
 
 from dacflnode.errors import ConfigError
 from dacflnode.learning.train import TrainResult
-from dacflnode.sim.replay import max_difference, replay_journals, run_config_of
+from dacflnode.protocol.async_schedule import JOURNAL_FILE
+from dacflnode.protocol.faults import parse_fault_plan
+from dacflnode.sim.replay import max_difference, read_journal, replay_journals, run_config_of
 
 
 class StepTrainer:
@@ -68,10 +73,27 @@ def test_replay_needs_an_asynchronous_launch_folder(tmp_path):
         run_config_of(tmp_path)
 
 
-@pytest.mark.parametrize("event", ["restart", "adopt", "reconcile", "leaving", "handed"])
-async def test_a_journal_of_a_restart_or_a_departure_is_refused_in_one_line(event):
-    journals = journal_of_two()
-    journals["a"].insert(0, {"event": event, "peer": "b", "epoch": 1, "blocks": 0})
-    with pytest.raises(ConfigError, match=r"restart|departure"):
-        await replay_journals(torch.zeros(3), {"a": StepTrainer(1.0), "b": StepTrainer(1.0)},
-                              journals)
+def journals_of(folder: Path, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    return {n: read_journal(folder / n / JOURNAL_FILE) for n in ids}
+
+
+@pytest.mark.parametrize("plan", [
+    # two neighbours crash in a block and start again from their last checkpoints
+    {"faults": [{"crash": "node-1", "round": 2, "restart": 3},
+                {"crash": "node-2", "round": 2, "restart": 4}]},
+    # one drains away after 3 blocks, one starts late
+    {"faults": [{"leave": "node-1", "round": 3}, {"join": "node-3", "round": 2}]},
+], ids=["restarts", "leave-and-join"])
+def test_a_run_with_restarts_or_a_departure_replays_to_the_same_models(tmp_path, plan):
+    """The journals of a run whose nodes crashed and restarted (the lost processes' steps
+    included), or left, replay to the very models the nodes ended with."""
+    from tests.sim.test_simulator_async import CFG, simulate
+
+    cfg = dataclasses.replace(CFG, nodes=5, rounds=6)
+    sim = simulate(cfg, out=tmp_path, faults=parse_fault_plan(plan), slowdown={"node-0": 3.0})
+    ids = [r.setup.node_id for r in sim.runners]
+    journals = journals_of(tmp_path, ids)
+    assert any(e["event"] in ("restart", "leaving") for j in journals.values() for e in j)
+    # (its own loop: the simulation ran on a virtual-clock loop of its own)
+    states = asyncio.run(replay_journals(sim.initial, sim.engine.trainers, journals))
+    assert max_difference(states, {r.setup.node_id: r.state for r in sim.runners}) == 0.0
