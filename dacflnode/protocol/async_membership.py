@@ -37,6 +37,7 @@ import torch
 from dacflnode.algorithms.edge_flows import EdgeFlows
 from dacflnode.algorithms.rounds import NodeState
 from dacflnode.protocol.async_compression import EdgeCodec
+from dacflnode.protocol.async_parts import Kept
 from dacflnode.protocol.setup import NodeSetup
 from dacflnode.records.checkpoint import Checkpoint
 from dacflnode.transport.base import PeerUnavailable, Transport
@@ -145,13 +146,16 @@ class Membership:
         if self.leaving or peer in self.left:
             raise WireError("FAILED_PRECONDITION", f"{self.me} is leaving the network"
                             if self.leaving else f"{peer} has left", Reason.FINISHED)
-        if peer in self.unreconciled:
-            raise WireError("UNAVAILABLE", f"{self.me} restarted and has not reconciled the "
-                            f"edge to {peer} yet", Reason.RECONCILING)
+        self._refuse_unreconciled(peer)
         if request.exchange_id < self.floor.get(peer, 0):
             raise WireError("FAILED_PRECONDITION", f"exchange {request.exchange_id} was asked "
                             "before a restart (of its asker or of this node)",
                             Reason.RESTARTED)
+
+    def _refuse_unreconciled(self, peer: str) -> None:
+        if peer in self.unreconciled:
+            raise WireError("UNAVAILABLE", f"{self.me} restarted and has not reconciled the "
+                            f"edge to {peer} yet", Reason.RECONCILING)
 
     def meta(self, finished: bool) -> dict[str, str]:
         """What a checkpoint adds to its metadata for a restart."""
@@ -257,15 +261,13 @@ class Membership:
         node, peer = self.node, request.sender
         ack = RoundMessage(self.me, node.runner.round, node.degree, {}, kind=Kind.EXCHANGED,
                            exchange_id=request.exchange_id)
-        if peer in self.left:
-            return ack
-        if peer in self.unreconciled:
-            raise WireError("UNAVAILABLE", f"{self.me} restarted and has not reconciled the "
-                            f"edge to {peer} yet", Reason.RECONCILING)
         runner = node.runner
         theirs = dict(request.tensors)
 
         def change() -> None:
+            if peer in self.left:  # a retry (checked in the step: one may wait for the first)
+                raise Kept(ack)
+            self._refuse_unreconciled(peer)
             if peer in node.asked:  # (its answer may be applied at the leaver already)
                 raise WireError("ABORTED", f"{self.me} has an exchange with {peer} in flight: "
                                 "answer it, then hand over", Reason.IN_PROGRESS)
@@ -273,7 +275,11 @@ class Membership:
             self.left.add(peer)
             node.drop_neighbour(peer)
 
-        await node.step({"event": "handed", "peer": peer, "id": request.exchange_id}, change)
+        try:
+            await node.step({"event": "handed", "peer": peer, "id": request.exchange_id},
+                            change)
+        except Kept:
+            return ack
         log.info("%s left the network: its share of the edge handed over", peer,
                  extra={"event": "neighbour_left", "node": self.me, "neighbour": peer})
         return ack

@@ -45,8 +45,8 @@ class Host(Protocol):
 
 
 class Kept(Exception):
-    """An exchange answered already (a retry that waited for the first try's step): its kept
-    answer, applied once; the step is not journaled."""
+    """An exchange (or handover) answered already, found by a retry that waited for the first
+    try's step: its kept answer, applied once; the step is not journaled."""
 
     def __init__(self, reply: RoundMessage) -> None:
         super().__init__(reply.exchange_id)
