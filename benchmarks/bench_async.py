@@ -26,9 +26,11 @@ with short blocks; the full run adds the 10-node random-regular graph.
 **The simulator's prediction.** After a set's daemons, the same three arms with the slow node
 run in the simulator on its virtual clock (``simulate --virtual-time``), a block taking the
 healthy synchronous arm's median round (``block_time``) and the tight arm's deadline the same
-seconds; each arm's virtual time to the target gives the order the simulator predicts, and the
-result says whether it is the daemons' order (``prediction.order_matches``), with both times
-per arm. ``--no-predict`` skips it.
+seconds. The slow node's blocks take ``1 + (F - 1) * train / round`` times as long there
+(``simulated_factor``, from that arm's median training time): the daemon pauses after its
+training only, not after its evaluation and exchanges. Each arm's virtual time to the target
+gives the order the simulator predicts, and the result says whether it is the daemons' order
+(``prediction.order_matches``), with both times per arm. ``--no-predict`` skips it.
 
     .venv/bin/python benchmarks/bench_async.py --quick --json
 """
@@ -93,6 +95,8 @@ def run_arm(cfg: RunConfig, arm: str, slow: bool, factor: float, deadline: float
                       for n, ls in lines.items()},
         "median_round_s": statistics.median(line["seconds"] for ls in lines.values()
                                             for line in ls),
+        "median_train_s": statistics.median(line["train_s"] for ls in lines.values()
+                                            for line in ls),
         "invariant": checked["resolved_residual"],
         "invariant_holds": checked["holds"],
         "folder": str(folder),
@@ -129,6 +133,10 @@ def predict(args: argparse.Namespace, topology: str, nodes: int, rows: list[dict
     order it predicts and whether it is the daemons' (see the module docstring)."""
     even_sync = next(r for r in rows if (r["arm"], r["slow"]) == ("sync", False))
     block = even_sync["median_round_s"]
+    # the daemon pauses (F - 1) times its training only, so its slow round is
+    # train * F + the rest: F' = 1 + (F - 1) * train / round of the simulator's whole block
+    share = min(1.0, even_sync["median_train_s"] / block)
+    factor = 1.0 + (args.factor - 1.0) * share
     tight = next(r["deadline_s"] for r in rows if r["arm"] == "sync-tight")
     # (more threads than a daemon's: only the virtual clock's times matter here)
     cfg = replace(base_config(args, topology, nodes), block_time=block, threads=4)
@@ -136,7 +144,7 @@ def predict(args: argparse.Namespace, topology: str, nodes: int, rows: list[dict
     for arm in ARMS:
         folder = root / f"{topology}-{arm}-slow-simulated"
         run_experiment(replace(cfg, schedule="async" if arm == "async" else "sync"), folder,
-                       slowdown={"node-0": args.factor}, virtual_time=True,
+                       slowdown={"node-0": factor}, virtual_time=True,
                        round_deadline=tight if arm == "sync-tight" else float("inf"))
         (found,) = find_runs([folder])
         predicted[arm] = time_to_accuracy(found, args.target)
@@ -145,7 +153,8 @@ def predict(args: argparse.Namespace, topology: str, nodes: int, rows: list[dict
     def order(times: dict[str, float | None]) -> list[str]:
         return sorted(ARMS, key=lambda a: (times[a] is None, times[a] or 0.0))
 
-    return {"block_time_s": block, "deadline_s": tight, "simulated_s": predicted,
+    return {"block_time_s": block, "deadline_s": tight, "train_share": round(share, 4),
+            "simulated_factor": round(factor, 4), "simulated_s": predicted,
             "measured_s": measured, "predicted_order": order(predicted),
             "measured_order": order(measured),
             "order_matches": (None if None in (*predicted.values(), *measured.values())
