@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.errors import PeerUnavailable as PeerUnavailable
 from dacflnode.transport.pulling import pull_expectation
+from dacflnode.wire.agreement import AgreeItem, AgreePhase
 from dacflnode.wire.errors import Reason, Refusal, WireError
 from dacflnode.wire.message import PROTOCOL_VERSION, RoundMessage
 from dacflnode.wire.state_guard import StateGuard
@@ -450,6 +451,20 @@ class Transport(ABC):
         :class:`~dacflnode.wire.errors.WireError` (refused, not applied) or
         :class:`TransportClosed`."""
         raise NotImplementedError
+
+    def serve_agreement(
+        self, serve: Callable[[str, AgreePhase, frozenset[str]], list[AgreeItem]]
+    ) -> None:
+        """Answer the neighbours' feature-agreement calls with ``serve(sender, phase, have)``
+        (:attr:`Receiver.on_agree <dacflnode.transport.receiver.Receiver.on_agree>`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no feature agreement")
+
+    async def agree(self, peer: str, phase: AgreePhase, have: Iterable[str],
+                    timeout: float) -> list[AgreeItem]:
+        """The items of the feature agreement's ``phase`` that ``peer`` holds and this node
+        lacks (``have``: the origins it holds). Raises :class:`PeerUnavailable`,
+        :class:`~dacflnode.wire.errors.WireError` or :class:`TransportClosed`."""
+        raise NotImplementedError(f"{type(self).__name__} has no feature agreement")
 
     @abstractmethod
     async def _pull(self, peer: str, request: pb.PullRequest, expect: Expectation,

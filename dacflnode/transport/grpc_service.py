@@ -182,6 +182,24 @@ class NeighborServicer:
         finally:
             self.slots.close(call)
 
+    async def Agree(
+        self, request_iterator: AsyncIterator[pb.AgreeRequest],
+        context: grpc.aio.ServicerContext[pb.AgreeRequest, pb.AgreeReply],
+    ) -> pb.AgreeReply:
+        """The feature agreement (:meth:`Receiver.agree`), served as Hello is."""
+        call, peer_ids = await self._open("agree", context)
+        try:
+            request = await self._first("agree", call, request_iterator, context)
+            if request is None:
+                request = pb.AgreeRequest()
+            await self._claim("agree", call, request.sender, -1, context)
+            try:
+                return self.receiver.agree(request, context.peer(), peer_ids=peer_ids)
+            except WireError as err:
+                await _abort(context, err)
+        finally:
+            self.slots.close(call)
+
     async def PushState(
         self, request_iterator: AsyncIterator[Chunk],
         context: grpc.aio.ServicerContext[Chunk, pb.PushReply],
@@ -305,6 +323,11 @@ def add_neighbor_service(servicer: NeighborServicer, server: grpc.aio.Server) ->
             servicer.Hello,
             request_deserializer=pb.HelloRequest.FromString,
             response_serializer=pb.HelloReply.SerializeToString,
+        ),
+        "Agree": grpc.stream_unary_rpc_method_handler(
+            servicer.Agree,
+            request_deserializer=pb.AgreeRequest.FromString,
+            response_serializer=pb.AgreeReply.SerializeToString,
         ),
         "PushState": grpc.stream_unary_rpc_method_handler(
             servicer.PushState,

@@ -58,7 +58,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -99,6 +99,7 @@ from dacflnode.transport.receiver import (
     Receiver,
 )
 from dacflnode.transport.slots import CallSlots
+from dacflnode.wire.agreement import AgreeItem, AgreePhase, read_reply, request_of
 from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import WireError
@@ -127,6 +128,7 @@ class NeighborCalls:
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.hello = neighbor_pb2_grpc.NeighborStub(channel).Hello
+        self.agree = neighbor_pb2_grpc.NeighborStub(channel).Agree
         self.push: grpc.aio.StreamUnaryMultiCallable[bytes, pb.PushReply] = channel.stream_unary(
             f"/{SERVICE_NAME}/PushState",
             request_serializer=serialize_chunk,
@@ -350,6 +352,29 @@ class GrpcTransport(Transport):
         other = check_identity(self.identity, peer, reply)
         self._stats(peer).answered(started)
         return other
+
+    def serve_agreement(
+        self, serve: Callable[[str, AgreePhase, frozenset[str]], list[AgreeItem]]
+    ) -> None:
+        self.receiver.on_agree = serve
+
+    async def agree(self, peer: str, phase: AgreePhase, have: Iterable[str],
+                    timeout: float) -> list[AgreeItem]:
+        call = self._stub(peer).agree(request_of(self.identity.node_id, phase, have),
+                                      timeout=timeout)
+        try:
+            reply = await call
+        except asyncio.CancelledError:
+            call.cancel()
+            if cancelled_by_caller():
+                raise
+            raise self._interrupted(peer, "agreement with") from None
+        except grpc.aio.AioRpcError as err:
+            if err.code().name in ("INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAUTHENTICATED",
+                                   "FAILED_PRECONDITION"):
+                raise WireError(err.code().name, err.details() or "", reason_of(err)) from err
+            raise self._unavailable(peer, "agreement with", err) from err
+        return read_reply(reply)
 
     async def push(self, peer: str, message: RoundMessage, timeout: float) -> None:
         stub = self._stub(peer)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 
 from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.transport.base import (
@@ -49,6 +49,7 @@ from dacflnode.transport.handshake import (
 )
 from dacflnode.transport.outgoing import ChunkStream, HeaderCache
 from dacflnode.transport.receiver import Receiver, check_message
+from dacflnode.wire.agreement import AgreeItem, AgreePhase, read_reply, request_of
 from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.encoder import encode
 from dacflnode.wire.errors import WireError
@@ -210,6 +211,20 @@ class MemoryTransport(Transport):
             await target.receiver.push(chunks(), peer=self.address, peer_ids=self._me)
         finally:
             stats.sent(stream.sent, message.round)
+
+    def serve_agreement(
+        self, serve: Callable[[str, AgreePhase, frozenset[str]], list[AgreeItem]]
+    ) -> None:
+        self.receiver.on_agree = serve
+
+    async def agree(self, peer: str, phase: AgreePhase, have: Iterable[str],
+                    timeout: float) -> list[AgreeItem]:
+        """The agreement's request and reply through their protobuf bytes, as on the wire."""
+        target = self._reach(peer)
+        request = pb.AgreeRequest.FromString(
+            request_of(self.identity.node_id, phase, have).SerializeToString())
+        reply = target.receiver.agree(request, self.address, peer_ids=self._me)
+        return read_reply(pb.AgreeReply.FromString(reply.SerializeToString()))
 
     async def exchange(self, peer: str, request: RoundMessage, timeout: float) -> RoundMessage:
         target = self._reach(peer)

@@ -53,7 +53,7 @@ import asyncio
 import itertools
 import logging
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -61,6 +61,7 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2 as pb
 from dacflnode.config import DAEMON_DEFAULTS
 from dacflnode.transport.base import Identity, Inbox, PeerStats
 from dacflnode.transport.slots import Call, release
+from dacflnode.wire.agreement import AgreeItem, AgreePhase, read_request, reply_of
 from dacflnode.wire.buffers import BufferPool
 from dacflnode.wire.decoder import Decoder
 from dacflnode.wire.encoder import encode, make_header, serialized_chunks
@@ -220,6 +221,10 @@ class Receiver:
         self.refusals: Counter[Reason] = Counter()
         self.refused_by: Counter[str] = Counter()
         self.late_by: Counter[str] = Counter()
+        #: A table run's feature agreement (:mod:`dacflnode.protocol.scale_agreement`): the
+        #: items of a phase that a neighbour lacks, by ``(sender, phase, have)``; ``None``:
+        #: none yet (a neighbour that asks gets no items and asks again)
+        self.on_agree: Callable[[str, AgreePhase, frozenset[str]], list[AgreeItem]] | None = None
         #: What this node sent per round, for pulls; the header is ``None`` for a message
         #: published by the no-copy in-memory path (made when a stream is first asked for).
         self.outbox: dict[int, tuple[RoundMessage, pb.StateHeader | None]] = {}
@@ -313,6 +318,20 @@ class Receiver:
             join_round=join_round,
             data_contract=self.identity.data_contract,
         )
+
+    # ------------------------------------------------------------------ Agree
+    def agree(self, request: pb.AgreeRequest, peer: str = "?", *,
+              peer_ids: frozenset[str] | None = None) -> pb.AgreeReply:
+        """The items of the feature agreement's phase that the neighbour lacks."""
+        try:
+            self._admit(request.sender, peer_ids, Reason.NOT_NEIGHBOUR)
+            phase, have = read_request(request)
+        except WireError as exc:
+            self._refused("agree", request.sender, peer, -1, exc)
+            raise
+        self.inbox.heard_from(request.sender)
+        serve = self.on_agree
+        return reply_of(() if serve is None else serve(request.sender, phase, have))
 
     # ------------------------------------------------------------------ PushState
     def _expectation(self) -> Expectation:

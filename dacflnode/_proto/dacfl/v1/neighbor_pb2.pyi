@@ -383,3 +383,90 @@ class PullRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PullRequest: _TypeAlias = PullRequest  # noqa: Y015
+
+@_typing.final
+class AgreeRequest(_message.Message):
+    """A table run's feature scale (scaling: standardize or minmax, docs/data.md), agreed before the
+    first round without a server: every node floods, through its neighbours, first its public
+    key (phase 1), then its statistics masked so that only their sum over all nodes is readable
+    (phase 2). Phase 3 asks for the agreed scale itself (a node that starts late or again).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    HAVE_FIELD_NUMBER: _builtins.int
+    sender: _builtins.str
+    phase: _builtins.int
+    @_builtins.property
+    def have(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the origins whose item the sender already holds in this phase"""
+
+    def __init__(
+        self,
+        *,
+        sender: _builtins.str = ...,
+        phase: _builtins.int = ...,
+        have: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["have", b"have", "phase", b"phase", "sender", b"sender"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgreeRequest: _TypeAlias = AgreeRequest  # noqa: Y015
+
+@_typing.final
+class AgreeItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    origin: _builtins.str
+    payload: _builtins.bytes
+    """phase 1: an X25519 public key (32 bytes); phase 2: the masked statistics; phase 3: the
+    agreed scale (canonical JSON)
+    """
+    @_builtins.property
+    def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """phase 1: the origin's neighbours in this run; phase 2: every node whose mask it added"""
+
+    def __init__(
+        self,
+        *,
+        origin: _builtins.str = ...,
+        members: _abc.Iterable[_builtins.str] | None = ...,
+        payload: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members", "origin", b"origin", "payload", b"payload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgreeItem: _TypeAlias = AgreeItem  # noqa: Y015
+
+@_typing.final
+class AgreeReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgreeItem]:
+        """the items of the phase the sender lacks (some, at most 6 MiB)"""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___AgreeItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgreeReply: _TypeAlias = AgreeReply  # noqa: Y015

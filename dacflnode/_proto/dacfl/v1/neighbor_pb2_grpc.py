@@ -54,6 +54,11 @@ class NeighborStub:
                 request_serializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.SerializeToString,
                 response_deserializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.FromString,
                 _registered_method=True)
+        self.Agree = channel.unary_unary(
+                '/dacfl.v1.Neighbor/Agree',
+                request_serializer=dacfl_dot_v1_dot_neighbor__pb2.AgreeRequest.SerializeToString,
+                response_deserializer=dacfl_dot_v1_dot_neighbor__pb2.AgreeReply.FromString,
+                _registered_method=True)
 
 
 class NeighborServicer:
@@ -90,6 +95,13 @@ class NeighborServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Agree(self, request, context):
+        """A table run's feature agreement: the items of one phase the caller lacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NeighborServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +124,11 @@ def add_NeighborServicer_to_server(servicer, server):
                     servicer.Exchange,
                     request_deserializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.FromString,
                     response_serializer=dacfl_dot_v1_dot_neighbor__pb2.StateChunk.SerializeToString,
+            ),
+            'Agree': grpc.unary_unary_rpc_method_handler(
+                    servicer.Agree,
+                    request_deserializer=dacfl_dot_v1_dot_neighbor__pb2.AgreeRequest.FromString,
+                    response_serializer=dacfl_dot_v1_dot_neighbor__pb2.AgreeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +239,33 @@ class Neighbor:
             '/dacfl.v1.Neighbor/Exchange',
             dacfl_dot_v1_dot_neighbor__pb2.StateChunk.SerializeToString,
             dacfl_dot_v1_dot_neighbor__pb2.StateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Agree(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dacfl.v1.Neighbor/Agree',
+            dacfl_dot_v1_dot_neighbor__pb2.AgreeRequest.SerializeToString,
+            dacfl_dot_v1_dot_neighbor__pb2.AgreeReply.FromString,
             options,
             channel_credentials,
             insecure,

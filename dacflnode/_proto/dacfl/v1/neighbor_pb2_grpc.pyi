@@ -54,6 +54,8 @@ class NeighborStub:
     EXCHANGE_DONE header with no tensors, and its trailer); the reply stream an EXCHANGED state
     (empty, with no tensors, answering EXCHANGE_DONE).
     """
+    Agree: _grpc.UnaryUnaryMultiCallable[_neighbor_pb2.AgreeRequest, _neighbor_pb2.AgreeReply]
+    """A table run's feature agreement: the items of one phase the caller lacks."""
 
 @_typing.type_check_only
 class NeighborAsyncStub(NeighborStub):
@@ -71,6 +73,8 @@ class NeighborAsyncStub(NeighborStub):
     EXCHANGE_DONE header with no tensors, and its trailer); the reply stream an EXCHANGED state
     (empty, with no tensors, answering EXCHANGE_DONE).
     """
+    Agree: _aio.UnaryUnaryMultiCallable[_neighbor_pb2.AgreeRequest, _neighbor_pb2.AgreeReply]  # type: ignore[assignment]
+    """A table run's feature agreement: the items of one phase the caller lacks."""
 
 class NeighborServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -109,5 +113,13 @@ class NeighborServicer(metaclass=_abc_1.ABCMeta):
         EXCHANGE_DONE header with no tensors, and its trailer); the reply stream an EXCHANGED state
         (empty, with no tensors, answering EXCHANGE_DONE).
         """
+
+    @_abc_1.abstractmethod
+    def Agree(
+        self,
+        request: _neighbor_pb2.AgreeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_neighbor_pb2.AgreeReply, _abc.Awaitable[_neighbor_pb2.AgreeReply]]:
+        """A table run's feature agreement: the items of one phase the caller lacks."""
 
 def add_NeighborServicer_to_server(servicer: NeighborServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
