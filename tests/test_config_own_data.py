@@ -4,6 +4,9 @@ and a fingerprint in which the data contract replaces the data set's name."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import yaml
 
@@ -98,11 +101,83 @@ def test_a_built_in_runs_fingerprint_hashes_no_own_data_setting():
                                                DAEMON)
 
 
-@pytest.mark.parametrize(("cfg", "model"), [
-    (RunConfig(dataset="folder", classes=("a",)), "fmnist-cnn"),  # 1x28x28: the paper's CNN
-    (RunConfig(dataset="folder", classes=("a",), channels=3, image_size=32), "cifar-cnn"),
-    (RunConfig(dataset="table", classes=("a",), label_column="y"), "mlp"),
+@pytest.mark.parametrize(("cfg", "model", "lr"), [
+    (RunConfig(dataset="folder", classes=("a",)), "fmnist-cnn", 0.001),  # the paper's CNN, lr
+    (RunConfig(dataset="folder", classes=("a",), channels=3, image_size=32), "cifar-cnn", 0.001),
+    (RunConfig(dataset="table", classes=("a",), label_column="y"), "mlp", 0.05),  # an mlp's
 ])
-def test_own_data_gets_a_default_model_for_its_shape(cfg, model):
+def test_own_data_gets_a_default_model_and_rate_for_its_shape(cfg, model, lr):
     assert fingerprint_data(cfg, DAEMON)["model"] == model
-    assert cfg.learning_rate == 0.001  # the paper's default learning rate
+    assert cfg.learning_rate == lr
+
+
+# ------------------------------------------------------------------ a table's encoding settings
+def test_a_run_file_lists_categories_as_text_in_order_and_the_table_policies(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({
+        "dataset": "table", "classes": ["a"], "label_column": "y", "missing": "drop",
+        "other_category": True, "scaling": "minmax",
+        "categories": {"colour": ["red", "blue"], "grade": [3, 1, 2.5]},
+    }))
+    cfg = load_yaml_config(path).validate()
+    assert cfg.categories == {"colour": ("red", "blue"), "grade": ("3", "1", "2.5")}
+    assert (cfg.missing, cfg.other_category, cfg.scaling) == ("drop", True, "minmax")
+    assert RunConfig().missing == "fail" and RunConfig().scaling == "standardize"
+    # JSON (summary.json, replay) and back
+    again = config_from_mapping(json.loads(json.dumps(cfg.to_json())))
+    assert again.categories == cfg.categories
+
+
+@pytest.mark.parametrize(
+    ("categories", "message"),
+    [
+        (["red"], "expected a mapping"),
+        ({"colour": "red"}, "expected a list of its values"),
+        ({"colour": []}, "expected a list of its values"),
+        ({"colour": ["red", "red"]}, "'red' is listed twice"),
+        ({"colour": [["red"]]}, "must be text or a number"),
+        ({"colour": ["<other>"]}, "other_category"),
+        ({"y": ["a"]}, "label column 'y'"),
+    ],
+)
+def test_bad_categories_are_refused_naming_the_setting(categories, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({"dataset": "table", "classes": "a", "label_column": "y",
+                             "categories": categories}).validate()
+    assert err.value.field == "categories" and message in err.value.message
+
+
+@pytest.mark.parametrize(("key", "value"), [("missing", "zero"), ("scaling", "robust")])
+def test_the_table_policies_take_their_choices_only(key, value):
+    with pytest.raises(ConfigError) as err:
+        config_from_mapping({"dataset": "table", "classes": "a", "label_column": "y",
+                             key: value}).validate()
+    assert err.value.field == key
+
+
+def test_the_encoding_settings_are_in_a_tables_fingerprint_only():
+    table = RunConfig(dataset="table", classes=("a",), label_column="y")
+    listed = dataclasses.replace(table, categories={"c": ("p", "q")})
+    assert run_fingerprint(table, DAEMON) != run_fingerprint(listed, DAEMON)
+    swapped = dataclasses.replace(table, categories={"c": ("q", "p")})
+    assert run_fingerprint(listed, DAEMON) != run_fingerprint(swapped, DAEMON)
+    assert {"categories", "missing", "scaling", "other_category"} <= set(
+        fingerprint_data(table, DAEMON))
+    assert not {"categories", "missing", "scaling", "other_category"} & set(
+        fingerprint_data(RunConfig(), DAEMON))
+
+
+def test_a_peers_file_written_with_categories_reads_back_equal(tmp_path):
+    from dacflnode.peers.file import parse_peers
+    from dacflnode.peers.yaml_form import dump_peers
+
+    path = tmp_path / "node-0.yaml"
+    path.write_text(yaml.safe_dump({
+        "node": {"id": "node-0", "listen": "127.0.0.1:7000"},
+        "neighbours": [{"id": "node-1", "address": "127.0.0.1:7001"}],
+        "run": {"dataset": "table", "classes": ["a"], "label_column": "y", "nodes": 2,
+                "categories": {"c": ["p", "q"]}, "missing": "mean"},
+    }))
+    pf = load_peers(path)
+    again = parse_peers(yaml.safe_load(dump_peers(pf)), path)
+    assert again.run.categories == {"c": ("p", "q")} and again.run.missing == "mean"

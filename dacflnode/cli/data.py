@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 
 from dacflnode.cli.errors import config_errors
+from dacflnode.config.own_data import MISSING, parse_categories
 from dacflnode.config.run_file import read_yaml_file
 from dacflnode.errors import ConfigError
 
@@ -21,17 +23,21 @@ _OWN_DATASETS = ("folder", "table", "python")
 # the settings `data check` reads from a --config file (top level, or a peers file's run: and
 # node: sections); flags of the same names override them
 _CHECK_KEYS = ("dataset", "classes", "label_column", "image_size", "channels", "resize",
-               "holdout", "seed", "data_factory", "test_root", "bad_files")
+               "holdout", "seed", "data_factory", "test_root", "bad_files", "categories",
+               "other_category", "missing")
+# without --config, the image shape comes from the first image, not from these defaults
+_SHAPE_KEYS = ("image_size", "channels", "resize")
 
 
-def _run_defaults() -> dict[str, Any]:
-    """The run settings' defaults (those of _CHECK_KEYS the schema declares): with --config,
-    what the file leaves out is what a node would use."""
+def _run_defaults(with_shape: bool) -> dict[str, Any]:
+    """The run settings' defaults (those of _CHECK_KEYS the schema declares): what a setting
+    left out is on a node (the holdout, the seed, ...); ``with_shape``: the image shape's too."""
     from dacflnode.config import RunConfig
     from dacflnode.config.schema import fields_of
 
     return {d.name: d.default for d in fields_of(RunConfig)
-            if d.name in _CHECK_KEYS and d.name != "dataset" and d.default is not None}
+            if d.name in _CHECK_KEYS and d.name != "dataset" and d.default is not None
+            and (with_shape or d.name not in _SHAPE_KEYS)}
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -96,11 +102,17 @@ def data_cmd() -> None:
               help="The run's ordered class list. [default: the folder names, or the table's "
                    "label values, sorted]")
 @click.option("--label-column", metavar="NAME", help="A table's label column.")
+@click.option("--missing", type=click.Choice(MISSING),
+              help="A table's missing cells: fail, drop (leave the rows out) or mean (kept for "
+                   "the network's mean). [default: fail]")
+@click.option("--other-category/--no-other-category", default=None,
+              help="Put a table's values that categories does not list into column=<other>.")
 @click.option("--image-size", type=click.IntRange(min=1), help="Side images are resized to.")
 @click.option("--channels", type=click.IntRange(1, 3), help="1 (grayscale) or 3 (RGB).")
 @click.option("--resize/--no-resize", default=None,
               help="Resize images to image-size (off: another size is a problem).")
-@click.option("--holdout", type=float, help="Fraction held out as test data without --test-root.")
+@click.option("--holdout", type=float, help="Fraction held out as test data without "
+              "--test-root. [default: the run's, 0.2]")
 @click.option("--seed", type=int, help="Seed of the held-out split.")
 @click.option("--test-root", type=click.Path(), help="The device's test data, in PATH's form.")
 @click.option("--data-factory", metavar="MODULE:FN", help="dataset python: the factory.")
@@ -111,10 +123,14 @@ def data_cmd() -> None:
 @config_errors
 def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str | None,
               workers: int | None, **flags: Any) -> None:
-    """Load PATH as a device would and report its shape, classes, counts and histogram.
+    """Load PATH as a device would and report its shape, classes, counts and histogram; for a
+    table, each column's type, range, missing cells and categories, and the categories block
+    the run file needs.
 
-    Every unreadable image is listed (not only the first five); exit code 1 when a problem is
-    found, 2 for a setting or a file that stops the load (one line naming it).
+    Every unreadable image is listed (not only the first five); a table's text column that
+    categories does not list, and its missing cells under missing: fail, are reported as
+    problems (a node refuses them). Exit code 1 when a problem is found, 2 for a setting or a
+    file that stops the load (one line naming it).
 
     \b
     Examples:
@@ -125,8 +141,10 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
     from dacflnode.config import RunConfig
     from dacflnode.learning.owndata import load_local_data
     from dacflnode.learning.owndata.split import read_source
+    from dacflnode.learning.owndata.tableprofile import check_plan
+    from dacflnode.learning.owndata.tablescan import scan_table
 
-    settings = _run_defaults() if config_file else {}
+    settings = _run_defaults(with_shape=bool(config_file))
     settings.update(_read_config(config_file) if config_file else {})
     settings.update({k: v for k, v in flags.items() if v is not None})
     if isinstance(settings.get("classes"), str):
@@ -139,9 +157,17 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
                                      f"got {dataset!r}")
     classes = settings.get("classes")
     inferred = not classes
-    if inferred and dataset != "python":
-        classes = list(read_source(str(root), label_column=settings.get("label_column"),
-                                   ).classes) if root.exists() else []
+    categories = parse_categories(settings.get("categories"))
+    missing = str(settings.get("missing", "fail"))
+    plan = None
+    if dataset == "table":
+        scan = scan_table(root, settings.get("label_column"), "data_root",
+                          classes=None if inferred else classes, listed=categories or {})
+        classes = list(scan.labels) if inferred else classes
+        plan = check_plan(scan, categories, bool(settings.get("other_category")), missing)
+        categories, missing = plan.categories, plan.missing
+    elif inferred and dataset != "python":
+        classes = list(read_source(str(root)).classes) if root.exists() else []
     shape = None  # without a run's settings: the first image's shape
     if dataset == "folder" and (settings.get("image_size") or settings.get("channels")):
         declared = RunConfig()  # what a run that leaves one out uses
@@ -154,37 +180,48 @@ def check_cmd(path: str, config_file: str | None, as_json: bool, cache_dir: str 
             label_column=settings.get("label_column"), test_root=settings.get("test_root"),
             holdout=float(settings.get("holdout", 0.0) or 0.0), seed=int(settings.get("seed", 0)),
             cache_dir=cache_dir, on_bad="skip", workers=workers, progress=progress,
-            factory=settings.get("data_factory"),
+            factory=settings.get("data_factory"), categories=categories,
+            other_category=bool(settings.get("other_category")), missing=missing,
         )
     problems = [f"{p}: {r}" for p, r in data.skipped_files]
     if data.skipped > len(problems):
         problems.append(f"... {data.skipped - len(problems)} more unreadable file(s)")
+    problems += list(plan.problems) if plan is not None else []
     summary = data.summary()
     summary["classes_from"] = "data" if inferred else "settings"
     summary["problems"] = problems
-    missing = [c for c, n in data.histogram.items() if n == 0]
-    summary["missing_classes"] = missing
+    missing_classes = [c for c, n in data.histogram.items() if n == 0]
+    summary["missing_classes"] = missing_classes
+    if plan is not None:
+        summary["columns"] = list(plan.columns)
+        summary["categories"] = plan.suggested
     if as_json:
         click.echo(json.dumps(summary))
     else:
-        _print_check(data, inferred, missing, problems)
+        _print_check(data, missing_classes, problems)
+        _print_suggestions(data, inferred, plan, config_file)
     if problems:
         sys.exit(1)
 
 
-def _print_check(data: Any, inferred: bool, missing: list[str], problems: list[str]) -> None:
+def _flow(value: Any) -> str:
+    """``value`` as one line of YAML (a list as ``[a, b]``)."""
+    return str(yaml.safe_dump(value, default_flow_style=True, width=10**6)).strip()
+
+
+def _print_check(data: Any, missing: list[str], problems: list[str]) -> None:
     shape = "x".join(str(s) for s in data.contract.input_shape)
-    origin = " (from the data: pass --classes or --config to check against a run)"
     click.echo(f"{data.contract.form} {data.source}: {data.train_size} training samples, "
-               f"input {shape}, {data.num_classes} classes{origin if inferred else ''}")
+               f"input {shape}, {data.num_classes} classes")
     if data.contract.feature_names:
         names = list(data.contract.feature_names)
-        click.echo(f"features ({len(names)}): {', '.join(names[:12])}"
-                   f"{' ...' if len(names) > 12 else ''}")
-        x = data.train_x.reshape(data.train_size, -1)
-        lo, hi = x.min(0).values, x.max(0).values
-        click.echo(f"feature ranges: {float(lo.min()):.4g} .. {float(hi.max()):.4g} (features "
-                   "are used as they are: put them on one scale on every device)")
+        from dacflnode.learning.owndata.tablescan import names_text
+
+        click.echo(f"features ({len(names)}): {names_text(names, 12)}")
+        click.echo(f"numeric features: {len(data.numeric_features)} of {len(names)} (the run's "
+                   "scaling applies to them; one-hot features stay 0 or 1)")
+    if data.dropped:
+        click.echo(f"rows dropped for a missing cell: {data.dropped}")
     test = f"{data.test_size} test samples" + (f" ({data.test_source})" if data.test_source
                                                else "")
     click.echo(test)
@@ -198,9 +235,41 @@ def _print_check(data: Any, inferred: bool, missing: list[str], problems: list[s
         click.echo("decoded images read from the cache")
     for line in problems:
         click.echo(f"problem: {line}", err=True)
-    if problems:
+    if data.skipped:
         click.echo(f"{data.skipped} file(s) cannot be read; a node with bad_files: fail refuses "
                    "to start, with skip it leaves them out", err=True)
+
+
+def _print_suggestions(data: Any, inferred: bool, plan: Any, config_file: str | None) -> None:
+    """The table's columns, and the settings to give: the classes found (as the flag a flag
+    user passes, as YAML for a run file) and the categories block (a mapping: no flag)."""
+    if plan is not None:
+        from dacflnode.learning.owndata.tableprofile import values_text
+
+        rows = []
+        for c in plan.columns:
+            if c["type"] == "numeric":
+                shown = "-" if c["min"] is None else f"{c['min']:.4g} .. {c['max']:.4g}"
+            else:
+                found = c["categories"] if c["type"] == "categorical" else c["values"]
+                shown = f"{values_text(found)} ({len(found)})"
+            rows.append((c["name"], c["type"], shown, str(c["missing"])))
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in
+                  enumerate(("column", "type", "range / values found", "missing"))]
+        for row in (("column", "type", "range / values found", "missing"), *rows):
+            click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    if inferred:
+        classes = list(data.contract.classes)
+        how = (f"add to the run file: classes: {_flow(classes)}" if config_file else
+               f"check against the run with --classes {','.join(classes)}")
+        click.echo(f"classes from the data ({how})")
+    if plan is not None and plan.suggested:
+        where = (f"categories for {config_file}:" if config_file else
+                 "categories has no flag (a mapping); add to the run file:")
+        click.echo(where)
+        click.echo("categories:")
+        for name, values in plan.suggested.items():
+            click.echo(f"  {_flow({name: values})[1:-1]}")
 
 
 @data_cmd.command("split")

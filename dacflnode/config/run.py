@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dacflnode.algorithms.names import (
     ALGORITHMS,
@@ -27,20 +27,32 @@ from dacflnode.algorithms.names import (
     TOPOLOGIES,
 )
 from dacflnode.config import schema
-from dacflnode.config.dataset_defaults import resolved_model
-from dacflnode.config.own_data import BAD_FILES, OWN_DATA, is_own
+from dacflnode.config.dataset_defaults import DEFAULT_LR_TEXT, resolved_model
+from dacflnode.config.own_data import (
+    BAD_FILES,
+    MISSING,
+    OWN_DATA,
+    SCALINGS,
+    is_own,
+    parse_categories,
+)
 from dacflnode.config.run_checks import check_run
 from dacflnode.config.run_derived import DerivedValues
 from dacflnode.config.schema import Scope, setting
 from dacflnode.learning.names import DATASETS, PARTITIONS, PRECISIONS
 
-if TYPE_CHECKING:  # the numerical stack loads when a run is built, not with the settings
-    pass
-
 ENGINES = ("auto", "batched", "sequential")
 
 RUN = Scope.RUN
 NODE = Scope.NODE
+
+
+def _table(run: Any) -> bool:
+    return bool(run.dataset == "table")
+
+
+def _folder(run: Any) -> bool:
+    return bool(run.dataset == "folder")
 
 
 @schema.declared
@@ -146,50 +158,61 @@ class RunConfig(DerivedValues):
     )
     label_column: str | None = setting(
         None,
-        help="The label column of dataset table; every other column is a numeric feature.",
-        scope=RUN,
-        group="data",
-        relevant=lambda run: run.dataset == "table",
-        relevant_text="dataset is table",
+        help="The label column of dataset table; every other column is a feature (numbers, or"
+        " text listed in categories).",
+        scope=RUN, group="data", relevant=_table, relevant_text="dataset is table",
         metavar="NAME",
+    )
+    categories: Mapping[str, tuple[str, ...]] | None = setting(
+        None,
+        help="A table's text columns and their values, {column: [value, ...]}: each column is"
+        " one-hot encoded as the features column=value, in this order (a number column listed"
+        " here too, by its text). No flag: set it in the run file; dacflnode data check"
+        " prints the block.",
+        scope=RUN, group="data", relevant=_table, relevant_text="dataset is table", cli=False,
+    )
+    other_category: bool = setting(
+        False,
+        help="A table value that categories does not list goes to one more feature,"
+        " column=<other>, instead of stopping the load.",
+        scope=RUN, group="data", relevant=_table, relevant_text="dataset is table",
+    )
+    missing: str = setting(
+        "fail",
+        help="A table's missing cell (empty, NA, N/A, NaN, nan, null, NULL or None): fail (name"
+        " the rows), drop (leave those rows out) or mean (a number takes the network's mean, a"
+        " text column's one-hot features are all zero).",
+        scope=RUN, group="data", choices=MISSING, relevant=_table,
+        relevant_text="dataset is table",
+    )
+    scaling: str = setting(
+        "standardize",
+        help="How a table's numeric features are put on one scale: standardize (the network's"
+        " agreed mean and standard deviation, computed without revealing any device's own),"
+        " minmax (the agreed minimum and maximum) or none (as in the files)",
+        scope=RUN, group="data", choices=SCALINGS, relevant=_table,
+        relevant_text="dataset is table",
     )
     data_factory: str | None = setting(
         None,
         help="package.module:function returning the device's (train, test) datasets, for"
         " dataset python; it is called with the node's data_root and test_root.",
-        scope=RUN,
-        group="data",
-        relevant=lambda run: run.dataset == "python",
-        relevant_text="dataset is python",
-        metavar="MODULE:FN",
+        scope=RUN, group="data", relevant=lambda run: run.dataset == "python",
+        relevant_text="dataset is python", metavar="MODULE:FN",
     )
     image_size: int = setting(
-        28,
-        help="Side in pixels images of dataset folder are resized to (square).",
-        scope=RUN,
-        group="data",
-        minimum=1,
-        relevant=lambda run: run.dataset == "folder",
-        relevant_text="dataset is folder",
+        28, help="Side in pixels images of dataset folder are resized to (square).",
+        scope=RUN, group="data", minimum=1, relevant=_folder, relevant_text="dataset is folder",
     )
     channels: int = setting(
-        1,
-        help="Channels of dataset folder: 1 (grayscale) or 3 (RGB).",
-        scope=RUN,
-        group="data",
-        minimum=1,
-        maximum=3,
-        relevant=lambda run: run.dataset == "folder",
-        relevant_text="dataset is folder",
+        1, help="Channels of dataset folder: 1 (grayscale) or 3 (RGB).", scope=RUN,
+        group="data", minimum=1, maximum=3, relevant=_folder, relevant_text="dataset is folder",
     )
     resize: bool = setting(
         True,
         help="Resize images of dataset folder to image_size; off, an image of another size is"
         " an error.",
-        scope=RUN,
-        group="data",
-        relevant=lambda run: run.dataset == "folder",
-        relevant_text="dataset is folder",
+        scope=RUN, group="data", relevant=_folder, relevant_text="dataset is folder",
     )
     holdout: float = setting(
         0.2,
@@ -327,7 +350,7 @@ class RunConfig(DerivedValues):
         scope=RUN,
         group="training",
         above=0.0,
-        default_text="0.001; 0.005 for cifar10; 0.05 for synthetic",
+        default_text=DEFAULT_LR_TEXT,
         fingerprint=lambda run: run.learning_rate,
     )
     lr_decay: float = setting(
@@ -506,22 +529,13 @@ class RunConfig(DerivedValues):
         simulator_only=True,
     )
     synthetic_train: int = setting(
-        2000,
-        help="Training samples of --dataset synthetic.",
-        scope=RUN,
-        group="data",
-        minimum=1,
-        relevant=lambda run: run.dataset == "synthetic",
+        2000, help="Training samples of --dataset synthetic.", scope=RUN, group="data",
+        minimum=1, relevant=lambda run: run.dataset == "synthetic",
         relevant_text="dataset is synthetic",
     )
     synthetic_test: int = setting(
-        500,
-        help="Test samples of --dataset synthetic.",
-        scope=RUN,
-        group="data",
-        minimum=1,
-        relevant=lambda run: run.dataset == "synthetic",
-        relevant_text="dataset is synthetic",
+        500, help="Test samples of --dataset synthetic.", scope=RUN, group="data", minimum=1,
+        relevant=lambda run: run.dataset == "synthetic", relevant_text="dataset is synthetic",
     )
 
     # ------------------------------------------------------------------ validation
@@ -569,5 +583,11 @@ class RunConfig(DerivedValues):
 
 
 def config_from_mapping(values: Mapping[str, Any], base: RunConfig | None = None) -> RunConfig:
-    """Apply ``values`` (YAML keys or CLI options; ``None`` means "not given") over ``base``."""
-    return schema.from_mapping(RunConfig, values, base)
+    """Apply ``values`` (YAML keys or CLI options; ``None`` means "not given") over ``base``;
+    ``categories``, a mapping, is read by :func:`~dacflnode.config.own_data.parse_categories`."""
+    rest = dict(values)
+    keys = [k for k in rest if str(k).replace("-", "_") == "categories"]
+    run = schema.from_mapping(RunConfig, {k: v for k, v in rest.items() if k not in keys}, base)
+    for key in keys:
+        run = dataclasses.replace(run, categories=parse_categories(rest[key]))
+    return run

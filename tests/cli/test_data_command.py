@@ -38,12 +38,15 @@ def test_check_reads_the_settings_of_a_run_config(tmp_path):
     assert report["input_shape"] == [3, 6, 6] and report["classes"] == ["a", "b"]
 
 
-def test_check_prints_a_table_of_counts(tmp_path):
-    write_images(tmp_path / "d", {"a": 2, "b": 1})
+def test_check_prints_a_table_of_counts_with_the_holdout_a_node_uses(tmp_path):
+    write_images(tmp_path / "d", {"a": 4, "b": 1})
     result = run(["data", "check", str(tmp_path / "d")])
     assert result.exit_code == 0, result.output
-    assert "3 training samples" in result.stdout and "from the data" in result.stdout
-    assert any(line.split() == ["a", "2", "0"] for line in result.stdout.splitlines())
+    # no --config: the run's default holdout (0.2) holds one of the five images out
+    assert "4 training samples" in result.stdout and "1 test samples" in result.stdout
+    assert "from the data" in result.stdout
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert ["a", "3", "1"] in lines or ["a", "4", "0"] in lines
 
 
 def test_check_lists_every_unreadable_file_and_exits_1(tmp_path):
@@ -71,7 +74,8 @@ def test_check_a_table_names_its_features(tmp_path):
     assert report["kind"] == "table" and report["feature_names"] == ["w", "h"]
     assert report["classes"] == ["x", "y"]
     text = run(["data", "check", str(path), "--label-column", "kind"])
-    assert "feature ranges: 1 .. 4" in text.stdout
+    assert any(line.split() == ["w", "numeric", "1", "..", "3", "0"]
+               for line in text.stdout.splitlines())
 
 
 def test_split_writes_node_folders_and_reports_them_as_json(tmp_path):

@@ -91,7 +91,7 @@ def test_help_shows_the_declared_defaults():
     assert ("Communication rounds; under schedule async, each node's training blocks."
             " [default: 100]") in text
     assert "--shards-per-node" in text
-    assert "[default: 0.001; 0.005 for cifar10; 0.05 for synthetic]" in text
+    assert "[default: 0.001; 0.005 for cifar10; 0.05 for synthetic; 0.05 for table]" in text
 
 
 def test_a_bad_config_file_gets_one_line_with_the_dotted_key_and_the_file(tmp_path, capsys):

@@ -13,12 +13,15 @@ Normalisation is fixed, never computed from a device's own files, so that every 
 model the same transform of the same pixel: one-channel images use Fashion-MNIST's mean and std
 (0.2860, 0.3530), three-channel images CIFAR-10's, both on the ``[0, 1]`` scale. So a folder
 written from Fashion-MNIST by ``dacflnode data split`` loads to exactly the tensors of the
-built-in loader. Tables are used as they are (see :mod:`.tables`); a Python factory's tensors too.
+built-in loader. A table's numbers are kept as they are in its files (see :mod:`.tables`;
+``numeric_features`` says which features the run's scaling applies to); a Python factory's tensors
+are used as they are too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +32,8 @@ from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import NORMALIZATION, Dataset
 from dacflnode.learning.owndata import factory, images, tables
 from dacflnode.learning.owndata.contract import FORMS, DataContract
+from dacflnode.learning.owndata.holdout import holdout_split as holdout_split
+from dacflnode.learning.owndata.tablescan import names_text
 
 IMAGE_NORMALIZATION: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {
     1: NORMALIZATION["fashion-mnist"],
@@ -49,6 +54,9 @@ class LocalData(Dataset):
     and test. ``skipped``: files left out under the ``skip`` policy, the first of them in
     ``skipped_files`` as ``(file, reason)``. ``source``: where the data came from, in words;
     ``files``: how many files were read. ``from_cache``: the training images came from the cache.
+    A table's ``numeric_features``: the indices of its numeric (not one-hot) features, which
+    the run's scaling applies to; ``dropped``: its rows left out for a missing cell
+    (``missing: drop``), training and test files together.
     """
 
     contract: DataContract
@@ -60,6 +68,8 @@ class LocalData(Dataset):
     files: int = 0
     from_cache: bool = False
     test_source: str = field(default="")
+    numeric_features: tuple[int, ...] = ()
+    dropped: int = 0
 
     @property
     def train_size(self) -> int:
@@ -86,6 +96,8 @@ class LocalData(Dataset):
             "skipped": self.skipped,
             "skipped_files": [list(s) for s in self.skipped_files],
             "from_cache": self.from_cache,
+            "numeric_features": list(self.numeric_features),
+            "dropped": self.dropped,
             "contract": self.contract.to_dict(),
         }
 
@@ -96,22 +108,6 @@ def histogram(labels: torch.Tensor | np.ndarray, classes: Sequence[str]) -> dict
     counts = np.bincount(y.astype(np.int64), minlength=len(classes)) if y.size else \
         np.zeros(len(classes), dtype=np.int64)
     return {name: int(counts[i]) for i, name in enumerate(classes)}
-
-
-def holdout_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic ``(train, test)`` index arrays: a seeded permutation's first
-    ``round(fraction * n)`` indices (at least one when ``fraction > 0``) are the test set. Both
-    are sorted; the same ``n``, ``fraction`` and ``seed`` always give the same split."""
-    if not 0.0 <= fraction < 1.0:
-        raise ConfigError("holdout", f"must be a fraction in [0, 1), got {fraction!r}")
-    if fraction == 0.0:
-        return np.arange(n, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    n_test = max(1, round(fraction * n))
-    if n_test >= n:
-        raise ConfigError("holdout", f"holding out {fraction} of {n} samples leaves none to "
-                                     "train on; use a smaller fraction or more data")
-    perm = np.random.default_rng(seed).permutation(n)
-    return np.sort(perm[n_test:]).astype(np.int64), np.sort(perm[:n_test]).astype(np.int64)
 
 
 def normalize_images(u8: np.ndarray) -> torch.Tensor:
@@ -157,6 +153,9 @@ def load_local_data(
     workers: int | None = None,
     progress: images.Progress | None = None,
     factory: str | None = None,
+    categories: Mapping[str, Sequence[str]] | None = None,
+    other_category: bool = False,
+    missing: str = "fail",
 ) -> LocalData:
     """Load this device's own data.
 
@@ -191,6 +190,10 @@ def load_local_data(
     ``factory``
         ``python``: the ``package.module:function`` (:mod:`.factory`); ``None`` takes ``root``
         as the spec.
+    ``categories``, ``other_category``, ``missing``
+        A table's text columns and their values (one-hot encoded in that order), whether a value
+        not listed goes to a ``column=<other>`` feature, and what a missing cell does
+        (``fail``, ``drop`` or ``mean``): see :mod:`.tables`.
 
     Every bad input raises :class:`ConfigError` with one line naming the file and what to do.
     """
@@ -216,7 +219,9 @@ def load_local_data(
                             progress)
     if form == "table":
         return _load_table(Path(root), None if test_root is None else Path(test_root),
-                           class_names, shape, label_column, holdout, seed)
+                           class_names, shape, label_column, holdout, seed,
+                           categories=categories, other_category=other_category,
+                           missing=missing)
     spec = factory if factory is not None else str(root)
     return _load_python(spec, class_names, shape, holdout, seed,
                         {"data_root": None if factory is None else str(root),
@@ -319,29 +324,40 @@ def _rows(x: np.ndarray) -> torch.Tensor:
 
 def _load_table(root: Path, test_root: Path | None, classes: tuple[str, ...],
                 shape: tuple[int, ...] | None, label_column: str | None, holdout: float,
-                seed: int) -> LocalData:
-    train = tables.load_table(root, classes, label_column, "data_root")
+                seed: int, *, categories: Mapping[str, Sequence[str]] | None,
+                other_category: bool, missing: str) -> LocalData:
+    """A table, its held-out rows filled in place by the reader (no copy of the whole)."""
+    train = tables.load_table(root, classes, label_column, "data_root",
+                              holdout=0.0 if test_root is not None else holdout, seed=seed,
+                              categories=categories, other_category=other_category,
+                              missing=missing)
     n_features = len(train.feature_names)
     if shape is not None and tuple(shape) not in ((n_features,), (1, 1, n_features)):
         raise ConfigError("data_root", f"{root} has {n_features} features, the run expects "
                                          f"input shape {tuple(shape)}")
+    dropped = train.dropped
     if test_root is not None:
-        test = tables.load_table(test_root, classes, label_column, "test_root")
+        test = tables.load_table(test_root, classes, label_column, "test_root",
+                                 categories=categories, other_category=other_category,
+                                 missing=missing)
         if test.feature_names != train.feature_names:
-            raise ConfigError("test_root", f"{test_root} has feature columns "
-                                           f"{list(test.feature_names)}, {root} has "
-                                           f"{list(train.feature_names)}")
-        train_x, train_y, test_x, test_y = train.features, train.labels, test.features, \
-            test.labels
-        test_source = str(test_root)
+            raise ConfigError("test_root", f"{test_root} has features "
+                                           f"{names_text(test.feature_names)}, {root} has "
+                                           f"{names_text(train.feature_names)}")
+        test_x, test_y, test_source = test.features, test.labels, str(test_root)
+        dropped += test.dropped
+    elif train.test_features is not None and train.test_labels is not None:
+        test_x, test_y = train.test_features, train.test_labels
+        test_source = f"{holdout:g} of {root} held out (seed {seed})"
     else:
-        train_x, train_y, test_x, test_y, test_source = _hold_out(
-            train.features, train.labels, root, holdout, seed)
-    return _local_data(
+        test_x = np.zeros((0, n_features), dtype=np.float32)
+        test_y, test_source = np.zeros(0, dtype=np.int64), ""
+    data = _local_data(
         DataContract("table", classes, (n_features,), train.feature_names),
-        (_rows(train_x), train_y), (_rows(test_x), test_y),
+        (_rows(train.features), train.labels), (_rows(test_x), test_y),
         source=str(root), test_source=test_source, files=len(train.files),
     )
+    return dataclasses.replace(data, numeric_features=train.numeric_features, dropped=dropped)
 
 
 def _load_python(spec: str, classes: tuple[str, ...], shape: tuple[int, ...] | None,

@@ -4,10 +4,11 @@ folder or a table with :func:`dacflnode.learning.partition.partition`.
 ``format="folder"`` writes ``OUT/<node-id>/<class>/<n>.png`` (``n`` the sample's index in the
 source; an image folder's own files are copied as they are); ``format="table"`` writes
 ``OUT/<node-id>/data.csv`` (or ``data.parquet``) with the features and a ``label`` column (a
-table source keeps its columns). A source with a test split (the built-in data sets) also gets
-``OUT/test/`` in the same form. Node ids are ``node-0`` ... ``node-{N-1}``, as ``dacflnode
-topology`` names them. ``OUT/run-data.yaml`` holds the run settings that read the result
-(``dataset``, ``classes``, ``label_column``).
+table source keeps its columns, in their order and with their types: its rows are taken as they
+are, text columns and missing cells included). A source with a test split (the built-in data
+sets) also gets ``OUT/test/`` in the same form. Node ids are ``node-0`` ... ``node-{N-1}``,
+as ``dacflnode topology`` names them. ``OUT/run-data.yaml`` holds the run settings that read
+the result (``dataset``, ``classes``, ``label_column``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import yaml
@@ -28,7 +30,8 @@ from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, write_text
 from dacflnode.learning.datasets import DATASETS, NORMALIZATION, load_dataset
 from dacflnode.learning.names import node_ids
-from dacflnode.learning.owndata import images, tables
+from dacflnode.learning.owndata import images, tables, tablescan
+from dacflnode.learning.owndata.contract import class_labels
 from dacflnode.learning.partition import partition
 
 FORMATS = ("folder", "table")
@@ -53,8 +56,8 @@ Progress = Callable[[int, int], None]
 @dataclass(frozen=True)
 class Source:
     """A split source in memory: ``x`` uint8 ``[n, C, H, W]`` images or float ``[n, F]``
-    features (``None`` for an image folder, whose files are copied), labels, and the test split
-    when there is one."""
+    features (``None`` for an image folder, whose files are copied, and for a table, whose rows
+    are in ``table`` as read), labels, and the test split when there is one."""
 
     form: str  # "builtin" | "folder" | "table"
     classes: tuple[str, ...]
@@ -66,6 +69,7 @@ class Source:
     root: Path | None = None
     feature_names: tuple[str, ...] = ()
     label_column: str = LABEL_COLUMN
+    table: pa.Table | None = None
 
 
 @dataclass(frozen=True)
@@ -127,10 +131,23 @@ def read_source(
         return Source("folder", names, listed.labels, None, files=tuple(listed.relpaths),
                       root=path)
     column = label_column or LABEL_COLUMN
-    names = tuple(classes) if classes else _table_classes(path, column)
-    data = tables.load_table(path, names, column, "source")
-    return Source("table", names, data.labels, data.features, feature_names=data.feature_names,
-                  label_column=column)
+    table = _read_table(path, column)
+    text = tablescan.as_text(table.column(column).combine_chunks())
+    if text.null_count:
+        rows = np.flatnonzero(text.is_null().to_numpy(zero_copy_only=False))[:5] + 1
+        where = tablescan.rows_text([int(r) for r in rows], text.null_count)
+        raise ConfigError("source", f"{path}: the label column {column!r} has missing values "
+                                    f"in {where} of the table ({text.null_count} in all); fill "
+                                    "or remove those rows")
+    found = sorted({str(v) for v in pc.unique(text).to_pylist()}, key=tablescan.value_order)
+    names = tuple(classes) if classes else tuple(found)
+    class_labels(names, found, lambda value: (
+        f"{path}: label {value!r} (column {column!r}) is not in classes {list(names)}; add it "
+        "to --classes or leave --classes out"))
+    labels = pc.index_in(text, value_set=pa.array(names, pa.string()))
+    return Source("table", names, np.asarray(labels.to_numpy(), dtype=np.int64), None,
+                  feature_names=tuple(c for c in table.column_names if c != column),
+                  label_column=column, table=table)
 
 
 def _folder_classes(root: Path) -> tuple[str, ...]:
@@ -141,22 +158,35 @@ def _folder_classes(root: Path) -> tuple[str, ...]:
     return names
 
 
-def _table_classes(root: Path, label_column: str) -> tuple[str, ...]:
-    """The distinct label values of a table, as strings (numbers in numeric order)."""
-    values: set[str] = set()
-    for path in tables.table_files(root, "source"):
-        if path.suffix.lower() in tables.CSV_SUFFIXES:
-            table = pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(
-                column_types={label_column: pa.string()}, include_columns=[label_column]))
-        else:
-            table = pq.read_table(path, columns=[label_column])
-        values |= {str(v) for v in table.column(0).cast(pa.string()).to_pylist() if v is not None}
-    def order(v: str) -> tuple[int, float, str]:
+def _read_table(root: Path, label_column: str) -> pa.Table:
+    """The whole table ``root`` (a file or a folder of them) with its columns and their types;
+    the label column as text, the missing-cell markers as nulls."""
+    paths = tables.table_files(root, "source")
+    parts: list[pa.Table] = []
+    for path in paths:
+        names = tablescan.column_names(path, "source")
+        tablescan.check_label_column(path, names, label_column)
+        if parts and names != parts[0].column_names:
+            raise ConfigError("source", f"{path} has columns {tablescan.names_text(names)} but "
+                                        f"{paths[0]} has "
+                                        f"{tablescan.names_text(parts[0].column_names)}; every "
+                                        "file of a table must have the same columns")
         try:
-            return (0, float(v), v)
-        except ValueError:
-            return (1, 0.0, v)
-    return tuple(sorted(values, key=order))
+            if tablescan.is_csv(path):
+                parts.append(pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(
+                    column_types={label_column: pa.string()},
+                    null_values=list(tablescan.MISSING_MARKERS), strings_can_be_null=True)))
+            else:
+                parts.append(pq.read_table(path))
+        except (pa.ArrowException, OSError) as err:
+            raise ConfigError("source", f"cannot read table {path}: "
+                                        f"{str(err).splitlines()[0][:200]}") from err
+    try:
+        return pa.concat_tables(parts, promote_options="permissive")
+    except pa.ArrowException as err:
+        raise ConfigError("source", f"the files of {root} hold different types in one column "
+                                    f"({str(err).splitlines()[0][:200]}); give them one type") \
+            from err
 
 
 def _check_out(out: Path) -> None:
@@ -185,11 +215,14 @@ def write_png_folder(folder: Path, classes: Sequence[str], x: np.ndarray, labels
 
 def _write_table(path: Path, columns: Sequence[str], x: np.ndarray, label_column: str,
                  label_values: list[str], file_format: str) -> None:
-    make_dir(path.parent)
     flat = x.reshape(x.shape[0], -1)
     arrays = [pa.array(flat[:, j]) for j in range(flat.shape[1])]
-    table = pa.table([*arrays, pa.array(label_values, pa.string())],
-                     names=[*columns, label_column])
+    _write_rows(path, pa.table([*arrays, pa.array(label_values, pa.string())],
+                               names=[*columns, label_column]), file_format)
+
+
+def _write_rows(path: Path, table: pa.Table, file_format: str) -> None:
+    make_dir(path.parent)
     if file_format == "parquet":
         pq.write_table(table, path)
     else:
@@ -216,7 +249,7 @@ def split_data(
     _check_out(out)
     src = read_source(source, data_root=data_root, classes=classes, label_column=label_column,
                       seed=seed)
-    if fmt == "folder" and src.x is not None and src.x.ndim != 4:
+    if fmt == "folder" and (src.form == "table" or (src.x is not None and src.x.ndim != 4)):
         raise ConfigError("format", f"{source} holds feature rows, not images: use --format "
                                     "table")
     parts = partition(src.labels, nodes, scheme, seed=seed, alpha=alpha,
@@ -250,6 +283,10 @@ def split_data(
             assert src.x is not None
             write_png_folder(out / node, src.classes, src.x, src.labels, index, progress, done,
                              total)
+        elif src.table is not None:
+            _write_rows(out / node / f"data.{ext}", src.table.take(pa.array(index)),
+                        table_format)
+            done[0] += len(index)
         else:
             assert x_rows is not None
             _write_table(out / node / f"data.{ext}", columns, x_rows[index], src.label_column,

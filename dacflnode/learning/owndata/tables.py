@@ -1,157 +1,350 @@
-"""Tables: CSV or Parquet files, one row per sample, a label column and numeric features.
+"""Tables: CSV or Parquet files, one row per sample, a label column and feature columns.
 
-Read with pyarrow: one columnar, typed reader for both formats (CSV type inference, Parquet's own
-types), multi-threaded, without pandas' weight. The label column (named by the run) is read as
-text and compared with the run's class names; every other column is a feature, in file order, and
-must be numeric (integers, floats or booleans) with no missing values.
+Read with pyarrow (one typed reader for both formats, without pandas' weight), in two streaming
+passes over the files (:mod:`.tablescan`), so that memory stays near the encoded table
+(``n x F x 4`` bytes) whatever the files' size:
 
-Features are used as they are in the file: no per-device scaling, since statistics computed on
-each device's own rows would differ between devices and so would the inputs the one model sees.
-Put features on a common scale before they reach the devices (the same units and transform on
-every one); ``dacflnode data check`` prints each feature's range to help spot the need.
+1. the scan counts the rows, decides each column's kind, checks the labels and gathers the
+   missing cells and the text values found; every refusal comes here, before anything big is
+   allocated, and so does the memory check (:func:`~.memory.check_fits`);
+2. the fill reads the batches again straight into preallocated float32 arrays: the training
+   rows and, with a ``holdout``, the held-out rows, each row to its place in one of the two
+   (:func:`~.holdout.holdout_slots`), so the whole table is never copied.
+
+The label column (named by the run) is read as text and compared with the run's class names.
+Every other column is a feature, in file order:
+
+* a **numeric** column (every present cell a number, or ``true``/``false``) is one feature;
+* a **text** column is categorical and **one-hot encoded**, with the values the run lists for it
+  in ``categories`` (a numeric column listed there too, by its text): the features
+  ``column=value`` in the listed order, where the column was. One-hot needs no trainable state
+  (an embedding would have to reach consensus of its own), the lists are short, and the layout
+  is the same on every device, which the data contract checks through the feature names. A
+  value the list lacks is refused, or with ``other_category`` goes to ``column=<other>``.
+
+A missing cell (:data:`~.tablescan.MISSING_MARKERS`) is refused (``missing: fail``), its row
+left out (``drop``), or kept (``mean``): a number as NaN, for the network's mean to fill later, a
+text column's features as all zeros. A missing label is refused, or its row dropped under
+``drop``.
+
+The numbers are kept as they are in the files: :attr:`TableData.numeric_features` says which
+features the run's scaling (the ``scaling`` setting) applies to; the one-hot ones are left alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
 
 from dacflnode.errors import ConfigError
-from dacflnode.learning.owndata.contract import class_labels
+from dacflnode.learning.owndata.holdout import holdout_slots
+from dacflnode.learning.owndata.memory import check_fits
+from dacflnode.learning.owndata.tablescan import (
+    CSV_SUFFIXES,
+    DEFAULT_READING,
+    MISSING_MARKERS,
+    PARQUET_SUFFIXES,
+    TABLE_SUFFIXES,
+    Reading,
+    TableScan,
+    as_text,
+    batches,
+    missing_mask,
+    names_text,
+    numbers,
+    rows_text,
+    scan_table,
+    table_files,
+    value_order,
+)
 
-CSV_SUFFIXES = (".csv",)
-PARQUET_SUFFIXES = (".parquet", ".pq")
-TABLE_SUFFIXES = CSV_SUFFIXES + PARQUET_SUFFIXES
+__all__ = [
+    "CSV_SUFFIXES",
+    "MISSING_MARKERS",
+    "MISSING_POLICIES",
+    "OTHER_CATEGORY",
+    "PARQUET_SUFFIXES",
+    "TABLE_SUFFIXES",
+    "Encoding",
+    "Reading",
+    "TableData",
+    "encode",
+    "load_table",
+    "table_files",
+]
+
+#: What a missing cell does (the run setting ``missing``).
+MISSING_POLICIES = ("fail", "drop", "mean")
+#: The one-hot bucket of ``other_category``: ``column=<other>``.
+OTHER_CATEGORY = "<other>"
 
 
 @dataclass(frozen=True)
 class TableData:
-    """Features ``float32 [n, F]``, labels ``int64 [n]`` and the feature names in file order."""
+    """Features ``float32 [n, F]``, labels ``int64 [n]`` and the feature names in order.
+
+    With a held-out fraction, ``features``/``labels`` are the training rows and
+    ``test_features``/``test_labels`` the held-out ones (``None`` without). ``numeric_features``:
+    the indices of the numeric (not one-hot) features; ``dropped``: rows left out for a missing
+    cell (``missing: drop``); ``rows``: the rows of the files."""
 
     features: np.ndarray
     labels: np.ndarray
     feature_names: tuple[str, ...]
     files: tuple[Path, ...]
+    numeric_features: tuple[int, ...] = ()
+    test_features: np.ndarray | None = None
+    test_labels: np.ndarray | None = None
+    dropped: int = 0
+    rows: int = 0
 
 
-def table_files(root: Path, field: str) -> list[Path]:
-    """``root`` itself when it is a CSV/Parquet file, else the CSV/Parquet files in it (sorted)."""
-    if not root.exists():
-        raise ConfigError(field, f"{root} does not exist; point {field} at a CSV or Parquet file "
-                                 "or a folder of them")
-    if root.is_file():
-        if root.suffix.lower() not in TABLE_SUFFIXES:
-            raise ConfigError(field, f"{root} is not a .csv, .parquet or .pq file")
-        return [root]
-    found = sorted(p for p in root.iterdir()
-                   if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES
-                   and not p.name.startswith("."))
-    if not found:
-        raise ConfigError(field, f"{root} holds no .csv, .parquet or .pq file")
-    return found
+@dataclass(frozen=True)
+class EncodedColumn:
+    """One column's place among the features: ``offset``, and its one-hot ``values`` (the
+    ``<other>`` bucket last when ``other``) or ``None`` for a numeric column (``boolean``: read
+    as ``true``/``false``)."""
+
+    name: str
+    offset: int
+    values: tuple[str, ...] | None = None
+    other: bool = False
+    boolean: bool = False
+
+    @property
+    def width(self) -> int:
+        return 1 if self.values is None else len(self.values) + int(self.other)
 
 
-def _read(path: Path, label_column: str) -> pa.Table:
-    try:
-        if path.suffix.lower() in CSV_SUFFIXES:
-            return pa_csv.read_csv(
-                path, convert_options=pa_csv.ConvertOptions(column_types={label_column:
-                                                                          pa.string()}))
-        return pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as err:
-        reason = str(err).splitlines()[0][:200]
-        raise ConfigError("data_root", f"cannot read table {path}: {reason}") from err
+@dataclass(frozen=True)
+class Encoding:
+    """How a table's feature columns become the feature vector."""
+
+    columns: tuple[EncodedColumn, ...]
+
+    @property
+    def width(self) -> int:
+        return sum(c.width for c in self.columns)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        names: list[str] = []
+        for c in self.columns:
+            if c.values is None:
+                names.append(c.name)
+            else:
+                names += [f"{c.name}={v}" for v in c.values]
+                names += [f"{c.name}={OTHER_CATEGORY}"] if c.other else []
+        return tuple(names)
+
+    @property
+    def numeric_features(self) -> tuple[int, ...]:
+        return tuple(c.offset for c in self.columns if c.values is None)
 
 
-def _is_numeric(t: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-                or pa.types.is_decimal(t))
+def encode(scan: TableScan, categories: Mapping[str, Sequence[str]],
+           other_category: bool = False) -> Encoding:
+    """The encoding of the scanned table under the run's ``categories``; a :class:`ConfigError`
+    on ``categories`` names a listed column the table lacks, a text column not listed, or a
+    value found that its list lacks (unless ``other_category``)."""
+    first = scan.files[0].path
+    for name in categories:
+        if name == scan.label_column:
+            raise ConfigError("categories", f"lists the label column {name!r}, whose values are "
+                                            "the classes: remove it from categories")
+        if name not in scan.feature_names:
+            raise ConfigError("categories", f"names the column {name!r}, which {first} does not "
+                              f"have (its columns: {names_text(scan.feature_names)}); correct "
+                              "or remove it in categories")
+    columns: list[EncodedColumn] = []
+    offset = 0
+    for name in scan.feature_names:
+        if name not in categories and scan.numeric(name):
+            columns.append(EncodedColumn(name, offset, boolean=scan.boolean(name)))
+        else:
+            values = tuple(str(v) for v in categories.get(name, ()))
+            if not values:
+                raise _unlisted(scan, name)
+            if not other_category:
+                _check_values(scan, name, values)
+            columns.append(EncodedColumn(name, offset, values, other_category))
+        offset += columns[-1].width
+    return Encoding(tuple(columns))
 
 
-def read_table_file(
-    path: Path, classes: Sequence[str], label_column: str
-) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-    """One file's features, labels (indices into ``classes``) and feature names."""
-    table = _read(path, label_column)
-    if label_column not in table.column_names:
-        raise ConfigError(
-            "label_column",
-            f"{path} has no label column {label_column!r} (its columns: "
-            f"{', '.join(table.column_names[:10])}); set label_column to the column that holds "
-            "the class",
-        )
-    if table.num_rows == 0:
-        raise ConfigError("data_root", f"{path} holds no rows")
-    names = tuple(c for c in table.column_names if c != label_column)
-    if not names:
-        raise ConfigError("data_root", f"{path} has no feature column besides {label_column!r}")
-    for name in names:
-        column = table.column(name)
-        if not _is_numeric(column.type):
+def _unlisted(scan: TableScan, name: str) -> ConfigError:
+    j = scan.feature_names.index(name)
+    text = next(f for f in scan.files if not f.columns[j].numeric)
+    shown = sorted(text.columns[j].values, key=value_order)[:3]
+    return ConfigError(
+        "categories",
+        f"{text.path}: column {name!r} is not numeric (text such as "
+        f"{', '.join(repr(v) for v in shown)}); list its values under the run setting "
+        f"categories ({name}: [...]) to one-hot encode it, or drop the column; dacflnode data "
+        f"check {scan.root} prints them",
+    )
+
+
+def _check_values(scan: TableScan, name: str, values: tuple[str, ...]) -> None:
+    known = set(values)
+    for f, col in zip(scan.files, scan.of(name), strict=True):
+        unknown = sorted(col.values - known, key=value_order)
+        if unknown:
+            raise _unknown(f.path, name, unknown[0], len(unknown) - 1, values)
+
+
+def _unknown(path: Path, name: str, value: str, more: int, values: Sequence[str]
+             ) -> ConfigError:
+    others = f" (and {more} more)" if more else ""
+    return ConfigError(
+        "categories",
+        f"{path}: column {name!r} has the value {value!r}{others}, which categories does not "
+        f"list for it ({names_text(values)}); add it to the run setting categories ({name}: "
+        f"[..., {value}]), or set other_category: true",
+    )
+
+
+def _check_cells(scan: TableScan, enc: Encoding, missing: str) -> None:
+    """Refuse, per file, an inf/NaN number, a missing cell under ``fail``, and a missing
+    label unless ``drop``."""
+    numeric = {c.name for c in enc.columns if c.values is None}
+    label = scan.label_column
+    for f in scan.files:
+        for col in f.columns:
+            if col.name in numeric and col.nonfinite_row is not None:
+                raise ConfigError("data_root", f"{f.path}: column {col.name!r} holds inf or NaN "
+                                  f"(data row {col.nonfinite_row}); features must be finite "
+                                  "numbers (leave a missing one empty)")
+        gap = next((c for c in f.columns if c.missing), None) if missing == "fail" else None
+        if gap is not None:
             raise ConfigError(
-                "data_root",
-                f"{path}: column {name!r} is not numeric ({column.type}); features must be "
-                f"numbers: convert or drop it (or name it as label_column if it is the label)",
+                "missing",
+                f"{f.path}: column {gap.name!r} has missing values in "
+                f"{rows_text(gap.missing_rows, gap.missing)} ({gap.missing} in all); fill "
+                "them, or set missing: drop (leave those rows out) or mean (a number takes "
+                "the network's mean)",
             )
-        if column.null_count:
-            raise ConfigError("data_root", f"{path}: column {name!r} has {column.null_count} "
-                                           "missing values; fill or drop those rows")
-    label_col = table.column(label_column)
-    if label_col.null_count:
-        raise ConfigError("data_root", f"{path}: label column {label_column!r} has "
-                                       f"{label_col.null_count} missing values; drop those rows")
-    label_text = pc.cast(label_col, pa.string()).to_numpy(zero_copy_only=False).astype(str)
-    values, inverse = np.unique(label_text, return_inverse=True)
-    index = class_labels(classes, values, lambda label: (
-        f"{path}: label {label!r} (column {label_column!r}) is not in classes {list(classes)}; "
-        f"add it to the run's classes or drop those rows"))
-    labels = np.array([index[v] for v in values], dtype=np.int64)[inverse.reshape(-1)]
-    features = np.empty((table.num_rows, len(names)), dtype=np.float32)
-    for j, name in enumerate(names):
-        col = table.column(name)
-        if pa.types.is_boolean(col.type) or pa.types.is_decimal(col.type):
-            col = pc.cast(col, pa.float64())
-        features[:, j] = col.to_numpy()
-    if not np.isfinite(features).all():
-        bad = names[int(np.flatnonzero(~np.isfinite(features).all(axis=0))[0])]
-        raise ConfigError("data_root", f"{path}: column {bad!r} holds inf or NaN; features must "
-                                       "be finite numbers")
-    return features, labels, names
+        if f.label_missing and missing != "drop":
+            raise ConfigError(
+                "missing",
+                f"{f.path}: the label column {label!r} has missing values in "
+                f"{rows_text(f.label_missing_rows, f.label_missing)} ({f.label_missing} in "
+                "all); a label cannot be filled: fill or remove those rows, or set missing: drop",
+            )
 
 
-def load_table(root: Path, classes: Sequence[str], label_column: str | None,
-               field: str) -> TableData:
+def load_table(
+    root: Path, classes: Sequence[str], label_column: str | None, field: str, *,
+    categories: Mapping[str, Sequence[str]] | None = None, other_category: bool = False,
+    missing: str = "fail", holdout: float = 0.0, seed: int = 0, reading: Reading = DEFAULT_READING,
+) -> TableData:
     """All rows of the CSV/Parquet file ``root`` (or of the files in the folder ``root``, which
-    must have the same columns in the same order)."""
-    if not label_column:
-        raise ConfigError("label_column", "a table source needs label_column: the name of the "
-                                          "column that holds each row's class")
-    paths = table_files(root, field)
-    xs: list[np.ndarray] = []
-    ys: list[np.ndarray] = []
-    names: tuple[str, ...] | None = None
-    for path in paths:
-        x, y, file_names = read_table_file(path, classes, label_column)
-        if names is not None and file_names != names:
-            raise ConfigError(
-                field,
-                f"{path} has feature columns {list(file_names)} but {paths[0]} has "
-                f"{list(names)}; every file of a table must have the same columns in the same "
-                "order",
-            )
-        names = file_names
-        xs.append(x)
-        ys.append(y)
-    assert names is not None
-    features = np.concatenate(xs) if len(xs) > 1 else xs[0]
-    labels = np.concatenate(ys) if len(ys) > 1 else ys[0]
-    if features.shape[0] == 0:
+    must have the same columns in the same order), encoded (see the module's text).
+
+    ``holdout``/``seed``: the held-out test rows (:func:`~.holdout.holdout_split` of the rows
+    kept) go to ``test_features``; ``reading``: the batch sizes. Every refusal is one
+    :class:`ConfigError` line naming the file and what to do."""
+    if missing not in MISSING_POLICIES:
+        raise ConfigError("missing", f"must be one of {', '.join(MISSING_POLICIES)}, got "
+                                     f"{missing!r}")
+    cats = {str(k): tuple(str(v) for v in vs) for k, vs in (categories or {}).items()}
+    scan = scan_table(root, label_column, field, classes=classes, listed=cats, reading=reading)
+    enc = encode(scan, cats, other_category)
+    if scan.rows == 0:
         raise ConfigError(field, f"{root} holds no rows")
-    return TableData(features, labels, names, tuple(paths))
+    _check_cells(scan, enc, missing)
+    dropped = scan.incomplete if missing == "drop" else 0
+    n, width = scan.rows - dropped, enc.width
+    if n == 0:
+        raise ConfigError("missing", f"{root}: each of its {scan.rows} rows has a missing cell, "
+                                     "so missing: drop leaves none; fill them or set missing: "
+                                     "mean")
+    check_fits(root, f"the encoded table ({n} rows x {width} features, float32)",
+               n * width * 4 + n * 24, field,
+               "use fewer rows or columns on this device, or a machine with more memory")
+    slots, n_train, n_test = holdout_slots(n, holdout, seed) if holdout else (None, n, 0)
+    train = (np.zeros((n_train, width), dtype=np.float32), np.empty(n_train, dtype=np.int64))
+    test = (np.zeros((n_test, width), dtype=np.float32), np.empty(n_test, dtype=np.int64))
+    _fill(scan, enc, classes, missing == "drop", reading, field, slots, train, test)
+    return TableData(
+        train[0], train[1], enc.feature_names, tuple(f.path for f in scan.files),
+        enc.numeric_features, test[0] if slots is not None else None,
+        test[1] if slots is not None else None, dropped, scan.rows)
+
+
+def _changed(path: Path) -> ConfigError:
+    return ConfigError("data_root", f"{path} changed while it was read; read it again once "
+                                    "nothing writes to it")
+
+
+def _fill(scan: TableScan, enc: Encoding, classes: Sequence[str], drop: bool, reading: Reading,
+          field: str, slots: np.ndarray | None, train: tuple[np.ndarray, np.ndarray],
+          test: tuple[np.ndarray, np.ndarray]) -> None:
+    """The second pass: every kept row encoded into its place in ``train`` or ``test``."""
+    class_index = pa.array([str(c) for c in classes], pa.string())
+    features, label = list(scan.feature_names), scan.label_column
+    n, width = (train[0].shape[0] + test[0].shape[0]), enc.width
+    done = 0
+    for f in scan.files:
+        for batch in batches(f.path, [*features, label], reading, field):
+            sel = None
+            if drop:
+                keep = ~missing_mask(batch, features, label)
+                sel = None if keep.all() else np.flatnonzero(keep)
+            m = batch.num_rows if sel is None else int(sel.size)
+            if done + m > n:
+                raise _changed(f.path)
+            if slots is None:
+                block, ys = train[0][done:done + m], train[1][done:done + m]
+            else:
+                block, ys = np.zeros((m, width), np.float32), np.empty(m, np.int64)
+            for col in enc.columns:
+                _write(batch.column(col.name), col, block, sel, f.path)
+            codes = _codes(batch.column(label), class_index, sel)
+            if (codes < 0).any():
+                raise _changed(f.path)
+            ys[:] = codes
+            if slots is not None:
+                s = slots[done:done + m]
+                to_train = s >= 0
+                train[0][s[to_train]] = block[to_train]
+                train[1][s[to_train]] = ys[to_train]
+                held = -1 - s[~to_train]
+                test[0][held] = block[~to_train]
+                test[1][held] = ys[~to_train]
+            done += m
+    if done != n:
+        raise _changed(scan.root)
+
+
+def _codes(col: pa.Array, values: pa.Array, sel: np.ndarray | None) -> np.ndarray:
+    """Each cell's index in ``values`` (-1: missing or not there), of the rows ``sel``."""
+    codes = pc.index_in(as_text(col), value_set=values).fill_null(-1)
+    out = np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return out if sel is None else out[sel]
+
+
+def _write(col: pa.Array, enc: EncodedColumn, block: np.ndarray, sel: np.ndarray | None,
+           path: Path) -> None:
+    """Column ``col`` of a batch, rows ``sel``, into its features of ``block``."""
+    if enc.values is None:
+        x = numbers(col, enc.boolean).to_numpy(zero_copy_only=False)
+        block[:, enc.offset] = x if sel is None else x[sel]
+        return
+    codes = _codes(col, pa.array(enc.values, pa.string()), sel)
+    unknown = codes < 0
+    if unknown.any():
+        present = col.is_valid().to_numpy(zero_copy_only=False)
+        unknown &= present if sel is None else present[sel]
+        if unknown.any() and not enc.other:  # a value beyond the ones the scan keeps
+            row = int(np.flatnonzero(unknown)[0])
+            value = as_text(col)[row if sel is None else int(sel[row])].as_py()
+            raise _unknown(path, enc.name, str(value), 0, enc.values)
+        codes[unknown] = len(enc.values)
+    rows = np.flatnonzero(codes >= 0)
+    block[rows, enc.offset + codes[rows]] = 1.0
