@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,9 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
     given; the algorithms dacfl and cdsgd, each as a cluster of its own) and leaves the same
     files. Ctrl-C stops every node gracefully, each at a checkpoint: the same command again
     resumes the run from there (a finished run just prints its summary). An earlier run in DIR
-    with other settings is refused: give its options, or --fresh to start over.
+    with other settings is refused: give its options, or --fresh to start over. Every node's
+    settings and own data (--data-root) are checked first, as its daemon reads them: a bad one
+    is one line naming the node, exit 2, with nothing started and DIR as it was.
 
     \b
     Examples:
@@ -87,26 +90,40 @@ def launch(out_dir: str, round_deadline: float, hello_timeout: float, tls_dir: s
         options["topology"] = _default_topology(options)
     cfg = config_from_options(options)
     console = Console(stderr=True)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[status]}"), TimeRemainingColumn(), console=console,
-                  disable=quiet) as bar:
-        tasks = {n: bar.add_task(f"{n} x{cfg.nodes}", total=cfg.rounds, status="starting")
-                 for n in cfg.algorithm}
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[status]}"), TimeRemainingColumn(), console=console,
+                   disable=quiet)
+    tasks = {n: bar.add_task(f"{n} x{cfg.nodes}", total=cfg.rounds, status="starting")
+             for n in cfg.algorithm}
 
-        def progress(name: str, done: int, total: int, acc: float | None) -> None:
-            status = "" if acc is None else f"acc {100 * acc:.2f}%"
-            bar.update(tasks[name], completed=done, status=status)
+    def progress(name: str, done: int, total: int, acc: float | None) -> None:
+        status = "" if acc is None else f"acc {100 * acc:.2f}%"
+        bar.update(tasks[name], completed=done, status=status)
 
+    # the bar shows once every node's settings and data are checked: a refused run prints
+    # its one line and nothing else
+    checked: list[bool] = []
+
+    def show() -> None:
+        checked.append(True)
+        shown.enter_context(bar)
+
+    with contextlib.ExitStack() as shown:
         try:
             summary = run_launch(cfg, out_dir, progress, round_deadline=round_deadline,
                                  hello_timeout=hello_timeout,
                                  tls_dir=Path(tls_dir) if tls_dir else None,
                                  faults=faults_file, daemon_settings=daemon_settings,
-                                 fresh=fresh, slowdown=parse_slowdown(slowdown))
+                                 fresh=fresh, slowdown=parse_slowdown(slowdown),
+                                 checked=show)
         except RuntimeError as exc:
+            bar.stop()
             click.echo(f"error: {exc}", err=True)
             raise SystemExit(1) from exc
         except KeyboardInterrupt:
+            if not checked:
+                click.echo("interrupted: no node was started", err=True)
+                raise SystemExit(130) from None
             bar.stop()
             _interrupted(Path(out_dir), cfg.nodes, cfg.rounds, cfg.algorithm)
             raise SystemExit(130) from None

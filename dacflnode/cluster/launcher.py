@@ -29,6 +29,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,7 +42,9 @@ import numpy as np
 
 from dacflnode import __version__
 from dacflnode.algorithms.topology import GRAPH_KINDS
+from dacflnode.assembly.data import cache_dir_in
 from dacflnode.cluster import forked
+from dacflnode.cluster.precheck import check_own_data, copy_cache
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.filemodes import LOG_MODE, make_dir, open_text, prepare_file, write_text
@@ -192,6 +195,49 @@ def _noting_interrupts() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, before)
 
 
+def write_peers(
+    run: RunConfig, out_dir: Path, *, algorithm: str, topology: str, round_deadline: float,
+    hello_timeout: float, tls_dir: Path | None, daemon_settings: Mapping[str, Any] | None,
+    slowdown: Mapping[str, float] | None,
+) -> list[Path]:
+    """Write the peers files of a cluster of ``algorithm`` to ``out_dir/peers/`` (free ports on
+    127.0.0.1, each node's state folder ``out_dir/<node-id>``), each checked as its daemon
+    reads it before any is written; their paths."""
+    n = run.nodes
+    ports = free_ports(3 * n)
+    cfg = replace(run, algorithm=(algorithm,), topology=topology)
+    return generate_cluster(
+        topology, n, cfg, out_dir / "peers", ports=ports[:n], control_ports=ports[n:2 * n],
+        metrics_ports=ports[2 * n:],
+        state_root=out_dir, edge_list=run.edge_list, round_deadline=round_deadline,
+        hello_timeout=hello_timeout, daemon_settings=daemon_settings, tls_dir=tls_dir,
+        slowdown=slowdown,
+    )
+
+
+def check_nodes(
+    run: RunConfig, scratch: Path, earlier: Path, *, topology: str, round_deadline: float,
+    hello_timeout: float, daemon_settings: Mapping[str, Any] | None,
+    slowdown: Mapping[str, float] | None,
+) -> None:
+    """Check every node of every algorithm's cluster as its daemon would start, writing only
+    in the folder ``scratch``: its peers file (settings), then its own data
+    (:func:`~dacflnode.cluster.precheck.check_own_data`, decoded images cached in
+    ``scratch/data/<node-id>``, seeded from the node caches of ``earlier``, the first
+    algorithm's run folder). The first problem is a :class:`ConfigError`."""
+    paths: list[Path] = []
+    for name in run.algorithm:
+        paths = write_peers(run, scratch / "settings" / name, algorithm=name,
+                            topology=topology, round_deadline=round_deadline,
+                            hello_timeout=hello_timeout, tls_dir=None,
+                            daemon_settings=daemon_settings, slowdown=slowdown)
+    runs = {p.stem: load_peers(p).run for p in paths}
+    if run.own_data:
+        for node in runs:
+            copy_cache(cache_dir_in(earlier / node), scratch / "data" / node)
+    check_own_data(runs, scratch / "data")
+
+
 async def run_cluster(
     run: RunConfig,
     out_dir: Path,
@@ -211,16 +257,9 @@ async def run_cluster(
     ``faults``: a checked fault plan file that every daemon plays; ``daemon_settings``: further
     daemon settings by name for every peers file."""
     n = run.nodes
-    ports = free_ports(3 * n)
-    cfg = replace(run, algorithm=(algorithm,), topology=topology)
-    peers_dir = out_dir / "peers"
-    paths = generate_cluster(
-        topology, n, cfg, peers_dir, ports=ports[:n], control_ports=ports[n:2 * n],
-        metrics_ports=ports[2 * n:],
-        state_root=out_dir, edge_list=run.edge_list, round_deadline=round_deadline,
-        hello_timeout=hello_timeout, daemon_settings=daemon_settings, tls_dir=tls_dir,
-        slowdown=slowdown,
-    )
+    paths = write_peers(run, out_dir, algorithm=algorithm, topology=topology,
+                        round_deadline=round_deadline, hello_timeout=hello_timeout,
+                        tls_dir=tls_dir, daemon_settings=daemon_settings, slowdown=slowdown)
     node_dirs = [out_dir / p.stem for p in paths]
     for d in node_dirs:
         make_dir(d)
@@ -373,6 +412,7 @@ def launch(
     daemon_settings: Mapping[str, Any] | None = None,
     slowdown: Mapping[str, float] | None = None,
     fresh: bool = False,
+    checked: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run every algorithm of ``run`` as a real cluster; write and return the summary.
 
@@ -386,6 +426,11 @@ def launch(
     here, before any daemon starts, and copied to ``out_dir/faults.yaml``.
     ``daemon_settings``: further daemon settings by name (``gone_after``, ...).
     ``slowdown``: nodes that train slower on purpose, by factor (``launch --slowdown``).
+
+    Before anything is written or started, every node is checked as its daemon would start
+    (:func:`check_nodes`: its peers file's settings, its own data read as the daemon reads it):
+    the first problem is a :class:`ConfigError` naming the node, with ``out_dir`` as it was.
+    ``checked`` is called once every check has passed, before anything is written.
     """
     topology = run.topology
     if topology not in GRAPH_KINDS:
@@ -397,28 +442,37 @@ def launch(
     for name in run.algorithm:
         check_algorithm(name)
     root = Path(out_dir)
-    if fresh:
-        clear_outputs(root, run.nodes, run.algorithm)
-    else:  # refuse before any daemon starts (the settings are checked per algorithm later)
-        for name in run.algorithm:
-            folder = root / name if len(run.algorithm) > 1 else root
-            earlier_run([folder / node for node in node_ids(run.nodes)])
-    plan_file: Path | None = None
+    folders = [root / name if len(run.algorithm) > 1 else root for name in run.algorithm]
+    ids = node_ids(run.nodes)
+    if not fresh:  # an earlier run this one cannot resume: refused before anything else
+        for folder in folders:
+            earlier_run([folder / node for node in ids])
     if faults is not None:
-        ids = node_ids(run.nodes)
         graph = cluster_graph(topology, run.nodes, run, run.edge_list)
         check_for_daemons(load_fault_plan(faults, ids, run.rounds,
                                           [(ids[i], ids[j]) for i, j in graph]),
                           "`dacflnode launch`")
+    plan_file: Path | None = None
+    with tempfile.TemporaryDirectory(prefix="dacfl-launch-") as scratch:
+        check_nodes(run, Path(scratch), folders[0], topology=topology,
+                    round_deadline=round_deadline, hello_timeout=hello_timeout,
+                    daemon_settings=daemon_settings, slowdown=slowdown)
+        if checked is not None:
+            checked()
+        if fresh:
+            clear_outputs(root, run.nodes, run.algorithm)
         make_dir(root)
-        plan_file = (root / "faults.yaml").absolute()
-        if Path(faults).expanduser().absolute() != plan_file:
-            prepare_file(plan_file, LOG_MODE)  # copyfile truncates it and keeps the mode
-            shutil.copyfile(Path(faults).expanduser(), plan_file)
+        if faults is not None:
+            plan_file = (root / "faults.yaml").absolute()
+            if Path(faults).expanduser().absolute() != plan_file:
+                prepare_file(plan_file, LOG_MODE)  # copyfile truncates it and keeps the mode
+                shutil.copyfile(Path(faults).expanduser(), plan_file)
+        for folder in folders:  # the images the check decoded: no daemon decodes them again
+            for node in ids:
+                copy_cache(Path(scratch) / "data" / node, cache_dir_in(folder / node))
     started = time.perf_counter()
     results = {}
-    for name in run.algorithm:
-        folder = root / name if len(run.algorithm) > 1 else root
+    for name, folder in zip(run.algorithm, folders, strict=True):
         results[name] = asyncio.run(run_cluster(
             run, folder, algorithm=name, topology=topology, progress=progress,
             round_deadline=round_deadline, hello_timeout=hello_timeout, tls_dir=tls_dir,
