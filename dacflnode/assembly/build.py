@@ -39,12 +39,14 @@ from dacflnode.assembly.data import (
 )
 from dacflnode.config import DaemonSettings, RunConfig, anchor_delay
 from dacflnode.filemodes import make_dir
+from dacflnode.learning.feature_scale import FeatureScale
 from dacflnode.learning.layout import StateLayout
 from dacflnode.learning.models import build_model
 from dacflnode.learning.train import LocalTrainer, pick_device
 from dacflnode.protocol.copies import Compression, SharedDecodes, compression_for, wire_parts
 from dacflnode.protocol.policies import Metropolis, MixingPolicy, ModelView, OwnModel
 from dacflnode.protocol.runner import NodeRunner
+from dacflnode.protocol.scale_agreement import ScaleAgreement
 from dacflnode.protocol.setup import NodeSetup
 from dacflnode.protocol.training import NodeTrainer, ThreadedTrainer, slowed
 from dacflnode.records.checkpoint import Checkpoint, load_checkpoint
@@ -184,12 +186,21 @@ def build_node(pf: PeersFile, faults: FaultPlan | None = None) -> BuiltNode:
                  extra={"event": "resuming", "node": node, "round": state.round})
     else:
         state = NodeState.initial(parts.initial)
+    threaded = ThreadedTrainer(trainer, data.test_x, data.test_y)
     setup = node_setup(
         run, parts, pf.daemon, node, pf.neighbour_ids(),
-        trainer=slowed(ThreadedTrainer(trainer, data.test_x, data.test_y), run.slowdown),
-        data=data.info,
+        trainer=slowed(threaded, run.slowdown), data=data.info,
         active_neighbours=pf.active_neighbour_ids if run.time_varying > 0 else None,
         state_dir=pf.node.state_dir, run_info=run_info, faults=faults)
+    if data.moments is not None:
+        def scale_tensors(scale: FeatureScale) -> None:
+            scale.apply(trainer.data_x)  # (the rows as the trainer holds them, on its device)
+            scale.apply(threaded.test_x)
+
+        setup.scale = ScaleAgreement(
+            node, data.scaling, data.moments, scale_tensors,
+            context=identity.run_fingerprint.encode(), state_dir=pf.node.state_dir,
+            saved=None if checkpoint is None else checkpoint.meta.get("feature_scale"))
     return BuiltNode(setup, state, identity, str(device), parts, checkpoint)
 
 

@@ -27,6 +27,7 @@ import torch
 from dacflnode.config import RunConfig
 from dacflnode.errors import ConfigError
 from dacflnode.learning.datasets import eval_subset, load_dataset
+from dacflnode.learning.feature_scale import FeatureScale, LocalMoments
 from dacflnode.learning.models import default_model_for, default_model_for_shape
 from dacflnode.learning.partition import partition
 from dacflnode.records.metrics_log import DataInfo
@@ -49,6 +50,12 @@ class NodeDataSet:
     info: DataInfo
     #: the run's data contract as canonical JSON (own data), or "" (a built-in data set)
     contract: str = ""
+    #: a table's statistics for the network's feature scale (``run.scaling``, not ``none``),
+    #: over its numeric features; ``None``: nothing to agree on
+    moments: LocalMoments | None = None
+    scaling: str = "none"
+    #: the table's feature names (what the agreed scale's figures are shown by)
+    feature_names: tuple[str, ...] = ()
 
 
 def class_counts(labels: torch.Tensor, names: list[str]) -> dict[str, int]:
@@ -107,6 +114,9 @@ def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
         cache_dir=cache_dir,
         on_bad=run.bad_files,
         factory=None if bare else run.data_factory,
+        categories=run.categories,
+        other_category=run.other_category,
+        missing=run.missing,
     )
     if local.skipped:
         log.warning("%s: %d undecodable files skipped (bad_files: skip)", run.data_root,
@@ -116,9 +126,21 @@ def own_node_data(run: RunConfig, cache_dir: Path | None) -> NodeDataSet:
     names = list(run.classes)
     info = DataInfo(local.train_size, int(test_y.numel()), dict(local.histogram),
                     int(local.skipped))
+    scaled = run.dataset == "table" and run.scaling != "none"
     return NodeDataSet(local.train_x, local.train_y, test_x, test_y, shape, len(names),
                        run.model or default_model_for_shape(shape), info,
-                       contract=local.contract.to_json())
+                       contract=local.contract.to_json(),
+                       moments=(LocalMoments.of(local.train_x, local.numeric_features)
+                                if scaled else None),
+                       scaling=run.scaling if scaled else "none",
+                       feature_names=local.contract.feature_names)
+
+
+def scale_in_place(data: NodeDataSet, scale: FeatureScale) -> None:
+    """Transform ``data``'s training and test rows with the network's ``scale``."""
+    scale.apply(data.train_x)
+    if data.test_x.data_ptr() != data.train_x.data_ptr():
+        scale.apply(data.test_x)
 
 
 def contract_summary(contract: str) -> str:

@@ -295,6 +295,12 @@ def _status_table(data: dict[str, Any]) -> Table:
                                       for name in sorted(counts, key=_class_order)))
         if data.get("skipped_files"):
             table.caption += f"; {data['skipped_files']} undecodable files skipped"
+    if data.get("feature_scale"):
+        agreed = json.loads(data["feature_scale"])
+        rows = max(agreed["count"], default=0)
+        table.caption += (f"\nfeature scale: {agreed['method']} over "
+                          f"{len(agreed['columns'])} features, agreed on {rows} rows "
+                          "network-wide")
     if data.get("leaving"):
         table.caption += "\nleaving the network (drain requested)"
     anchors = data.get("anchors") or []

@@ -148,6 +148,7 @@ class Daemon:
             data_size=snap.data_size, test_size=snap.test_size,
             class_counts=dict(snap.class_counts), skipped_files=snap.skipped_files,
             schedule=snap.schedule, waited_s=snap.waited_s, ahead_of=list(snap.ahead_of),
+            feature_scale=snap.feature_scale,
         )
         self.metrics.update(status)
         return status

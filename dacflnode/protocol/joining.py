@@ -25,6 +25,7 @@ from dacflnode.protocol.clock import now
 from dacflnode.protocol.copies import PublicCopies, is_compressed
 from dacflnode.protocol.edges import EdgeBook
 from dacflnode.protocol.fault_filter import FaultFilter
+from dacflnode.protocol.scale_agreement import ScaleAgreement
 from dacflnode.protocol.setup import NodeSetup
 from dacflnode.records.membership import PeerState
 from dacflnode.transport.base import HandshakeRefused, PeerUnavailable, Transport, TransportClosed
@@ -50,6 +51,17 @@ class Handshakes:
         #: neighbours that had declared this node gone when it started (a restart)
         self.gone_for: set[str] = set()
         self._greetings: dict[str, asyncio.Task[None]] = {}
+        if setup.scale is not None:  # neighbours may ask for its items from the start
+            transport.serve_agreement(setup.scale.serve)
+
+    async def agree_scale(self, agreement: ScaleAgreement) -> None:
+        """Settle a table run's feature scale with the neighbours that answered the
+        handshake (:mod:`dacflnode.protocol.scale_agreement`), within ``hello_timeout``; the
+        agreed scale goes into the checkpoints (``feature_scale``)."""
+        present = [p for p in self.setup.neighbours
+                   if self.edges.peers[p].state is PeerState.ACTIVE]
+        scale = await agreement.settle(self.transport, present, self.setup.hello_timeout)
+        self.setup.run_info["feature_scale"] = scale.to_json()
 
     def on_join(self, peer: str, proposed: int) -> int:
         """Answer ``peer``'s Hello (:attr:`~dacflnode.transport.base.Inbox.on_join`)."""

@@ -15,6 +15,7 @@ class Phase(StrEnum):
 
     STARTING = "starting"
     WAITING_FOR_PEERS = "waiting-for-peers"
+    AGREEING = "agreeing"  # a table run's feature scale (docs/data.md), before the first round
     JOINING = "joining"
     EXCHANGING = "exchanging"
     TRAINING = "training"

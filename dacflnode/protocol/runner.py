@@ -152,8 +152,7 @@ class NodeRunner:
                                   self.edges, self.handshakes.peer_rounds,
                                   resumed_at=state.round if resume is not None else -1)
         self.mixer = Mixer(setup, self.edges, self.book)
-        #: the asynchronous schedule's part (``schedule: async``), which answers exchanges
-        #: from the start
+        #: the asynchronous schedule (``schedule: async``), answering exchanges from the start
         self.async_node = AsyncNode(self, resume) if setup.schedule == "async" else None
         if self.async_node is not None:
             inbox.on_exchange = self.async_node.answer
@@ -209,8 +208,7 @@ class NodeRunner:
     def _request(self, flag: asyncio.Event, what: str) -> None:
         """Set ``flag``, logging the first request (``stop`` or ``leave``)."""
         if not flag.is_set():
-            log.info("%s requested in round %d (%s)", what, self.round,
-                     self.phase,
+            log.info("%s requested in round %d (%s)", what, self.round, self.phase,
                      extra={"event": f"{what}_requested", "node": self.setup.node_id,
                             "round": self.round})
         flag.set()
@@ -320,6 +318,9 @@ class NodeRunner:
         <dacflnode.protocol.joining.Handshakes.wait_for_neighbours>`)."""
         self.phase = Phase.WAITING_FOR_PEERS
         await self.handshakes.wait_for_neighbours()
+        if self.setup.scale is not None:  # a table run's feature scale (docs/data.md)
+            self.phase = Phase.AGREEING
+            await self.handshakes.agree_scale(self.setup.scale)
 
     async def _join_if_behind(self) -> None:
         """Join at an agreed round, from a neighbour's model, when the network is ahead
@@ -518,8 +519,7 @@ class NodeRunner:
         anchors: tuple[int, ...] = self.edges.header(t + 1)[1]
         if unsettled:  # the neighbours that did not answer cannot settle: ask for a re-anchor
             anchors = tuple(sorted({*anchors, self.edges.propose_anchor(t)}))
-            log.warning("%d one-sided uses unsettled at leave; re-anchor proposed",
-                        unsettled,
+            log.warning("%d one-sided uses unsettled at leave; re-anchor proposed", unsettled,
                         extra={"event": "unsettled_at_leave", "node": setup.node_id})
         if targets:
             mass = self.state.x - alg.tracked(self.state)
@@ -528,8 +528,7 @@ class NodeRunner:
                        for name in alg.exchanged}
             handover = RoundMessage(setup.node_id, t + 1, len(targets), tensors,
                                     ((t, ()),), Kind.HANDOVER, anchors)
-            await self.exchanger.push_all(targets, handover,
-                                          now() + setup.round_deadline)
+            await self.exchanger.push_all(targets, handover, now() + setup.round_deadline)
             log.info("left the network at round %d; handed |x - %s| = %.3g to %s "
                      "(heard from %d of %d)", t, alg.tracked_field,
                      float(torch.linalg.vector_norm(mass)), ", ".join(targets), len(heard),
@@ -537,8 +536,7 @@ class NodeRunner:
                      extra={"event": "left", "node": setup.node_id, "round": t,
                             "neighbour": targets})
         else:
-            log.warning("left at round %d with no neighbour to hand its share to",
-                        t,
+            log.warning("left at round %d with no neighbour to hand its share to", t,
                         extra={"event": "left_alone", "node": setup.node_id, "round": t})
         await self.handshakes.stop()
         self.phase = Phase.LEFT

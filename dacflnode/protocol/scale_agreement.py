@@ -2,7 +2,7 @@
 server and without revealing any node's own statistics (docs/data.md, "One scale for the
 network").
 
-Each node contributes its :class:`~dacflnode.learning.owndata.feature_scale.LocalMoments`: per
+Each node contributes its :class:`~dacflnode.learning.feature_scale.LocalMoments`: per
 numeric feature the count of its values, their sum and sum of squares (and, for ``minmax``, its
 minimum and maximum). The network needs only their totals. The agreement floods items through
 the neighbours (every node asks each neighbour for the items of a phase it lacks, and serves what
@@ -38,7 +38,7 @@ import numpy as np
 
 from dacflnode.algorithms import secure_sum
 from dacflnode.filemodes import SECRET_MODE, write_bytes
-from dacflnode.learning.owndata.feature_scale import FeatureScale, LocalMoments
+from dacflnode.learning.feature_scale import FeatureScale, LocalMoments
 from dacflnode.security.pair_keys import PUBLIC_KEY_BYTES, PairKeys
 from dacflnode.transport.base import PeerUnavailable, Transport, TransportClosed
 from dacflnode.wire.agreement import AgreeItem, AgreePhase
@@ -91,18 +91,21 @@ class ScaleAgreement:
     receiver calls for every ``Agree`` request) and what it does (:meth:`settle`).
 
     ``apply`` transforms the node's tensors in place with the agreed scale; ``state_dir`` keeps
-    it (:data:`SCALE_FILE`) for a restart; ``context`` (the run's fingerprint) keys the masks.
+    it (:data:`SCALE_FILE`) for a restart, as the checkpoints do (``saved``: the one a restart's
+    checkpoint holds); ``context`` (the run's fingerprint) keys the masks.
     """
 
     def __init__(self, node_id: str, method: str, moments: LocalMoments,
                  apply: Callable[[FeatureScale], None], *, context: bytes,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, saved: str | None = None) -> None:
         self.node_id = node_id
         self.method = method
         self.moments = moments
         self._apply = apply
         self.context = context + b"/" + method.encode()
         self.state_dir = state_dir
+        #: the scale a restart's checkpoint holds (its meta ``feature_scale``)
+        self._saved_json = saved
         self.scale: FeatureScale | None = None
         #: how this node got its scale: "agreed", "asked" (a neighbour's), "saved" (its file)
         self.source = ""
@@ -208,9 +211,9 @@ class ScaleAgreement:
                 ext = np.frombuffer(sums[o].payload[cut:], dtype="<f8")
                 low = [min(a, float(b)) for a, b in zip(low, ext[:k], strict=True)]
                 high = [max(a, float(b)) for a, b in zip(high, ext[k:], strict=True)]
-        if any(n < 0 for n in totals[:k]):
-            raise AgreementFailed("feature agreement: the masked sums do not add up (a node "
-                                  "sent a wrong vector); restart the run")
+        if any(not 0 <= n < 1 << 63 for n in totals[:k]):  # masks that did not cancel
+            raise AgreementFailed("feature agreement: the masked sums do not add up (a key or "
+                                  "a vector was altered on its way); restart the run")
         return _scale(self.method, self.moments.columns, totals, low, high)
 
     async def _ask(self, transport: Transport, peer: str, phase: AgreePhase
@@ -218,7 +221,8 @@ class ScaleAgreement:
         try:
             return await transport.agree(peer, phase, self._items[phase], CALL_TIMEOUT)
         except (PeerUnavailable, WireError, TransportClosed) as err:
-            log.debug("agreement with %s: %s", peer, err)
+            log.debug("agreement with %s: %s", peer, err,
+                      extra={"event": "agreement_call_failed", "neighbour": peer})
             return []
 
     async def _flood(self, transport: Transport, neighbours: Sequence[str], phase: AgreePhase,
@@ -277,6 +281,10 @@ class ScaleAgreement:
 
     # ------------------------------------------------------------------ the result
     def _saved(self) -> FeatureScale | None:
+        if self._saved_json is not None:
+            scale = self._checked(self._saved_json.encode(), "its checkpoint")
+            if scale is not None:
+                return scale
         if self.state_dir is None or not (self.state_dir / SCALE_FILE).is_file():
             return None
         scale = self._checked((self.state_dir / SCALE_FILE).read_bytes(), "its state folder")
@@ -294,6 +302,6 @@ class ScaleAgreement:
             os.replace(tmp, self.state_dir / SCALE_FILE)
         log.info("feature scale %s (%s over %d features, %s)", scale.digest, scale.method,
                  len(scale.columns), source,
-                 extra={"event": "feature_scale", "digest": scale.digest, "source": source})
+                 extra={"event": "feature_scale", "node": self.node_id})
         return scale
 

@@ -21,6 +21,7 @@ from dacflnode.wire.state_guard import ABSURD_RATIO
 
 if TYPE_CHECKING:
     from dacflnode.protocol.faults import FaultPlan
+    from dacflnode.protocol.scale_agreement import ScaleAgreement
     from dacflnode.records.metrics_log import DataInfo
 
 
@@ -78,6 +79,9 @@ class NodeSetup:
     schedule: str = "sync"
     staleness: int | None = None
     max_duration: float | None = None
+    #: A table run's feature agreement (:mod:`dacflnode.protocol.scale_agreement`), settled
+    #: after the handshake and before the first round; ``None``: nothing to agree on.
+    scale: ScaleAgreement | None = None
     #: The time of the metrics lines (unix seconds); the simulator's runs on its own clock.
     clock: Callable[[], float] = time.time
 

@@ -171,6 +171,8 @@ class NodeSnapshot:
     schedule: str = "sync"
     waited_s: float = 0.0
     ahead_of: tuple[str, ...] = ()
+    #: a table run's agreed feature scale, canonical JSON ("": none, or not agreed yet)
+    feature_scale: str = ""
 
     @classmethod
     def starting(cls, node_id: str, algorithm: str, rounds: int, *, leaving: bool = False,
@@ -231,4 +233,5 @@ def snapshot_of(runner: Observed, ready: Callable[[str], bool | None] | None = N
         skipped_files=0 if data is None else data.skipped,
         schedule=setup.schedule, waited_s=runner.waited_s,
         ahead_of=() if schedule is None else tuple(schedule.ahead_of()),
+        feature_scale=setup.run_info.get("feature_scale", ""),
     )

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from dacflnode import __version__
-from dacflnode.assembly.data import cache_dir_in, own_node_data
+from dacflnode.assembly.data import cache_dir_in, own_node_data, scale_in_place
 from dacflnode.config import DAEMON_DEFAULTS, RunConfig
 from dacflnode.filemodes import LOG_MODE, make_dir, write_text
 from dacflnode.learning.datasets import load_dataset
 from dacflnode.learning.names import node_ids
 from dacflnode.learning.partition import partition
 from dacflnode.protocol.faults import FaultPlan
+from dacflnode.protocol.scale_agreement import scale_of
 from dacflnode.records.metrics_log import summarize
 from dacflnode.sim.engines.base import RayTarget
 from dacflnode.sim.simulator import ProgressFn, Simulation
@@ -115,6 +116,11 @@ def _own_data(
     for node in ids:
         cache = cache_dir_in(Path(out_dir) / node) if out_dir is not None else None
         shares.append(own_node_data(cfg.for_node(node), cache))
+    scale = None
+    if shares[0].moments is not None:  # the scale the daemons agree on, added up directly
+        scale = scale_of(shares[0].scaling, [s.moments for s in shares if s.moments])
+        for share in shares:
+            scale_in_place(share, scale)
     data_summary = {
         "name": cfg.dataset,
         "contract": json.loads(shares[0].contract),
@@ -124,6 +130,8 @@ def _own_data(
         "test_per_node": [s.info.test_size for s in shares],
         "class_counts": {node: s.info.class_counts for node, s in zip(ids, shares, strict=True)},
     }
+    if scale is not None:
+        data_summary["feature_scale"] = scale.summary(shares[0].feature_names)
 
     def simulation(name: str, folder: Path | None) -> Simulation:
         return Simulation(cfg, name, None, None, out_dir=folder, faults=faults,

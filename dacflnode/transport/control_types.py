@@ -99,6 +99,8 @@ class NodeStatus:
     #: schedule async: the neighbours whose exchanges were refused for staleness while this
     #: node was ahead of them by more than ``staleness`` blocks.
     ahead_of: list[str] = field(default_factory=list)
+    #: a table run's agreed feature scale (canonical JSON, docs/data.md); "": none
+    feature_scale: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON-ready data, NaN written as ``None`` (JSON has no NaN)."""

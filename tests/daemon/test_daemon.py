@@ -41,7 +41,8 @@ def with_runner(daemon: Daemon, setup: object = None) -> Mock:
     runner = Mock(spec=NodeRunner)
     runner.setup = setup or SimpleNamespace(
         node_id=pf.node.id, neighbours=pf.neighbour_ids(), rounds=pf.run.rounds,
-        algorithm=SimpleNamespace(name=pf.run.algorithm[0]), data=None, schedule="sync")
+        algorithm=SimpleNamespace(name=pf.run.algorithm[0]), data=None, schedule="sync",
+        run_info={})
     runner.last, runner.copies, runner.started, runner.stopping = None, None, 0.0, False
     runner.waited_s, runner.async_node = 0.0, None
     daemon.runner = runner

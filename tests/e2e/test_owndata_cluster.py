@@ -9,10 +9,14 @@ from dataclasses import replace
 
 import pytest
 import yaml
+from safetensors import safe_open
 
 from dacflnode.cluster.launcher import free_ports, launch
 from dacflnode.config import RunConfig
+from dacflnode.learning.feature_scale import FeatureScale
 from dacflnode.peers.generate import generate_cluster
+from dacflnode.protocol.scale_agreement import SCALE_FILE
+from dacflnode.records.checkpoint import CHECKPOINT
 from dacflnode.records.metrics_log import read_metrics
 from dacflnode.sim.experiment import run_experiment
 from tests.harness import preloaded
@@ -68,6 +72,31 @@ def test_three_daemons_on_csv_tables_learn(tmp_path):
     assert final["avg_acc"] >= 0.8, final  # three well-separated classes, chance is 1/3
     lines = read_metrics(tmp_path / "cluster" / "node-0" / "metrics.jsonl")
     assert lines[-1]["class_counts"] == {"cat": 14, "dog": 4, "eel": 0}
+
+
+def test_daemons_on_tables_agree_on_one_feature_scale_and_end_with_the_simulators_models(
+        tmp_path):
+    train, test = write_csv_nodes(tmp_path / "data")
+    cfg = RunConfig(dataset="table", classes=CLASSES, label_column="kind", nodes=3, rounds=2,
+                    topology="ring", device="cpu", engine="sequential", data_root=str(train),
+                    test_root=str(test))
+    launch(cfg, tmp_path / "cluster", round_deadline=60)
+    simulated = run_experiment(cfg, tmp_path / "sim")
+    scales = set()
+    for node in MIX:
+        folder = tmp_path / "cluster" / node
+        saved = (folder / SCALE_FILE).read_text()
+        with safe_open(str(folder / CHECKPOINT), "pt") as checkpoint:
+            assert checkpoint.metadata()["feature_scale"] == saved
+        scales.add(saved)
+        diff = max_diff(folder / "final.safetensors",
+                        tmp_path / "sim" / node / "final.safetensors")
+        assert diff <= 1e-6, (node, diff)
+    (agreed,) = scales  # one scale, bit for bit, on every daemon
+    scale = FeatureScale.from_json(agreed)
+    assert scale.method == "standardize" and scale.columns == (0, 1, 2, 3)
+    assert simulated["dataset"]["feature_scale"]["digest"] == scale.digest
+    assert sum(scale.count) == 4 * sum(sum(m.values()) for m in MIX.values())
 
 
 def test_a_daemon_with_another_class_list_is_refused_naming_the_difference(tmp_path):

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from dacflnode.algorithms import secure_sum
-from dacflnode.learning.owndata.feature_scale import FeatureScale, LocalMoments
+from dacflnode.learning.feature_scale import FeatureScale, LocalMoments
 from dacflnode.protocol.scale_agreement import (
     SCALE_FILE,
     AgreementFailed,
     ScaleAgreement,
     scale_of,
 )
-from dacflnode.wire.agreement import AgreePhase
+from dacflnode.security.pair_keys import PairKeys
+from dacflnode.wire.agreement import AgreeItem, AgreePhase
 from tests.transport.test_protocol import Cluster
 
 RING = {"a": ["b", "d"], "b": ["a", "c"], "c": ["b", "d"], "d": ["a", "c"]}
@@ -150,7 +151,30 @@ async def test_a_missing_node_ends_the_agreement_with_a_clear_error():
 async def test_an_item_of_the_wrong_size_is_not_kept():
     agreement = ScaleAgreement("a", "standardize", LocalMoments.of(rows(0), (0, 1)),
                                lambda s: None, context=b"r")
-    from dacflnode.wire.agreement import AgreeItem
-
     agreement._take(AgreePhase.KEYS, AgreeItem("b", ("a",), b"short"), "b")
     assert agreement.serve("c", AgreePhase.KEYS, frozenset()) == []
+
+
+async def test_a_forged_key_makes_the_agreement_fail_instead_of_a_wrong_scale():
+    c = Cluster("memory")
+    try:
+        nodes = await c.build(LINE)
+        agreements = {n: ScaleAgreement(n, "standardize", LocalMoments.of(rows(i), (0, 1)),
+                                        lambda s: None, context=b"r")
+                      for i, n in enumerate(nodes)}
+        for n, node in nodes.items():
+            node.transport.serve_agreement(agreements[n].serve)
+        serve = agreements["b"].serve
+        forged = PairKeys().public
+
+        def relay(sender, phase, have):  # b hands c another key in a's name
+            items = serve(sender, phase, have)
+            return [AgreeItem(i.origin, i.members, forged)
+                    if phase is AgreePhase.KEYS and i.origin == "a" else i for i in items]
+
+        nodes["b"].transport.serve_agreement(relay)
+        with pytest.raises(AgreementFailed, match="do not add up"):
+            await asyncio.gather(*(agreements[n].settle(nodes[n].transport, LINE[n], 10.0)
+                                   for n in nodes))
+    finally:
+        await c.close()

@@ -23,7 +23,7 @@ def busy_status() -> NodeStatus:
         anchors=[12, 20], reanchored=1, leaving=True, data_size=40, test_size=8,
         class_counts={"cat": 30, "dog": 10}, skipped_files=2, alone_rounds=3,
         tls_handshake_failures={"plaintext": 1}, quarantines=1, refused_states=9,
-        schedule="async", waited_s=4.5, ahead_of=["n2"])
+        schedule="async", waited_s=4.5, ahead_of=["n2"], feature_scale='{"method":"none"}')
 
 
 def test_every_field_of_a_status_comes_back_from_the_control_service_as_it_was_sent():

@@ -279,7 +279,7 @@ def test_the_service_registered_by_hand_serves_every_method_of_the_proto():
 
     recorder = Recorder()
     servicer = type("S", (), {"Hello": None, "PushState": None, "PullState": None,
-                              "Exchange": None})()
+                              "Exchange": None, "Agree": None})()
     add_neighbor_service(servicer, recorder)  # type: ignore[arg-type]
     declared = pb.DESCRIPTOR.services_by_name["Neighbor"].methods_by_name
     assert set(recorder.methods) == set(declared)

@@ -21,6 +21,7 @@ from dacflnode._proto.dacfl.v1 import neighbor_pb2_grpc
 from dacflnode.transport.base import Identity, Inbox, PeerUnavailable, TransportClosed
 from dacflnode.transport.grpc_status import unreachable
 from dacflnode.transport.grpc_transport import PUSH_GRACE_S, GrpcTransport, NeighborCalls
+from dacflnode.wire.agreement import AgreePhase
 from dacflnode.wire.errors import REASON_METADATA_KEY
 from dacflnode.wire.message import RoundMessage
 from tests.harness.messages import message
@@ -62,6 +63,10 @@ class Silent(neighbor_pb2_grpc.NeighborServicer):
         await self._hang()
         yield pb.StateChunk()
 
+    async def Agree(self, request: pb.AgreeRequest, context: Any) -> pb.AgreeReply:
+        await self._hang()
+        raise AssertionError("unreachable")
+
 
 @pytest.fixture
 async def silent() -> AsyncIterator[tuple[Silent, str]]:
@@ -93,6 +98,7 @@ CALLS: dict[str, Callable[[GrpcTransport], Coroutine[Any, Any, object]]] = {
     "hello": lambda t: t.hello("bob"),
     "push": lambda t: t.push("bob", sized(P), timeout=20),
     "pull": lambda t: t.pull("bob", 0, timeout=20),
+    "agree": lambda t: t.agree("bob", AgreePhase.KEYS, (), timeout=20),
 }
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64\x61\x63\x66l/v1/control.proto\x12\x08\x64\x61\x63\x66l.v1\"\x0f\n\rStatusRequest\"\xaf\x02\n\x0fNeighbourStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tconnected\x18\x03 \x01(\x08\x12\x1b\n\x13last_round_received\x18\x04 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x05 \x01(\x04\x12\x12\n\nbytes_sent\x18\x06 \x01(\x04\x12\x12\n\nlatency_ms\x18\x07 \x01(\x01\x12\r\n\x05state\x18\x08 \x01(\t\x12\x15\n\rmissed_rounds\x18\t \x01(\x04\x12\x13\n\x0blate_states\x18\n \x01(\x04\x12\x0f\n\x07refused\x18\x0b \x01(\x04\x12\x13\n\x0b\x63orrections\x18\x0c \x01(\x04\x12\x16\n\x0erefused_states\x18\r \x01(\x04\x12\x11\n\texchanges\x18\x0e \x01(\x04\"\xf5\x06\n\x0bStatusReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x14\n\x0crounds_total\x18\x04 \x01(\x04\x12\r\n\x05phase\x18\x05 \x01(\t\x12-\n\nneighbours\x18\x06 \x03(\x0b\x32\x19.dacfl.v1.NeighbourStatus\x12\x15\n\rlast_accuracy\x18\x07 \x01(\x01\x12\x11\n\tlast_loss\x18\x08 \x01(\x01\x12\x1a\n\x12\x63onsensus_residual\x18\t \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x10\n\x08uptime_s\x18\x0b \x01(\x01\x12\x16\n\x0elisten_address\x18\x0c \x01(\t\x12\x0b\n\x03tls\x18\r \x01(\x08\x12\x35\n\x08refusals\x18\x0e \x03(\x0b\x32#.dacfl.v1.StatusReply.RefusalsEntry\x12\x0f\n\x07\x61nchors\x18\x0f \x03(\x04\x12\x12\n\nreanchored\x18\x10 \x01(\x04\x12\x0f\n\x07leaving\x18\x11 \x01(\x08\x12\x11\n\tdata_size\x18\x12 \x01(\x04\x12\x11\n\ttest_size\x18\x13 \x01(\x04\x12<\n\x0c\x63lass_counts\x18\x14 \x03(\x0b\x32&.dacfl.v1.StatusReply.ClassCountsEntry\x12\x15\n\rskipped_files\x18\x15 \x01(\x04\x12\x14\n\x0c\x61lone_rounds\x18\x16 \x01(\x04\x12\x13\n\x0bquarantines\x18\x17 \x01(\x04\x12\x16\n\x0erefused_states\x18\x18 \x01(\x04\x12O\n\x16tls_handshake_failures\x18\x1a \x03(\x0b\x32/.dacfl.v1.StatusReply.TlsHandshakeFailuresEntry\x12\x10\n\x08schedule\x18\x1b \x01(\t\x12\x10\n\x08waited_s\x18\x1c \x01(\x01\x12\x10\n\x08\x61head_of\x18\x1d \x03(\t\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x32\n\x10\x43lassCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a;\n\x19TlsHandshakeFailuresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\" \n\x0eMetricsRequest\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\t\"2\n\x0cMetricsReply\x12\x14\n\x0c\x63ontent_type\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\t\"\x1c\n\x0bStopRequest\x12\r\n\x05\x64rain\x18\x01 \x01(\x08\"\x13\n\x11\x43heckpointRequest\"\x19\n\tFileChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x1d\n\tStopReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\xf6\x01\n\x07\x43ontrol\x12\x38\n\x06Status\x12\x17.dacfl.v1.StatusRequest\x1a\x15.dacfl.v1.StatusReply\x12;\n\x07Metrics\x12\x18.dacfl.v1.MetricsRequest\x1a\x16.dacfl.v1.MetricsReply\x12\x32\n\x04Stop\x12\x15.dacfl.v1.StopRequest\x1a\x13.dacfl.v1.StopReply\x12@\n\nCheckpoint\x12\x1b.dacfl.v1.CheckpointRequest\x1a\x13.dacfl.v1.FileChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64\x61\x63\x66l/v1/control.proto\x12\x08\x64\x61\x63\x66l.v1\"\x0f\n\rStatusRequest\"\xaf\x02\n\x0fNeighbourStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tconnected\x18\x03 \x01(\x08\x12\x1b\n\x13last_round_received\x18\x04 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x05 \x01(\x04\x12\x12\n\nbytes_sent\x18\x06 \x01(\x04\x12\x12\n\nlatency_ms\x18\x07 \x01(\x01\x12\r\n\x05state\x18\x08 \x01(\t\x12\x15\n\rmissed_rounds\x18\t \x01(\x04\x12\x13\n\x0blate_states\x18\n \x01(\x04\x12\x0f\n\x07refused\x18\x0b \x01(\x04\x12\x13\n\x0b\x63orrections\x18\x0c \x01(\x04\x12\x16\n\x0erefused_states\x18\r \x01(\x04\x12\x11\n\texchanges\x18\x0e \x01(\x04\"\x8c\x07\n\x0bStatusReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x14\n\x0crounds_total\x18\x04 \x01(\x04\x12\r\n\x05phase\x18\x05 \x01(\t\x12-\n\nneighbours\x18\x06 \x03(\x0b\x32\x19.dacfl.v1.NeighbourStatus\x12\x15\n\rlast_accuracy\x18\x07 \x01(\x01\x12\x11\n\tlast_loss\x18\x08 \x01(\x01\x12\x1a\n\x12\x63onsensus_residual\x18\t \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x10\n\x08uptime_s\x18\x0b \x01(\x01\x12\x16\n\x0elisten_address\x18\x0c \x01(\t\x12\x0b\n\x03tls\x18\r \x01(\x08\x12\x35\n\x08refusals\x18\x0e \x03(\x0b\x32#.dacfl.v1.StatusReply.RefusalsEntry\x12\x0f\n\x07\x61nchors\x18\x0f \x03(\x04\x12\x12\n\nreanchored\x18\x10 \x01(\x04\x12\x0f\n\x07leaving\x18\x11 \x01(\x08\x12\x11\n\tdata_size\x18\x12 \x01(\x04\x12\x11\n\ttest_size\x18\x13 \x01(\x04\x12<\n\x0c\x63lass_counts\x18\x14 \x03(\x0b\x32&.dacfl.v1.StatusReply.ClassCountsEntry\x12\x15\n\rskipped_files\x18\x15 \x01(\x04\x12\x14\n\x0c\x61lone_rounds\x18\x16 \x01(\x04\x12\x13\n\x0bquarantines\x18\x17 \x01(\x04\x12\x16\n\x0erefused_states\x18\x18 \x01(\x04\x12O\n\x16tls_handshake_failures\x18\x1a \x03(\x0b\x32/.dacfl.v1.StatusReply.TlsHandshakeFailuresEntry\x12\x10\n\x08schedule\x18\x1b \x01(\t\x12\x10\n\x08waited_s\x18\x1c \x01(\x01\x12\x10\n\x08\x61head_of\x18\x1d \x03(\t\x12\x15\n\rfeature_scale\x18\x1e \x01(\t\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x32\n\x10\x43lassCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a;\n\x19TlsHandshakeFailuresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\" \n\x0eMetricsRequest\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\t\"2\n\x0cMetricsReply\x12\x14\n\x0c\x63ontent_type\x18\x01 \x01(\t\x12\x0c\n\x04\x62ody\x18\x02 \x01(\t\"\x1c\n\x0bStopRequest\x12\r\n\x05\x64rain\x18\x01 \x01(\x08\"\x13\n\x11\x43heckpointRequest\"\x19\n\tFileChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x1d\n\tStopReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\xf6\x01\n\x07\x43ontrol\x12\x38\n\x06Status\x12\x17.dacfl.v1.StatusRequest\x1a\x15.dacfl.v1.StatusReply\x12;\n\x07Metrics\x12\x18.dacfl.v1.MetricsRequest\x1a\x16.dacfl.v1.MetricsReply\x12\x32\n\x04Stop\x12\x15.dacfl.v1.StopRequest\x1a\x13.dacfl.v1.StopReply\x12@\n\nCheckpoint\x12\x1b.dacfl.v1.CheckpointRequest\x1a\x13.dacfl.v1.FileChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,25 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NEIGHBOURSTATUS']._serialized_start=54
   _globals['_NEIGHBOURSTATUS']._serialized_end=357
   _globals['_STATUSREPLY']._serialized_start=360
-  _globals['_STATUSREPLY']._serialized_end=1245
-  _globals['_STATUSREPLY_REFUSALSENTRY']._serialized_start=1085
-  _globals['_STATUSREPLY_REFUSALSENTRY']._serialized_end=1132
-  _globals['_STATUSREPLY_CLASSCOUNTSENTRY']._serialized_start=1134
-  _globals['_STATUSREPLY_CLASSCOUNTSENTRY']._serialized_end=1184
-  _globals['_STATUSREPLY_TLSHANDSHAKEFAILURESENTRY']._serialized_start=1186
-  _globals['_STATUSREPLY_TLSHANDSHAKEFAILURESENTRY']._serialized_end=1245
-  _globals['_METRICSREQUEST']._serialized_start=1247
-  _globals['_METRICSREQUEST']._serialized_end=1279
-  _globals['_METRICSREPLY']._serialized_start=1281
-  _globals['_METRICSREPLY']._serialized_end=1331
-  _globals['_STOPREQUEST']._serialized_start=1333
-  _globals['_STOPREQUEST']._serialized_end=1361
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1363
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1382
-  _globals['_FILECHUNK']._serialized_start=1384
-  _globals['_FILECHUNK']._serialized_end=1409
-  _globals['_STOPREPLY']._serialized_start=1411
-  _globals['_STOPREPLY']._serialized_end=1440
-  _globals['_CONTROL']._serialized_start=1443
-  _globals['_CONTROL']._serialized_end=1689
+  _globals['_STATUSREPLY']._serialized_end=1268
+  _globals['_STATUSREPLY_REFUSALSENTRY']._serialized_start=1108
+  _globals['_STATUSREPLY_REFUSALSENTRY']._serialized_end=1155
+  _globals['_STATUSREPLY_CLASSCOUNTSENTRY']._serialized_start=1157
+  _globals['_STATUSREPLY_CLASSCOUNTSENTRY']._serialized_end=1207
+  _globals['_STATUSREPLY_TLSHANDSHAKEFAILURESENTRY']._serialized_start=1209
+  _globals['_STATUSREPLY_TLSHANDSHAKEFAILURESENTRY']._serialized_end=1268
+  _globals['_METRICSREQUEST']._serialized_start=1270
+  _globals['_METRICSREQUEST']._serialized_end=1302
+  _globals['_METRICSREPLY']._serialized_start=1304
+  _globals['_METRICSREPLY']._serialized_end=1354
+  _globals['_STOPREQUEST']._serialized_start=1356
+  _globals['_STOPREQUEST']._serialized_end=1384
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1386
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1405
+  _globals['_FILECHUNK']._serialized_start=1407
+  _globals['_FILECHUNK']._serialized_end=1432
+  _globals['_STOPREPLY']._serialized_start=1434
+  _globals['_STOPREPLY']._serialized_end=1463
+  _globals['_CONTROL']._serialized_start=1466
+  _globals['_CONTROL']._serialized_end=1712
 # @@protoc_insertion_point(module_scope)

@@ -201,6 +201,7 @@ class StatusReply(_message.Message):
     SCHEDULE_FIELD_NUMBER: _builtins.int
     WAITED_S_FIELD_NUMBER: _builtins.int
     AHEAD_OF_FIELD_NUMBER: _builtins.int
+    FEATURE_SCALE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     algorithm: _builtins.str
     round: _builtins.int
@@ -238,6 +239,10 @@ class StatusReply(_message.Message):
     """sync or async (docs/algorithm.md); async: round = blocks"""
     waited_s: _builtins.float
     """seconds waited for neighbours (sync: exchanges; async: end)"""
+    feature_scale: _builtins.str
+    """a table run's feature scale as the nodes agreed on it (canonical JSON: method, columns,
+    count, mean, std, low, high; floats as hex; docs/data.md); "" without one or before it
+    """
     @_builtins.property
     def neighbours(self) -> _containers.RepeatedCompositeFieldContainer[Global___NeighbourStatus]: ...
     @_builtins.property
@@ -295,10 +300,11 @@ class StatusReply(_message.Message):
         schedule: _builtins.str = ...,
         waited_s: _builtins.float = ...,
         ahead_of: _abc.Iterable[_builtins.str] | None = ...,
+        feature_scale: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ahead_of", b"ahead_of", "algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "quarantines", b"quarantines", "reanchored", b"reanchored", "refusals", b"refusals", "refused_states", b"refused_states", "round", b"round", "rounds_total", b"rounds_total", "schedule", b"schedule", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "tls_handshake_failures", b"tls_handshake_failures", "uptime_s", b"uptime_s", "waited_s", b"waited_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ahead_of", b"ahead_of", "algorithm", b"algorithm", "alone_rounds", b"alone_rounds", "anchors", b"anchors", "class_counts", b"class_counts", "consensus_residual", b"consensus_residual", "data_size", b"data_size", "device", b"device", "feature_scale", b"feature_scale", "last_accuracy", b"last_accuracy", "last_loss", b"last_loss", "leaving", b"leaving", "listen_address", b"listen_address", "neighbours", b"neighbours", "node_id", b"node_id", "phase", b"phase", "quarantines", b"quarantines", "reanchored", b"reanchored", "refusals", b"refusals", "refused_states", b"refused_states", "round", b"round", "rounds_total", b"rounds_total", "schedule", b"schedule", "skipped_files", b"skipped_files", "test_size", b"test_size", "tls", b"tls", "tls_handshake_failures", b"tls_handshake_failures", "uptime_s", b"uptime_s", "waited_s", b"waited_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dacflnode.learning.owndata.feature_scale import FeatureScale, LocalMoments
+from dacflnode.learning.feature_scale import FeatureScale, LocalMoments
 
 
 def table(seed: int, rows: int = 50) -> np.ndarray:

@@ -32,9 +32,9 @@ SCALINGS = ("standardize", "minmax", "none")
 BLOCK_ROWS = 16_384
 
 
-def _matrix(features: np.ndarray | torch.Tensor) -> np.ndarray:
-    """``[n, F]`` view of ``[n, F]`` or ``[n, 1, 1, F]`` rows (no copy)."""
-    x = features.numpy() if isinstance(features, torch.Tensor) else features
+def _matrix(features: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``[n, F]`` view of ``[n, F]`` or ``[n, 1, 1, F]`` rows, as a tensor (no copy)."""
+    x = torch.from_numpy(features) if isinstance(features, np.ndarray) else features
     return x.reshape(x.shape[0], x.shape[-1]) if x.ndim != 2 else x
 
 
@@ -65,7 +65,7 @@ class LocalMoments:
         low = np.full(k, np.inf)
         high = np.full(k, -np.inf)
         for start in range(0, x.shape[0], BLOCK_ROWS):
-            block = x[start:start + BLOCK_ROWS][:, cols].astype(np.float64)
+            block = x[start:start + BLOCK_ROWS].cpu().numpy()[:, cols].astype(np.float64)
             present = ~np.isnan(block)
             count += present.sum(axis=0)
             values = np.where(present, block, 0.0)
@@ -137,17 +137,16 @@ class FeatureScale:
         if self.method == "none" or not self.columns:
             return
         x = _matrix(features)
-        cols = np.asarray(self.columns, dtype=np.int64)
-        shift, divisor = self._shift_divisor()
-        fill = (np.array(self.mean).astype(np.float32) - shift) / divisor
+        cols = torch.tensor(self.columns, dtype=torch.int64, device=x.device)
+        shift, divisor = (torch.from_numpy(a).to(x.device) for a in self._shift_divisor())
+        fill = (torch.tensor(self.mean, dtype=torch.float64).to(torch.float32).to(x.device)
+                - shift) / divisor
         for start in range(0, x.shape[0], BLOCK_ROWS):
-            block = x[start:start + BLOCK_ROWS][:, cols]
-            block -= shift
-            block /= divisor
-            missing = np.isnan(block)
-            if missing.any():
-                block[missing] = np.broadcast_to(fill, block.shape)[missing]
-            x[start:start + BLOCK_ROWS, cols] = block
+            rows = x[start:start + BLOCK_ROWS]
+            block = rows.index_select(1, cols)
+            block.sub_(shift).div_(divisor)
+            block = torch.where(torch.isnan(block), fill, block)
+            rows.index_copy_(1, cols, block)
 
     # ------------------------------------------------------------------ records
     def to_dict(self) -> dict[str, Any]:
