@@ -16,10 +16,17 @@ learning rate, the held-out fraction as test set):
   standard deviation before round 1);
 * ``raw``: ``--scaling none``, the features as they are in the files (the baseline).
 
-Then ``dacflnode simulate --topology ring --engine sequential`` (launch's graph, a daemon's
-training code) runs on the same files with the scaled arm's settings, and the
-result reports the largest difference between its final models and the daemons'
-(``sim_vs_launch_max_abs``), with the feature scale's digest on every daemon (all equal).
+Then ``dacflnode simulate --topology ring --engine sequential --threads 1`` (launch's graph, a
+daemon's training code and thread count) runs on the same files with the scaled arm's
+settings, and the result reports the largest difference between its final models and the
+daemons' (``sim_vs_launch_max_abs``) and how many distinct feature scales the daemons hold (1).
+
+Memory (``memory``): a fresh process warms PyTorch up (a throwaway ``mlp`` trained on random
+rows) and the reader (a two-row table through the same loader), then loads node-0's table
+with the daemon's loader (two streaming passes into preallocated arrays), scales it in place
+and trains 60 steps; its RSS while training (sampled every 10 ms) above its RSS before
+loading, against the bytes of the encoded rows (train and test) plus the model (parameters
+and gradients). Target ≤ 1.5.
 
 The ratio is the scaled arm's final mean accuracy over the raw arm's (target 1: better);
 ``accuracy`` and ``accuracy_target`` (0.55) are the must-show.
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -93,6 +101,73 @@ def max_abs_diff(a: Path, b: Path) -> float:
     return max(float(np.max(np.abs(one[k].astype(np.float64) - two[k]))) for k in one)
 
 
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_probe(table: Path) -> dict[str, Any]:
+    """In a fresh process: RSS once PyTorch is up, then its peak while training on ``table``
+    (loaded and scaled after that)."""
+    import threading
+
+    import torch
+
+    from dacflnode.learning.feature_scale import LocalMoments
+    from dacflnode.learning.layout import StateLayout
+    from dacflnode.learning.models import build_model
+    from dacflnode.learning.owndata import load_local_data
+    from dacflnode.learning.train import LocalTrainer, TrainConfig
+    from dacflnode.protocol.scale_agreement import scale_of
+
+    def trained(x: torch.Tensor, y: torch.Tensor) -> tuple[LocalTrainer, torch.nn.Module]:
+        torch.manual_seed(0)
+        model = build_model("mlp", (1, 1, x.shape[-1]), 10)
+        return LocalTrainer(model, x, y, TrainConfig(local_steps=60, lr=0.05), seed=0,
+                            node_index=0), model
+
+    warm, _ = trained(torch.randn(200, 1, 1, 784), torch.randint(0, 10, (200,)))
+    warm.train(StateLayout.from_module(warm.model).flatten_module(warm.model), 0)
+    del warm
+    # the reader's runtime too (pyarrow's libraries and thread pools), as torch's: a table of
+    # two rows through the same loader
+    tiny = table.with_name("warm-up.csv")
+    tiny.write_text("label,a\n1,2\n3,4\n")
+    load_local_data("table", tiny, classes=CLASSES.split(","), label_column="label")
+    tiny.unlink()
+    before = rss_bytes()
+    data = load_local_data("table", table, classes=CLASSES.split(","), label_column="label",
+                           holdout=0.2)
+    scale_of("standardize", [LocalMoments.of(data.train_x, data.numeric_features)]).apply(
+        data.train_x)
+    trainer, model = trained(data.train_x, data.train_y)
+    start = StateLayout.from_module(model).flatten_module(model)
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_bytes())
+            stop.wait(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    trainer.train(start, 0)
+    stop.set()
+    sampler.join()
+    data_bytes = sum(t.nbytes for t in (data.train_x, data.train_y, data.test_x, data.test_y))
+    model_bytes = 2 * sum(p.nbytes for p in model.parameters())
+    return {"rss_before_mb": round(before / 2**20, 1), "rss_training_mb": round(peak[0] / 2**20, 1),
+            "data_mb": round(data_bytes / 2**20, 1), "model_mb": round(model_bytes / 2**20, 1),
+            "ratio": round((peak[0] - before) / (data_bytes + model_bytes), 3), "target": 1.5}
+
+
+def memory(table: Path) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--rss-probe", str(table)], check=True,
+                         capture_output=True, text=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -100,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=None,
                         help="training images per device (default 20000; 2000 with --quick)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rss-probe", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rss_probe is not None:
+        print(json.dumps(rss_probe(args.rss_probe)))
+        return 0
     rows = args.rows or (2000 if args.quick else 20000)
     common = ["--nodes", str(NODES), "--rounds", str(ROUNDS), "--dataset", "table",
               "--label-column", "label", "--classes", CLASSES]
@@ -110,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         write_devices(root / "data", rows, args.seed)
         result["write_s"] = round(time.perf_counter() - began, 1)
+        result["memory"] = memory(root / "data" / "node-0" / "train.csv")
+        print(f"memory: {result['memory']}", file=sys.stderr, flush=True)
         data = ["--data-root", str(root / "data")]
         for arm, extra in (("scaled", []), ("raw", ["--scaling", "none"])):
             began = time.perf_counter()
@@ -121,9 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         scales = {(root / "scaled" / f"node-{n}" / "feature-scale.json").read_text()
                   for n in range(NODES)}
         result["distinct_feature_scales"] = len(scales)  # 1: every daemon the same bits
-        # (launch's default graph, which simulate must be told: its own default is dense)
+        # launch's default graph and one thread, as each daemon (simulate's own defaults are
+        # a dense graph and PyTorch's thread count, whose sums round otherwise)
         dacflnode("simulate", *common, *data, "--topology", "ring", "--engine", "sequential",
-                  "--out", str(root / "sim"))
+                  "--threads", "1", "--out", str(root / "sim"))
         diffs = [max_abs_diff(root / "scaled" / f"node-{n}" / "final.safetensors",
                               root / "sim" / f"node-{n}" / "final.safetensors")
                  for n in range(NODES)]

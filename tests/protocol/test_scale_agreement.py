@@ -178,3 +178,32 @@ async def test_a_forged_key_makes_the_agreement_fail_instead_of_a_wrong_scale():
                                    for n in nodes))
     finally:
         await c.close()
+
+
+async def test_a_restart_takes_the_scale_its_checkpoint_holds_before_its_file():
+    held = scale_of("standardize", [LocalMoments.of(rows(1), (0, 1))])
+    applied: list[FeatureScale] = []
+    agreement = ScaleAgreement("a", "standardize", LocalMoments.of(rows(2), (0, 1)),
+                               applied.append, context=b"r", saved=held.to_json())
+    c = Cluster("memory")
+    try:
+        nodes = await c.build({"a": ["b"]})  # b is down: a restart needs no neighbour
+        assert await agreement.settle(nodes["a"].transport, ["b"], 1.0) == held
+    finally:
+        await c.close()
+    assert applied == [held] and agreement.source == "saved"
+
+
+async def test_a_saved_scale_of_other_settings_is_not_taken(tmp_path):
+    other = scale_of("minmax", [LocalMoments.of(rows(1), (0, 1))])
+    (tmp_path / SCALE_FILE).write_text(other.to_json())
+    agreement = ScaleAgreement("a", "standardize", LocalMoments.of(rows(2), (0, 1)),
+                               lambda s: None, context=b"r", state_dir=tmp_path)
+    c = Cluster("memory")
+    try:
+        nodes = await c.build({"a": []})  # alone: it agrees with itself
+        got = await agreement.settle(nodes["a"].transport, [], 5.0)
+    finally:
+        await c.close()
+    assert got.method == "standardize" and agreement.source == "agreed"
+    assert FeatureScale.from_json((tmp_path / SCALE_FILE).read_text()) == got

@@ -8,8 +8,12 @@ so a table larger than memory ends in one line, not in the kernel's out-of-memor
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 from pathlib import Path
+
+import pyarrow as pa
 
 from dacflnode.errors import ConfigError
 
@@ -39,3 +43,13 @@ def check_fits(where: Path, what: str, need: int, field: str, advice: str) -> No
     if have is not None and need > have:
         raise ConfigError(field, f"{where}: {what} needs {need / GIB:.2f} GiB in memory, more "
                                  f"than the {have / GIB:.2f} GiB available; {advice}")
+
+
+def give_back_freed_memory() -> None:
+    """Return what a load freed to the system: pyarrow's memory pool keeps freed blocks for
+    reuse, and glibc's allocator keeps freed heap (in one arena per thread that allocated);
+    neither shrinks the process on its own. After a table's two passes, that memory is half
+    again the table's size, and would stay counted in the process for the whole run."""
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(AttributeError, OSError):  # not glibc: it manages its own
+        ctypes.CDLL(None).malloc_trim(0)

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from dacflnode.errors import ConfigError
 from dacflnode.learning.owndata.holdout import holdout_slots
-from dacflnode.learning.owndata.memory import check_fits
+from dacflnode.learning.owndata.memory import check_fits, give_back_freed_memory
 from dacflnode.learning.owndata.tablescan import (
     CSV_SUFFIXES,
     DEFAULT_READING,
@@ -271,6 +271,7 @@ def load_table(
     train = (np.zeros((n_train, width), dtype=np.float32), np.empty(n_train, dtype=np.int64))
     test = (np.zeros((n_test, width), dtype=np.float32), np.empty(n_test, dtype=np.int64))
     _fill(scan, enc, classes, missing == "drop", reading, field, slots, train, test)
+    give_back_freed_memory()
     return TableData(
         train[0], train[1], enc.feature_names, tuple(f.path for f in scan.files),
         enc.numeric_features, test[0] if slots is not None else None,
