@@ -93,3 +93,31 @@ def timed_into(inner: Callable[..., Any], seconds: list[float]) -> Callable[...,
             seconds.append(time.perf_counter() - started)
 
     return timed
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_while(work: Callable[[], Any]) -> int:
+    """The highest :func:`rss_bytes` while ``work()`` runs, sampled every 10 ms."""
+    import threading
+
+    peak = [rss_bytes()]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_bytes())
+            stop.wait(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        work()
+    finally:
+        stop.set()
+        sampler.join()
+    return peak[0]

@@ -37,14 +37,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from _common import add_standard_args, emit_result
+from _common import add_standard_args, emit_result, peak_rss_while, rss_bytes
 from PIL import Image
 
 from dacflnode.learning.datasets import DEFAULT_FASHION_MNIST_ROOT, load_dataset
@@ -156,11 +155,6 @@ def training(root: Path, builtin_x: torch.Tensor, steps: int, repeats: int) -> d
             "steps": steps, "repeats": repeats}
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def rss_probe(root: Path, steps: int, workers: int | None) -> dict[str, Any]:
     """In a fresh process: RSS once PyTorch's runtime is up (a throwaway model trained on 200
     random images: kernels, thread pools, allocator), then its peak while training on the
@@ -175,25 +169,13 @@ def rss_probe(root: Path, steps: int, workers: int | None) -> dict[str, Any]:
     start = StateLayout.from_module(model).flatten_module(model)
     trainer = LocalTrainer(model, data.train_x, data.train_y, TrainConfig(local_steps=steps),
                            seed=0, node_index=0)
-    peak = [0]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss_bytes())
-            stop.wait(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    trainer.train(start, 0)
-    stop.set()
-    sampler.join()
+    peak = peak_rss_while(lambda: trainer.train(start, 0))
     data_bytes = sum(t.nbytes for t in (data.train_x, data.train_y, data.test_x, data.test_y))
     model_bytes = 2 * sum(p.nbytes for p in model.parameters()) + sum(
         b.nbytes for b in model.buffers())
-    return {"rss_before_mb": round(before / 2**20, 1), "rss_training_mb": round(peak[0] / 2**20, 1),
+    return {"rss_before_mb": round(before / 2**20, 1), "rss_training_mb": round(peak / 2**20, 1),
             "data_mb": round(data_bytes / 2**20, 1), "model_mb": round(model_bytes / 2**20, 1),
-            "ratio": (peak[0] - before) / (data_bytes + model_bytes)}
+            "ratio": (peak - before) / (data_bytes + model_bytes)}
 
 
 def memory(root: Path, steps: int, workers: int | None) -> dict[str, Any]:

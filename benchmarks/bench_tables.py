@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import add_standard_args, emit_result
+from _common import add_standard_args, emit_result, peak_rss_while, rss_bytes
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 NODES, ROUNDS = 3, 6
@@ -101,16 +100,9 @@ def max_abs_diff(a: Path, b: Path) -> float:
     return max(float(np.max(np.abs(one[k].astype(np.float64) - two[k]))) for k in one)
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def rss_probe(table: Path) -> dict[str, Any]:
     """In a fresh process: RSS once PyTorch is up, then its peak while training on ``table``
     (loaded and scaled after that)."""
-    import threading
-
     import torch
 
     from dacflnode.learning.feature_scale import LocalMoments
@@ -142,24 +134,12 @@ def rss_probe(table: Path) -> dict[str, Any]:
         data.train_x)
     trainer, model = trained(data.train_x, data.train_y)
     start = StateLayout.from_module(model).flatten_module(model)
-    peak = [0]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss_bytes())
-            stop.wait(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    trainer.train(start, 0)
-    stop.set()
-    sampler.join()
+    peak = peak_rss_while(lambda: trainer.train(start, 0))
     data_bytes = sum(t.nbytes for t in (data.train_x, data.train_y, data.test_x, data.test_y))
     model_bytes = 2 * sum(p.nbytes for p in model.parameters())
-    return {"rss_before_mb": round(before / 2**20, 1), "rss_training_mb": round(peak[0] / 2**20, 1),
+    return {"rss_before_mb": round(before / 2**20, 1), "rss_training_mb": round(peak / 2**20, 1),
             "data_mb": round(data_bytes / 2**20, 1), "model_mb": round(model_bytes / 2**20, 1),
-            "ratio": round((peak[0] - before) / (data_bytes + model_bytes), 3), "target": 1.5}
+            "ratio": round((peak - before) / (data_bytes + model_bytes), 3), "target": 1.5}
 
 
 def memory(table: Path) -> dict[str, Any]:

@@ -328,18 +328,24 @@ class GrpcTransport(Transport):
             return self._closed()
         return PeerUnavailable(f"{what} {peer} at {self.peers.get(peer)}: cancelled")
 
+    async def _unary(self, call: Any, peer: str, what: str) -> Any:
+        """The reply of a unary ``call``; a cancellation ends the call and is re-raised when
+        the caller cancelled, else (the transport stopped) told as :meth:`_interrupted`."""
+        try:
+            return await call
+        except asyncio.CancelledError:
+            call.cancel()
+            if cancelled_by_caller():
+                raise
+            raise self._interrupted(peer, what) from None
+
     async def hello(self, peer: str, join_round: int = 0) -> PeerIdentity:
         stub = self._stub(peer)
         started = time.perf_counter()
         call = stub.hello(hello_request(self.identity, join_round),
                           timeout=self.hello_call_timeout)
         try:
-            reply = await call
-        except asyncio.CancelledError:
-            call.cancel()
-            if cancelled_by_caller():
-                raise
-            raise self._interrupted(peer, "handshake with") from None
+            reply = await self._unary(call, peer, "handshake with")
         except grpc.aio.AioRpcError as err:
             code = err.code()
             if code.name in HANDSHAKE_REFUSALS:
@@ -363,12 +369,7 @@ class GrpcTransport(Transport):
         call = self._stub(peer).agree(request_of(self.identity.node_id, phase, have),
                                       timeout=timeout)
         try:
-            reply = await call
-        except asyncio.CancelledError:
-            call.cancel()
-            if cancelled_by_caller():
-                raise
-            raise self._interrupted(peer, "agreement with") from None
+            reply = await self._unary(call, peer, "agreement with")
         except grpc.aio.AioRpcError as err:
             if err.code().name in ("INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAUTHENTICATED",
                                    "FAILED_PRECONDITION"):
