@@ -150,3 +150,17 @@ def test_the_starting_snapshot_is_a_node_with_nothing_measured():
         "starting", 0, 10, True, False)
     assert math.isnan(snap.accuracy) and math.isnan(snap.residual) and snap.last is None
     assert snap.peer("n1").last_round_received == -1 and not snap.peer("n1").connected
+
+
+def test_the_agreed_feature_scale_survives_the_control_service_and_shows_in_status():
+    from dacflnode.cli.daemon_cmds import _status_table
+    from dacflnode.learning.feature_scale import FeatureScale
+    from dacflnode.transport.grpc_control import status_from_proto, status_to_proto
+
+    scale = FeatureScale("standardize", (0, 2), (90, 88), (1.5, -2.0), (0.5, 3.0),
+                         (float("inf"),) * 2, (float("-inf"),) * 2)
+    status = NodeStatus("n0", "dacfl", 1, 10, "training", feature_scale=scale.to_json())
+    back = status_from_proto(status_to_proto(status))
+    assert FeatureScale.from_json(back.feature_scale) == scale
+    caption = str(_status_table(back.to_json()).caption)
+    assert "feature scale: standardize over 2 features, agreed on 90 rows network-wide" in caption
