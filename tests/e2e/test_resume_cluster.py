@@ -18,10 +18,12 @@ import time
 
 import pytest
 
+from dacflnode.protocol.scale_agreement import SCALE_FILE
 from dacflnode.records.checkpoint import CHECKPOINT
 from dacflnode.transport.grpc_control import fetch_status, request_stop
 from tests.e2e.test_fault_cluster import TOLERANCE, cluster
 from tests.harness.cluster import WAIT_S, Cluster
+from tests.harness.owndata import CLASSES, write_csv_nodes
 from tests.harness.polling import until, until_blocking
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
@@ -170,4 +172,25 @@ def test_a_stale_checkpoint_is_a_restart_behind_and_the_network_reanchors(tmp_pa
         assert "older than what" in log, c.logs([2])
         residual = c.residual([0, 1, 2])
         print(f"residual {residual:.2e}")
+        assert residual <= TOLERANCE, residual
+
+
+def test_a_killed_node_of_a_table_run_restarts_with_the_scale_the_network_agreed(tmp_path):
+    train, test = write_csv_nodes(tmp_path / "data")
+    with cluster(tmp_path / "run", 3, rounds=30, deadline=3.0, dataset="table", model=None,
+                 classes=CLASSES, label_column="kind", data_root=str(train),
+                 test_root=str(test)) as c:
+        c.start(0, 1, 2)
+        c.wait_for_round(2, 4)
+        agreed = (c.root / "node-2" / SCALE_FILE).read_text()
+        kill_primed(c, 2)
+        c.release(2)
+        assert c.wait() == [0, 0, 0], c.logs([0, 1, 2])
+        c.assert_finished([0, 1])
+        log = (c.root / "node-2.stderr").read_text(errors="replace")
+        # agreed once with the others, then read back, not agreed again
+        assert log.count("(standardize over 4 features, agreed)") == 1, log
+        assert log.count("(standardize over 4 features, saved)") == 1, log
+        assert {(c.root / f"node-{i}" / SCALE_FILE).read_text() for i in range(3)} == {agreed}
+        residual = c.residual([0, 1, 2])
         assert residual <= TOLERANCE, residual
