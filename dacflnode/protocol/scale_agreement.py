@@ -153,11 +153,11 @@ class ScaleAgreement:
         without one."""
         scale = self._saved()
         if scale is not None:
-            return self._adopt(scale, "saved")
+            return await self._adopt(scale, "saved")
         deadline = time.monotonic() + timeout
         asked = await self._ask_scale(transport, neighbours)
         if asked is not None:
-            return self._adopt(asked, "asked")
+            return await self._adopt(asked, "asked")
         self._items[AgreePhase.KEYS][self.node_id] = AgreeItem(
             self.node_id, tuple(sorted(neighbours)), self._keys.public)
         await self._flood(transport, neighbours, AgreePhase.KEYS, deadline, self._keys_closed)
@@ -165,13 +165,15 @@ class ScaleAgreement:
         if not any(self.node_id in self._items[AgreePhase.KEYS][n].members
                    for n in neighbours if n in self._items[AgreePhase.KEYS]) and neighbours:
             # the others agreed without this node (it started late): take their scale
-            return self._adopt(await self._wait_for_scale(transport, neighbours, deadline),
-                               "asked")
+            return await self._adopt(
+                await self._wait_for_scale(transport, neighbours, deadline), "asked")
+        # the big-integer work (masks, sums) and the transform of the rows run in a thread:
+        # the event loop keeps serving the neighbours' Agree calls meanwhile
         self._items[AgreePhase.SUMS][self.node_id] = AgreeItem(
-            self.node_id, members, self._masked(members))
+            self.node_id, members, await asyncio.to_thread(self._masked, members))
         await self._flood(transport, neighbours, AgreePhase.SUMS, deadline,
                           lambda: set(members) <= set(self._items[AgreePhase.SUMS]))
-        return self._adopt(self._combine(members), "agreed")
+        return await self._adopt(await asyncio.to_thread(self._combine, members), "agreed")
 
     def _members(self) -> tuple[str, ...]:
         keys = self._items[AgreePhase.KEYS]
@@ -293,15 +295,19 @@ class ScaleAgreement:
                         self.state_dir / SCALE_FILE, extra={"event": "feature_scale_stale"})
         return scale
 
-    def _adopt(self, scale: FeatureScale, source: str) -> FeatureScale:
-        self._apply(scale)
+    async def _adopt(self, scale: FeatureScale, source: str) -> FeatureScale:
+        await asyncio.to_thread(self._apply, scale)
         self.scale, self.source = scale, source
         if self.state_dir is not None and source != "saved":
-            tmp = self.state_dir / (SCALE_FILE + ".tmp")
-            write_bytes(tmp, scale.to_json().encode(), SECRET_MODE)
-            os.replace(tmp, self.state_dir / SCALE_FILE)
+            await asyncio.to_thread(self._save, scale)
         log.info("feature scale %s (%s over %d features, %s)", scale.digest, scale.method,
                  len(scale.columns), source,
                  extra={"event": "feature_scale", "node": self.node_id})
         return scale
+
+    def _save(self, scale: FeatureScale) -> None:
+        assert self.state_dir is not None
+        tmp = self.state_dir / (SCALE_FILE + ".tmp")
+        write_bytes(tmp, scale.to_json().encode(), SECRET_MODE)
+        os.replace(tmp, self.state_dir / SCALE_FILE)
 
