@@ -40,7 +40,6 @@ import asyncio
 import json
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -454,7 +453,7 @@ class AsyncNode:
 
     async def _block(self) -> None:
         runner, setup = self.runner, self.setup
-        started = time.perf_counter()
+        started = now()
         b = runner.round
         runner.phase = Phase.TRAINING
         def begin() -> torch.Tensor:
@@ -464,7 +463,7 @@ class AsyncNode:
 
         start: torch.Tensor = await self.step({"event": "train", "block": b}, begin)
         trained = await setup.trainer.train(start, b)
-        train_s = time.perf_counter() - started
+        train_s = now() - started
 
         entry: dict[str, Any] = {"event": "fold", "block": b + 1}
 
@@ -485,7 +484,7 @@ class AsyncNode:
             round=done, used=tuple(sorted(counts.peers)), missing=(),
             train_loss=trained.loss, samples=trained.samples, accuracy=accuracy,
             test_loss=test_loss, residual=runner.residual(), exchange_s=0.0, train_s=train_s,
-            seconds=time.perf_counter() - started, bytes_sent=sent, bytes_received=received,
+            seconds=now() - started, bytes_sent=sent, bytes_received=received,
             exchanges=counts.exchanges, staleness=counts.staleness)
         runner.last = report
         saved = await self._capture()

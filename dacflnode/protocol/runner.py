@@ -346,7 +346,7 @@ class NodeRunner:
         theirs and any handover due, see whose can be mixed and absorb what the messages
         settle."""
         setup = self.setup
-        started = time.perf_counter()
+        started = now()
         if kind is Kind.STATE:
             self.handshakes.greet_the_missing()
             self.phase = Phase.EXCHANGING
@@ -382,16 +382,16 @@ class NodeRunner:
             self.alone_rounds += 1
         self.quarantine.forget_through(t)
         work.prepared = await self.mixer.mix(t, self.state, work.active, mixed, work.message)
-        work.exchange_s = time.perf_counter() - work.started
+        work.exchange_s = now() - work.started
         self._waited += work.exchange_s
 
     async def train(self, work: RoundWork) -> None:
         """Step 3: train from the mixed state (the trainer never blocks the event loop)."""
         assert work.prepared is not None
         self.phase = Phase.TRAINING
-        t0 = time.perf_counter()
+        t0 = now()
         work.trained = await self.setup.trainer.train(work.prepared.train_from, work.round)
-        work.train_s = time.perf_counter() - t0
+        work.train_s = now() - t0
 
     async def complete(self, work: RoundWork) -> None:
         """Step 4: FODAC's update (:meth:`Algorithm.complete`), then the fold of what the
@@ -422,7 +422,7 @@ class NodeRunner:
             round=done, used=work.used, missing=work.missing, train_loss=work.trained.loss,
             samples=work.trained.samples, accuracy=accuracy, test_loss=test_loss,
             residual=self.residual(), exchange_s=work.exchange_s, train_s=work.train_s,
-            seconds=time.perf_counter() - work.started, bytes_sent=sent, bytes_received=received,
+            seconds=now() - work.started, bytes_sent=sent, bytes_received=received,
         )
         self.last = report
         await self.outputs.round_done(report, self.alone_rounds,

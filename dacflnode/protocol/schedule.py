@@ -39,7 +39,8 @@ class RoundWork:
 
     round: int
     kind: Kind
-    #: when the round began (``time.perf_counter()``)
+    #: when the round began, on the node's clock (:func:`~dacflnode.protocol.clock.now`:
+    #: virtual seconds in a virtual-time simulation)
     started: float
     #: the neighbours mixed in the round, and those whose handover was due
     active: list[str]

@@ -18,6 +18,7 @@ from dacflnode.learning.partition import partition
 from dacflnode.protocol.faults import parse_fault_plan
 from dacflnode.protocol.snapshot import snapshot_of
 from dacflnode.records.metrics_log import METRICS_FILE, read_metrics
+from dacflnode.sim.report import accuracy_over_time, find_runs
 from dacflnode.sim.round_records import SimulationResult
 from dacflnode.sim.simulator import Simulation
 
@@ -205,6 +206,27 @@ def test_virtual_time_plays_synchronous_rounds_at_the_slowest_nodes_pace(tmp_pat
     tight = read_metrics(tmp_path / "tight" / "node-1" / METRICS_FILE)
     assert tight[-1]["time"] < fast[-1]["time"]
     assert any(line["neighbours_missing"] for line in tight)
+
+
+def test_a_virtual_runs_durations_are_virtual_so_its_time_to_accuracy_is_the_same_every_run(
+        tmp_path):
+    """The metrics lines' ``seconds``, ``train_s`` and ``exchange_s`` are on the virtual clock
+    (a real duration there would shift the run's start, and with it every time to accuracy,
+    by however long the machine took for the first round)."""
+    sync = dataclasses.replace(CFG, schedule="sync")
+    curves = []
+    for arm in ("a", "b"):
+        simulate(sync, out=tmp_path / arm, virtual_time=True, slowdown={"node-0": 4.0})
+        slow = read_metrics(tmp_path / arm / "node-0" / METRICS_FILE)
+        fast = read_metrics(tmp_path / arm / "node-1" / METRICS_FILE)
+        assert [line["train_s"] for line in slow] == [4.0] * CFG.rounds
+        assert [line["train_s"] for line in fast] == [1.0] * CFG.rounds
+        # node-1 waits the 3 s node-0 trains longer for node-0's state (from round 2 on)
+        assert [line["exchange_s"] for line in fast][1:] == [3.0] * (CFG.rounds - 1)
+        assert all(line["seconds"] == line["exchange_s"] + line["train_s"] for line in fast)
+        (run,) = find_runs([tmp_path / arm])
+        curves.append(accuracy_over_time(run))
+    assert curves[0] == curves[1] and curves[0]["time"][0] == 4.0
 
 
 def test_a_round_deadline_without_virtual_time_is_refused():
