@@ -61,7 +61,8 @@ if TYPE_CHECKING:
 @click.option("--virtual-time", is_flag=True,
               help="Play synchronous rounds on the virtual clock of --schedule async too: each "
                    "node's training takes --block-time x its --slowdown, so the summary's "
-                   "wall_s and the metrics lines' time say how long the run would take.")
+                   "wall_s and the metrics lines' time say how long the run would take "
+                   "(each node trains on its own there: the sequential engine).")
 @click.option("--round-deadline", type=click.FloatRange(min=0, min_open=True),
               metavar="SECONDS",
               help="With --virtual-time: a synchronous round's deadline on the virtual clock "

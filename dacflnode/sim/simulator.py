@@ -181,7 +181,7 @@ class Simulation:
                                                len(self.ids))
         self.alg: Algorithm = self.parts.algorithm
         self.layout, self.initial = self.parts.layout, self.parts.initial
-        engine = self._check_faults(cfg)
+        engine = self._check_faults(cfg, ray)
         # Ray workers train on their own CPUs, whatever this machine has
         device = (torch.device("cpu") if ray is not None and cfg.device == "auto"
                   else pick_device(cfg.device))
@@ -199,11 +199,20 @@ class Simulation:
     def final_states(self) -> list[NodeState]:
         return [r.state for r in self.runners]
 
-    def _check_faults(self, cfg: RunConfig) -> str:
+    def _check_faults(self, cfg: RunConfig, ray: RayTarget | None) -> str:
         """The engine to use: node events (crash, leave, join) stop and start single nodes, which
         the batched engine's all-nodes-at-once training cannot follow, nor can a global view
         (a mixing matrix, the god node) leave a node out; nor can it follow asynchronous nodes,
-        each at its own block."""
+        each at its own block, nor synchronous rounds on the virtual clock (its training and
+        evaluation wait for every node of the round: nobody would go on past a slow node's
+        deadline)."""
+        if self.virtual_time and cfg.schedule == "sync":
+            if cfg.engine == "batched" or ray is not None:
+                raise ConfigError("engine", "rounds on the virtual clock train each node on "
+                                  "its own (a slow node is late for its neighbours alone), "
+                                  "which the batched engine and --ray, all nodes of a round "
+                                  "at once, never do; use sequential (or auto), without --ray")
+            return self._check_node_events(cfg, "sequential")
         if cfg.schedule == "async":
             plan = self.faults
             if plan is not None and (
@@ -218,8 +227,13 @@ class Simulation:
                 raise ConfigError("engine", "the batched engine trains all nodes at once, "
                                   "which asynchronous nodes never do; use sequential (or auto)")
             return "sequential"
+        return self._check_node_events(cfg, cfg.engine)
+
+    def _check_node_events(self, cfg: RunConfig, engine: str) -> str:
+        """``engine``, or the sequential one a fault plan's node events need (or an error
+        where the run cannot have them)."""
         if self.faults is None or not self.faults.node_events:
-            return cfg.engine
+            return engine
         event = type(self.faults.node_events[0]).__name__.lower()
         if self.alg.global_model:
             raise ConfigError("faults", f"a {event} event needs each node's own model; "
