@@ -477,7 +477,9 @@ def launch(
             run, folder, algorithm=name, topology=topology, progress=progress,
             round_deadline=round_deadline, hello_timeout=hello_timeout, tls_dir=tls_dir,
             faults=plan_file, daemon_settings=daemon_settings, slowdown=slowdown))
-    config = {**run.to_json(), "slowdown": dict(slowdown or {}) or run.slowdown}
+    # (the round deadline is a daemon setting, recorded so that a report tells arms apart)
+    config = {**run.to_json(), "slowdown": dict(slowdown or {}) or run.slowdown,
+              "round_deadline": round_deadline}
     summary: dict[str, Any] = {"version": __version__, "config": config,
                                "algorithms": results,
                                "wall_s": round(time.perf_counter() - started, 3)}

@@ -42,7 +42,7 @@ from dacflnode.protocol.async_schedule import JOURNAL_FILE
 from dacflnode.records.checkpoint import CHECKPOINT, read_checkpoint
 
 #: The keys of a summary's ``config`` that are not run settings.
-_NOT_SETTINGS = ("slowdown",)
+_NOT_SETTINGS = ("slowdown", "round_deadline")
 
 
 def run_config_of(run_dir: Path) -> RunConfig:

@@ -275,7 +275,8 @@ def setting_parts(config: dict[str, Any], nodes: int) -> dict[str, str]:
 BOOKKEEPING = frozenset({"algorithm", "data_root", "test_root", "download", "bad_files",
                          "threads", "out", "out_dir", "state_dir", "version"})
 #: The settings a legend names first, where they differ between the runs compared.
-PREFERRED = ("schedule", "compression", "slowdown", "staleness", "topology", "nodes", "mixing")
+PREFERRED = ("schedule", "compression", "slowdown", "round_deadline", "staleness", "topology",
+             "nodes", "mixing")
 #: At most this many settings per legend entry (all of :data:`PREFERRED` that differ, then
 #: others up to this many).
 LEGEND_KEYS = 4

@@ -215,6 +215,13 @@ def test_a_missing_schedule_is_sync_and_a_missing_slowdown_none(tmp_path):
     assert labels_of(sync, unslowed) == {"sync": "DACFL (sync)", "unslowed": "DACFL (unslowed)"}
 
 
+def test_launched_arms_that_differ_in_their_round_deadline_are_named_by_it(tmp_path):
+    loose = write_run(tmp_path / "loose", {"topology": "ring", "round_deadline": 600.0})
+    tight = write_run(tmp_path / "tight", {"topology": "ring", "round_deadline": 1.567})
+    assert labels_of(loose, tight) == {"loose": "DACFL round_deadline=600",
+                                       "tight": "DACFL round_deadline=1.567"}
+
+
 def test_bookkeeping_and_settings_that_cannot_change_a_run_are_not_named(tmp_path):
     a = write_run(tmp_path / "a", {"partition": "iid", "dirichlet_alpha": 0.1,
                                    "data_root": "/x", "threads": 2})
