@@ -491,7 +491,8 @@ class RunConfig(DerivedValues):
         help="How the simulator trains its virtual nodes: batched (all of them as one stacked"
         " model: equal to float32 rounding, faster for small models), sequential (one after"
         " another with a daemon's training code: a deployment's results bit for bit) or auto"
-        " (batched when the model and the partition allow it).",
+        " (batched when the model and the partition allow it). Asynchronous runs and rounds on"
+        " the virtual clock are always sequential: each node trains at its own pace.",
         scope=NODE,
         group="runtime",
         choices=ENGINES,
